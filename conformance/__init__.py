@@ -1,0 +1,1 @@
+"""Conformance harnesses for onnax transforms (not part of the installed package)."""

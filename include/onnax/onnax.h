@@ -1,0 +1,67 @@
+// onnax: JAX-style transformations of ONNX models.
+//
+// Every transform takes a model and returns a new one; the source is never modified, and the
+// same input always gives byte-identical output.
+#pragma once
+
+#include <onnx/onnx_pb.h>
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace onnax {
+
+// The one error type the library throws for user-reachable failures. Its message follows the
+// diagnostics contract: what failed, actual versus expected, and a concrete fix.
+class Error : public std::runtime_error {
+ public:
+  enum class Kind {
+    kInvalidModel,  // malformed file, cycle, dangling input, failed inference
+    kSelection,     // bad in_axes/out_axes/inputs/outputs
+    kVersion,       // unsupported opset or IR version
+    kUnsupported,   // operator or construct without a rule
+    kIo,            // file system
+  };
+  Error(Kind kind, const std::string& message) : std::runtime_error(message), kind_(kind) {}
+  Kind kind() const { return kind_; }
+
+ private:
+  Kind kind_;
+};
+
+// Where a batched input carries its batch axis; std::nullopt means "not batched (shared)".
+using Axis = std::optional<int64_t>;
+
+struct VmapOptions {
+  // One entry per runtime graph input (initializers are not runtime inputs), in order. A
+  // single entry is applied to every input. Empty means "every input batched at axis 0".
+  std::vector<Axis> in_axes;
+  // Alternative to in_axes: entries by input name; inputs not named are shared.
+  std::map<std::string, Axis> in_axes_by_name;
+  bool by_name = false;
+  // One entry per graph output, or a single entry for all; empty means 0.
+  std::vector<int64_t> out_axes;
+  // dim_param of the new batch dimension; empty picks "batch" (made unique in the model).
+  std::string axis_name;
+};
+
+// Receives notices (for example "upgraded opset 17 to 18"). Default: stderr.
+using NoticeSink = void (*)(const std::string& message);
+void set_notice_sink(NoticeSink sink);
+
+onnx::ModelProto vmap(const onnx::ModelProto& model, const VmapOptions& options);
+
+// Model I/O. load_model resolves external data relative to the file's directory so the
+// returned model is self-contained; save_model writes tensors to an external data file next
+// to the output when the model would exceed protobuf's 2 GB message limit (or when asked).
+onnx::ModelProto load_model(const std::string& path);
+onnx::ModelProto parse_model(const std::string& bytes);
+void save_model(const onnx::ModelProto& model, const std::string& path, bool external_data = false);
+
+std::string version();
+
+}  // namespace onnax

@@ -1,0 +1,96 @@
+// The Python extension: models cross the boundary as serialized bytes, so the extension's
+// private copies of protobuf and ONNX never meet the Python `onnx` package's.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <onnax/onnax.h>
+
+#include <chrono>
+
+#include "cli/cli.h"
+
+namespace py = pybind11;
+
+namespace {
+
+void notice_to_python(const std::string& message) {
+  py::gil_scoped_acquire gil;
+  py::module_::import("warnings").attr("warn")(py::str("onnax: " + message), py::module_::import("builtins").attr("UserWarning"), 2);
+}
+
+py::bytes to_bytes(const onnx::ModelProto& m) {
+  std::string s;
+  if (!m.SerializeToString(&s))
+    throw onnax::Error(onnax::Error::Kind::kUnsupported,
+                       "the result exceeds protobuf's 2 GB limit and cannot cross into Python as bytes. Fix: use the "
+                       "onnax command line, which writes external data files");
+  return py::bytes(s);
+}
+
+onnax::VmapOptions vmap_options(const py::object& in_axes, const py::object& in_axes_by_name,
+                                const std::vector<int64_t>& out_axes, const std::string& axis_name) {
+  onnax::VmapOptions opt;
+  if (!in_axes.is_none()) opt.in_axes = in_axes.cast<std::vector<onnax::Axis>>();
+  if (!in_axes_by_name.is_none()) {
+    opt.by_name = true;
+    opt.in_axes_by_name = in_axes_by_name.cast<std::map<std::string, onnax::Axis>>();
+  }
+  opt.out_axes = out_axes;
+  opt.axis_name = axis_name;
+  return opt;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_core, m) {
+  m.doc() = "onnax C++ core";
+  static py::exception<onnax::Error> error(m, "OnnaxError", PyExc_ValueError);
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const onnax::Error& e) {
+      py::set_error(error, e.what());
+    }
+  });
+  onnax::set_notice_sink(notice_to_python);
+
+  m.def(
+      "vmap",
+      [](const py::bytes& model, const py::object& in_axes, const py::object& in_axes_by_name,
+         const std::vector<int64_t>& out_axes, const std::string& axis_name) {
+        onnax::VmapOptions opt = vmap_options(in_axes, in_axes_by_name, out_axes, axis_name);
+        onnx::ModelProto source = onnax::parse_model(std::string(model));
+        return to_bytes(onnax::vmap(source, opt));
+      },
+      py::arg("model"), py::arg("in_axes"), py::arg("in_axes_by_name"), py::arg("out_axes"), py::arg("axis_name"),
+      "vmap on a serialized ModelProto; returns the serialized result.");
+
+  m.def(
+      "cli_main", [](const std::vector<std::string>& args) { return onnax::cli::run(args); }, py::arg("args"),
+      "Runs the onnax command line (without the program name); returns the exit code.");
+
+  m.def("version", &onnax::version);
+
+  // Benchmark probes: C++-only timings, free of Python boundary costs.
+  m.def(
+      "parse_serialize_seconds",
+      [](const py::bytes& model) {
+        std::string bytes(model);
+        auto t0 = std::chrono::steady_clock::now();
+        onnx::ModelProto m2 = onnax::parse_model(bytes);
+        std::string out;
+        m2.SerializeToString(&out);
+        return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      },
+      py::arg("model"), "Seconds to parse and re-serialize the model in C++ (the I/O floor).");
+  m.def(
+      "vmap_seconds",
+      [](const py::bytes& model, const py::object& in_axes) {
+        onnx::ModelProto source = onnax::parse_model(std::string(model));
+        onnax::VmapOptions opt = vmap_options(in_axes, py::none(), {}, "");
+        auto t0 = std::chrono::steady_clock::now();
+        onnx::ModelProto out = onnax::vmap(source, opt);
+        return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      },
+      py::arg("model"), py::arg("in_axes") = py::none(), "Seconds of the C++ vmap transform alone (parsed input).");
+}

@@ -1,0 +1,16 @@
+"""onnax: JAX-style transformations of ONNX graphs (vmap; autodiff to come).
+
+Every transform takes an ``onnx_ir.Model`` or an ``onnx.ModelProto`` and returns a new model
+of the same kind; the source is never modified. The work happens in the C++ core; models
+cross into it as serialized bytes.
+"""
+
+from __future__ import annotations
+
+from onnax._core import OnnaxError
+from onnax._core import version as _core_version
+from onnax.transforms import vmap
+
+__all__ = ["OnnaxError", "__version__", "vmap"]
+
+__version__: str = _core_version()

@@ -1,0 +1,65 @@
+"""The public transforms."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, TypeVar
+
+from onnax import _core
+from onnax._models import from_bytes, to_bytes
+
+ModelT = TypeVar("ModelT")
+AxisSpec = int | None
+
+
+def vmap(
+    model: ModelT,
+    in_axes: AxisSpec | Sequence[AxisSpec] | Mapping[str, AxisSpec] = 0,
+    out_axes: int | Sequence[int] = 0,
+    axis_name: str | None = None,
+) -> ModelT:
+    """Map ``model`` over a new batch axis.
+
+    Args:
+        model: an ``onnx_ir.Model`` or ``onnx.ModelProto``; the result is the same kind.
+        in_axes: where each runtime graph input carries the batch axis. An int applies to all
+            inputs; a sequence gives one entry per graph input in order; a mapping selects by
+            input name (unnamed inputs are shared). ``None`` keeps an input shared by all
+            examples. Initializers are always shared.
+        out_axes: where each output carries the batch axis: an int for all outputs or one
+            per output.
+        axis_name: ``dim_param`` of the new batch dimension (default ``"batch"``, made unique
+            in the model).
+
+    Returns:
+        A new model computing ``f`` for every example; primal names are unchanged.
+
+    Raises:
+        OnnaxError: for unsupported operators, bad axes or selections, unsupported opsets.
+    """
+    positional: list[AxisSpec] | None = None
+    by_name: dict[str, AxisSpec] | None = None
+    if in_axes is None or isinstance(in_axes, int):
+        _check_axis(in_axes, "in_axes")
+        positional = [in_axes]
+    elif isinstance(in_axes, Mapping):
+        by_name = {}
+        for name, axis in in_axes.items():
+            _check_axis(axis, f"in_axes[{name!r}]")
+            by_name[str(name)] = axis
+    else:
+        positional = []
+        for i, axis in enumerate(in_axes):
+            _check_axis(axis, f"in_axes[{i}]")
+            positional.append(axis)
+    outs = [out_axes] if isinstance(out_axes, int) else list(out_axes)
+    for i, axis in enumerate(outs):
+        if not isinstance(axis, int) or isinstance(axis, bool):
+            raise TypeError(f"out_axes[{i}] must be an int, got {axis!r}")
+    data = _core.vmap(to_bytes(model), positional, by_name, outs, axis_name or "")
+    return from_bytes(data, model)  # type: ignore[no-any-return]
+
+
+def _check_axis(axis: Any, what: str) -> None:
+    if axis is not None and (not isinstance(axis, int) or isinstance(axis, bool)):
+        raise TypeError(f"{what} must be an int or None, got {axis!r}")

@@ -1,0 +1,134 @@
+#include "cli/cli.h"
+
+#include <onnax/onnax.h>
+
+#include <iostream>
+#include <optional>
+#include <sstream>
+
+namespace onnax::cli {
+namespace {
+
+constexpr const char* kUsage = R"(usage: onnax <command> [options]
+
+JAX-style transformations of ONNX models. Each command reads a model and writes a new one;
+the input file is never modified.
+
+commands:
+  vmap IN.onnx -o OUT.onnx [--in-axes AXES] [--out-axes AXES] [--axis-name NAME]
+      Map the model over a new batch axis.
+      --in-axes    one entry per runtime graph input, comma-separated: an int (negative
+                   allowed) or 'none' (shared input); a single entry applies to all inputs;
+                   or by name: 'x=0,w=none' (unnamed inputs are shared). Default: 0.
+      --out-axes   an int for all outputs or one per output, comma-separated. Default: 0.
+      --axis-name  dim_param of the new batch dimension. Default: 'batch' (made unique).
+  version         print the onnax version
+
+common options:
+  -o, --output PATH      where to write the result (required)
+  --external-data        write tensors to PATH.data (automatic above 2 GB)
+  -h, --help             show this help
+)";
+
+struct UsageError {
+  std::string message;
+};
+
+std::vector<std::string> split(const std::string& s, char sep) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, sep)) out.push_back(item);
+  return out;
+}
+
+int64_t parse_int(const std::string& s, const std::string& option) {
+  try {
+    size_t used = 0;
+    int64_t v = std::stoll(s, &used);
+    if (used == s.size()) return v;
+  } catch (const std::exception&) {
+  }
+  throw UsageError{option + ": '" + s + "' is not an integer"};
+}
+
+Axis parse_axis(const std::string& s, const std::string& option) {
+  if (s == "none" || s == "None" || s == "null") return std::nullopt;
+  return parse_int(s, option);
+}
+
+int cmd_vmap(const std::vector<std::string>& args) {
+  std::string in, out;
+  bool external = false;
+  VmapOptions opt;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= args.size()) throw UsageError{a + " needs a value"};
+      return args[++i];
+    };
+    if (a == "-o" || a == "--output") out = value();
+    else if (a == "--in-axes") {
+      std::string v = value();
+      for (const auto& item : split(v, ',')) {
+        auto eq = item.find('=');
+        if (eq != std::string::npos) {
+          opt.by_name = true;
+          opt.in_axes_by_name[item.substr(0, eq)] = parse_axis(item.substr(eq + 1), "--in-axes");
+        } else {
+          opt.in_axes.push_back(parse_axis(item, "--in-axes"));
+        }
+      }
+      if (opt.by_name && !opt.in_axes.empty())
+        throw UsageError{"--in-axes: mix of positional and name=axis entries; use one form"};
+    } else if (a == "--out-axes") {
+      for (const auto& item : split(value(), ',')) opt.out_axes.push_back(parse_int(item, "--out-axes"));
+    } else if (a == "--axis-name") opt.axis_name = value();
+    else if (a == "--external-data") external = true;
+    else if (!a.empty() && a[0] == '-') throw UsageError{"unknown option '" + a + "'"};
+    else if (in.empty()) in = a;
+    else throw UsageError{"unexpected argument '" + a + "'"};
+  }
+  if (in.empty()) throw UsageError{"vmap needs an input model"};
+  if (out.empty()) throw UsageError{"vmap needs -o OUT.onnx"};
+  onnx::ModelProto model = load_model(in);
+  onnx::ModelProto result = vmap(model, opt);
+  save_model(result, out, external);
+  std::cerr << "onnax: wrote " << out << "\n";
+  return 0;
+}
+
+}  // namespace
+
+int run(const std::vector<std::string>& args) {
+  try {
+    if (args.empty() || args[0] == "-h" || args[0] == "--help" || args[0] == "help") {
+      std::cout << kUsage;
+      return args.empty() ? 2 : 0;
+    }
+    const std::string& cmd = args[0];
+    std::vector<std::string> rest(args.begin() + 1, args.end());
+    for (const auto& a : rest)
+      if (a == "-h" || a == "--help") {
+        std::cout << kUsage;
+        return 0;
+      }
+    if (cmd == "vmap") return cmd_vmap(rest);
+    if (cmd == "version" || cmd == "--version") {
+      std::cout << "onnax " << version() << "\n";
+      return 0;
+    }
+    throw UsageError{"unknown command '" + cmd + "'"};
+  } catch (const UsageError& e) {
+    std::cerr << "onnax: " << e.message << "\n(run `onnax --help` for usage)\n";
+    return 2;
+  } catch (const Error& e) {
+    std::cerr << "onnax: error: " << e.what() << "\n";
+    return 1;
+  } catch (const std::exception& e) {
+    std::cerr << "onnax: internal error: " << e.what() << "\nPlease report this with the model that caused it.\n";
+    return 3;
+  }
+}
+
+}  // namespace onnax::cli

@@ -1,0 +1,20 @@
+// Helpers that build diagnostics in the contract's shape (DESIGN.md section 6).
+#pragma once
+
+#include <onnax/onnax.h>
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace onnax::diag {
+
+[[noreturn]] void fail(Error::Kind kind, const std::string& message);
+
+// "[a, b, c]" for display in messages.
+std::string join(const std::vector<std::string>& items, std::string_view sep = ", ");
+
+// "float32", "int64", ... for an ONNX TensorProto element type.
+std::string dtype_name(int32_t elem_type);
+
+}  // namespace onnax::diag

@@ -1,0 +1,335 @@
+#include "emit/builder.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cstring>
+
+namespace onnax {
+
+Attr Attr::i(std::string_view name, int64_t v) {
+  Attr a;
+  a.proto.set_name(std::string(name));
+  a.proto.set_type(onnx::AttributeProto::INT);
+  a.proto.set_i(v);
+  return a;
+}
+Attr Attr::f(std::string_view name, float v) {
+  Attr a;
+  a.proto.set_name(std::string(name));
+  a.proto.set_type(onnx::AttributeProto::FLOAT);
+  a.proto.set_f(v);
+  return a;
+}
+Attr Attr::s(std::string_view name, std::string_view v) {
+  Attr a;
+  a.proto.set_name(std::string(name));
+  a.proto.set_type(onnx::AttributeProto::STRING);
+  a.proto.set_s(std::string(v));
+  return a;
+}
+Attr Attr::ints(std::string_view name, const std::vector<int64_t>& v) {
+  Attr a;
+  a.proto.set_name(std::string(name));
+  a.proto.set_type(onnx::AttributeProto::INTS);
+  for (int64_t x : v) a.proto.add_ints(x);
+  return a;
+}
+
+Builder::Builder(onnx::GraphProto& out, NameScope& value_names, NameScope& node_names, int64_t opset)
+    : out_(out), value_names_(value_names), node_names_(node_names), opset_(opset) {}
+
+V Builder::add_value(std::string name, Facts facts) {
+  values_.push_back(Value{std::move(name), std::move(facts)});
+  return V{static_cast<int>(values_.size() - 1)};
+}
+
+V Builder::existing(const std::string& name, Facts facts) { return add_value(name, std::move(facts)); }
+
+static std::string lower(std::string_view s) {
+  std::string out(s);
+  std::transform(out.begin(), out.end(), out.begin(), [](unsigned char c) { return std::tolower(c); });
+  return out;
+}
+
+onnx::NodeProto* Builder::new_node(std::string_view type) {
+  auto* n = out_.add_node();
+  n->set_op_type(std::string(type));
+  n->set_name(node_names_.fresh((origin_.empty() ? std::string("onnax") : origin_) + "/" + std::string(type)));
+  return n;
+}
+
+std::vector<V> Builder::op(std::string_view type, const std::vector<V>& inputs, const Attrs& attrs,
+                           int num_outputs) {
+  auto* n = new_node(type);
+  for (V v : inputs) n->add_input(v.valid() ? name(v) : std::string());
+  for (const auto& a : attrs) *n->add_attribute() = a.proto;
+  std::vector<V> outs;
+  std::string base = (origin_.empty() ? std::string("onnax") : origin_) + "_" + lower(type);
+  for (int i = 0; i < num_outputs; ++i) {
+    std::string nm = value_names_.fresh(base);
+    n->add_output(nm);
+    outs.push_back(add_value(nm, Facts{}));
+  }
+  return outs;
+}
+
+V Builder::op_named(std::string_view type, const std::vector<V>& inputs, const Attrs& attrs,
+                    const std::string& output_name) {
+  auto* n = new_node(type);
+  for (V v : inputs) n->add_input(v.valid() ? name(v) : std::string());
+  for (const auto& a : attrs) *n->add_attribute() = a.proto;
+  n->add_output(output_name);
+  return add_value(output_name, Facts{});
+}
+
+std::vector<V> Builder::clone(const onnx::NodeProto& node, const std::vector<V>& inputs, const Attrs& overrides,
+                              const std::vector<std::string>& drop) {
+  auto* n = new_node(node.op_type());
+  n->set_domain(node.domain());
+  for (V v : inputs) n->add_input(v.valid() ? name(v) : std::string());
+  for (const auto& a : node.attribute()) {
+    bool replaced = std::any_of(overrides.begin(), overrides.end(),
+                                [&](const Attr& o) { return o.proto.name() == a.name(); });
+    bool dropped = std::find(drop.begin(), drop.end(), a.name()) != drop.end();
+    if (!replaced && !dropped) *n->add_attribute() = a;
+  }
+  for (const auto& a : overrides) *n->add_attribute() = a.proto;
+  std::vector<V> outs;
+  for (int i = 0; i < node.output_size(); ++i) {
+    if (node.output(i).empty()) {
+      n->add_output("");
+      outs.push_back(V{});
+      continue;
+    }
+    std::string nm = value_names_.fresh(node.output(i) + "_b");
+    n->add_output(nm);
+    outs.push_back(add_value(nm, Facts{}));
+  }
+  return outs;
+}
+
+void Builder::copy_node(onnx::NodeProto&& node) { *out_.add_node() = std::move(node); }
+
+void Builder::rename(V v, const std::string& new_name, int first_node) {
+  const std::string old = values_[v.id].name;
+  for (int i = first_node; i < out_.node_size(); ++i) {
+    auto* n = out_.mutable_node(i);
+    for (auto& in : *n->mutable_input())
+      if (in == old) in = new_name;
+    for (auto& o : *n->mutable_output())
+      if (o == old) o = new_name;
+  }
+  values_[v.id].name = new_name;
+  auto it = known_i64_.find(old);
+  if (it != known_i64_.end()) known_i64_[new_name] = it->second;
+}
+
+V Builder::i64s(const std::vector<int64_t>& values) {
+  std::string key = "i64s:";
+  for (int64_t x : values) key += std::to_string(x) + ",";
+  if (auto it = const_cache_.find(key); it != const_cache_.end()) return it->second;
+  onnx::TensorProto t;
+  t.set_data_type(onnx::TensorProto::INT64);
+  t.add_dims(static_cast<int64_t>(values.size()));
+  for (int64_t x : values) t.add_int64_data(x);
+  V v = tensor_const(t);
+  known_i64_[name(v)] = values;
+  const_cache_[key] = v;
+  return v;
+}
+
+V Builder::i64(int64_t value) {
+  std::string key = "i64:" + std::to_string(value);
+  if (auto it = const_cache_.find(key); it != const_cache_.end()) return it->second;
+  onnx::TensorProto t;
+  t.set_data_type(onnx::TensorProto::INT64);
+  t.add_int64_data(value);
+  V v = tensor_const(t);
+  known_i64_[name(v)] = {value};
+  const_cache_[key] = v;
+  return v;
+}
+
+V Builder::scalar(double value, int32_t dtype) {
+  std::string key = "s:" + std::to_string(dtype) + ":" + std::to_string(value);
+  if (auto it = const_cache_.find(key); it != const_cache_.end()) return it->second;
+  onnx::TensorProto t;
+  t.set_data_type(dtype);
+  switch (dtype) {
+    case onnx::TensorProto::FLOAT: t.add_float_data(static_cast<float>(value)); break;
+    case onnx::TensorProto::DOUBLE: t.add_double_data(value); break;
+    case onnx::TensorProto::INT64: t.add_int64_data(static_cast<int64_t>(value)); break;
+    case onnx::TensorProto::UINT64: t.add_uint64_data(static_cast<uint64_t>(value)); break;
+    case onnx::TensorProto::UINT32: t.add_uint64_data(static_cast<uint64_t>(value)); break;
+    case onnx::TensorProto::INT32:
+    case onnx::TensorProto::INT16:
+    case onnx::TensorProto::INT8:
+    case onnx::TensorProto::UINT16:
+    case onnx::TensorProto::UINT8:
+    case onnx::TensorProto::BOOL: t.add_int32_data(static_cast<int32_t>(value)); break;
+    default: {
+      // float16/bfloat16 and others: build a float and let a Cast convert it.
+      V f = scalar(value, onnx::TensorProto::FLOAT);
+      V c = op1("Cast", {f}, {Attr::i("to", dtype)});
+      set_facts(c, Facts::of(dtype, {}));
+      const_cache_[key] = c;
+      return c;
+    }
+  }
+  V v = tensor_const(t);
+  const_cache_[key] = v;
+  return v;
+}
+
+V Builder::tensor_const(const onnx::TensorProto& t) {
+  std::string saved = origin_;
+  origin_ = "onnax_const";
+  auto* n = new_node("Constant");
+  origin_ = saved;
+  auto* a = n->add_attribute();
+  a->set_name("value");
+  a->set_type(onnx::AttributeProto::TENSOR);
+  *a->mutable_t() = t;
+  std::string nm = value_names_.fresh("onnax_const");
+  n->add_output(nm);
+  Facts f;
+  f.dtype = t.data_type();
+  f.has_shape = true;
+  for (int64_t d : t.dims()) f.dims.push_back(Dim::of(d));
+  return add_value(nm, f);
+}
+
+const std::vector<int64_t>* Builder::known_i64(V v) const {
+  if (!v.valid()) return nullptr;
+  auto it = known_i64_.find(name(v));
+  return it == known_i64_.end() ? nullptr : &it->second;
+}
+
+void Builder::remember_i64(const std::string& n, std::vector<int64_t> values) { known_i64_[n] = std::move(values); }
+
+static int64_t norm_axis(int64_t a, int64_t rank) { return a < 0 ? a + rank : a; }
+
+V Builder::unsqueeze(V x, const std::vector<int64_t>& axes) {
+  if (axes.empty()) return x;
+  V y = op1("Unsqueeze", {x, i64s(axes)});
+  Facts f = facts(x);
+  if (f.has_shape) {
+    int64_t out_rank = f.rank() + static_cast<int64_t>(axes.size());
+    std::vector<int64_t> sorted;
+    for (int64_t a : axes) sorted.push_back(norm_axis(a, out_rank));
+    std::sort(sorted.begin(), sorted.end());
+    for (int64_t a : sorted) f.dims.insert(f.dims.begin() + a, Dim::of(1));
+  }
+  set_facts(y, f);
+  return y;
+}
+
+V Builder::squeeze(V x, const std::vector<int64_t>& axes) {
+  V y = op1("Squeeze", {x, i64s(axes)});
+  Facts f = facts(x);
+  if (f.has_shape) {
+    std::vector<int64_t> sorted;
+    for (int64_t a : axes) sorted.push_back(norm_axis(a, f.rank()));
+    std::sort(sorted.rbegin(), sorted.rend());
+    for (int64_t a : sorted) f.dims.erase(f.dims.begin() + a);
+  }
+  set_facts(y, f);
+  return y;
+}
+
+V Builder::transpose(V x, const std::vector<int64_t>& perm) {
+  bool identity = true;
+  for (size_t i = 0; i < perm.size(); ++i) identity = identity && perm[i] == static_cast<int64_t>(i);
+  if (identity) return x;
+  V y = op1("Transpose", {x}, {Attr::ints("perm", perm)});
+  Facts f = facts(x);
+  if (f.has_shape && f.rank() == static_cast<int64_t>(perm.size())) {
+    Facts g = f;
+    for (size_t i = 0; i < perm.size(); ++i) g.dims[i] = f.dims[perm[i]];
+    f = g;
+  }
+  set_facts(y, f);
+  return y;
+}
+
+V Builder::shape_of(V x, int64_t start, std::optional<int64_t> end) {
+  Attrs attrs;
+  if (start != 0) attrs.push_back(Attr::i("start", start));
+  if (end) attrs.push_back(Attr::i("end", *end));
+  V y = op1("Shape", {x}, attrs);
+  Facts f;
+  f.dtype = onnx::TensorProto::INT64;
+  int64_t r = rank(x);
+  if (r >= 0) {
+    int64_t s = std::clamp(norm_axis(start, r), int64_t{0}, r);
+    int64_t e = end ? std::clamp(norm_axis(*end, r), int64_t{0}, r) : r;
+    f = Facts::of(onnx::TensorProto::INT64, {Dim::of(std::max<int64_t>(0, e - s))});
+  }
+  set_facts(y, f);
+  return y;
+}
+
+V Builder::concat(const std::vector<V>& parts, int64_t axis) {
+  if (parts.size() == 1) return parts[0];
+  // Fold concatenations of known int64 vectors into one constant.
+  bool all_known = axis == 0;
+  std::vector<int64_t> folded;
+  for (V p : parts) {
+    const auto* k = known_i64(p);
+    if (!k || rank(p) != 1) {
+      all_known = false;
+      break;
+    }
+    folded.insert(folded.end(), k->begin(), k->end());
+  }
+  if (all_known) return i64s(folded);
+  V y = op1("Concat", parts, {Attr::i("axis", axis)});
+  Facts f = facts(parts[0]);
+  if (f.has_shape) {
+    int64_t ax = norm_axis(axis, f.rank());
+    int64_t total = 0;
+    for (V p : parts) {
+      const Facts& pf = facts(p);
+      if (!pf.has_shape || pf.rank() != f.rank() || !pf.dims[ax].known()) {
+        total = -1;
+        break;
+      }
+      total += pf.dims[ax].value;
+    }
+    f.dims[ax] = total >= 0 ? Dim::of(total) : Dim{};
+  }
+  set_facts(y, f);
+  return y;
+}
+
+V Builder::reshape(V x, V shape) {
+  V y = op1("Reshape", {x, shape});
+  Facts f;
+  f.dtype = facts(x).dtype;
+  const Facts& sf = facts(shape);
+  if (sf.has_shape && sf.rank() == 1 && sf.dims[0].known()) {
+    f.has_shape = true;
+    f.dims.resize(sf.dims[0].value);
+    if (const auto* k = known_i64(shape)) {
+      for (size_t i = 0; i < k->size(); ++i)
+        if ((*k)[i] > 0) f.dims[i] = Dim::of((*k)[i]);
+    }
+  }
+  set_facts(y, f);
+  return y;
+}
+
+V Builder::expand(V x, V shape) {
+  V y = op1("Expand", {x, shape});
+  Facts f;
+  f.dtype = facts(x).dtype;
+  const Facts& sf = facts(shape);
+  if (sf.has_shape && sf.rank() == 1 && sf.dims[0].known() && rank(x) >= 0) {
+    f.has_shape = true;
+    f.dims.resize(std::max<int64_t>(sf.dims[0].value, rank(x)));
+  }
+  set_facts(y, f);
+  return y;
+}
+
+}  // namespace onnax

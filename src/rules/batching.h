@@ -1,0 +1,90 @@
+// Batching rules (vmap): given which inputs carry the batch axis, emit the batched op.
+//
+// Convention: inside a vmap, a batched value always carries its batch axis at position 0
+// (the transform moves user axes there on entry and back on exit), so rules only ever
+// deal with "batched at 0" or "not batched".
+#pragma once
+
+#include <onnx/onnx_pb.h>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "emit/builder.h"
+#include "facts/facts.h"
+
+namespace onnax {
+
+class BatchCtx {
+ public:
+  Builder& b;
+  const onnx::NodeProto& node;
+  int64_t opset;                    // effective default-domain opset of the model
+  std::vector<V> in;                // current values of the node's inputs (invalid = absent)
+  std::vector<bool> batched;        // whether in[i] carries the batch axis at 0
+  std::vector<const Facts*> facts;  // per-example facts of each input (nullptr if absent)
+  std::function<V()> batch_size;    // 1-D int64 tensor [B]
+
+  int num_inputs() const { return static_cast<int>(in.size()); }
+  bool has(int i) const { return i < num_inputs() && in[i].valid(); }
+  bool any_batched() const;
+  // Per-example rank of input i; fails with a diagnostic if it is unknown.
+  int64_t rank(int i) const;
+  int32_t dtype(int i) const { return facts[i] ? facts[i]->dtype : 0; }
+
+  // Attributes of the source node.
+  const onnx::AttributeProto* attr(const std::string& name) const;
+  int64_t attr_i(const std::string& name, int64_t fallback) const;
+  std::vector<int64_t> attr_ints(const std::string& name) const;
+
+  // Input i with the batch axis at 0: broadcast to the batch if it is not batched.
+  V materialize(int i);
+  // Batched input i padded with size-1 axes after the batch axis up to per-example rank r.
+  V pad_rank(int i, int64_t r);
+  // The int64 values of input i when they are known when transforming (constants).
+  const std::vector<int64_t>* known_i64(int i) const { return b.known_i64(in[i]); }
+
+  // Fails with the diagnostic contract's operator message.
+  [[noreturn]] void unsupported(const std::string& what, const std::string& fix) const;
+  // "input 'X' (shape [batch, 3], float32, batched at axis 0)".
+  std::string describe_input(int i) const;
+};
+
+struct BatchResult {
+  std::vector<V> out;
+  std::vector<bool> batched;
+};
+
+using BatchRule = std::function<BatchResult(BatchCtx&)>;
+
+// All outputs batched.
+BatchResult all_batched(std::vector<V> outs);
+
+// The registry of batching rules, keyed by (domain, op_type, since_version).
+class BatchRules {
+ public:
+  static const BatchRules& instance();
+  void add(const std::string& domain, const std::string& op, int since, BatchRule rule);
+  // The rule for an op whose schema resolves to `since_version`, or nullptr.
+  const BatchRule* find(const std::string& domain, const std::string& op, int since_version) const;
+  std::vector<std::string> ops() const;
+
+ private:
+  std::map<std::string, std::vector<std::pair<int, BatchRule>>> rules_;
+};
+
+// Registration, one function per op family (rules/*.cc).
+void register_elementwise_rules(BatchRules& r);
+void register_reduce_rules(BatchRules& r);
+void register_matmul_rules(BatchRules& r);
+void register_shape_rules(BatchRules& r);
+void register_index_rules(BatchRules& r);
+void register_nn_rules(BatchRules& r);
+
+// Axis helpers shared by rules.
+// A per-example axis attribute a (valid for a rank-r tensor) as an axis of the batched tensor.
+inline int64_t shift_axis(int64_t a) { return a < 0 ? a : a + 1; }
+std::vector<int64_t> shift_axes(const std::vector<int64_t>& axes);
+
+}  // namespace onnax

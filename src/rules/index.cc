@@ -1,0 +1,88 @@
+// Gather/Scatter family.
+#include "rules/batching.h"
+
+namespace onnax {
+namespace {
+
+// Moves axis `from` of a tensor of rank `rank` to position `to`.
+std::vector<int64_t> move_perm(int64_t from, int64_t to, int64_t rank) {
+  std::vector<int64_t> perm;
+  for (int64_t i = 0; i < rank; ++i)
+    if (i != from) perm.push_back(i);
+  perm.insert(perm.begin() + to, from);
+  return perm;
+}
+
+BatchResult gather_rule(BatchCtx& c) {
+  const int64_t r = c.rank(0);
+  int64_t axis = c.attr_i("axis", 0);
+  if (axis < 0) axis += r;
+  if (c.batched[0] && !c.batched[1])
+    return all_batched(c.b.clone(c.node, c.in, {Attr::i("axis", axis + 1)}));
+  if (!c.batched[0]) {
+    // Output dims: data[:axis] + indices(B, ...) + data[axis+1:]; move B to the front.
+    V y = c.b.clone(c.node, c.in)[0];
+    if (axis == 0) return all_batched({y});
+    const int64_t out_rank = r - 1 + c.rank(1) + 1;
+    return all_batched({c.b.transpose(y, move_perm(axis, 0, out_rank))});
+  }
+  // Both batched: GatherND with batch_dims=1 on data whose gathered axis sits right after
+  // the batch axis.
+  V data = c.in[0];
+  if (axis != 0) data = c.b.transpose(data, move_perm(axis + 1, 1, r + 1));
+  V idx = c.b.unsqueeze(c.in[1], {-1});
+  if (c.dtype(1) != onnx::TensorProto::INT64) idx = c.b.op1("Cast", {idx}, {Attr::i("to", onnx::TensorProto::INT64)});
+  V y = c.b.op1("GatherND", {data, idx}, {Attr::i("batch_dims", 1)});
+  if (axis == 0) return all_batched({y});
+  // y: (B, idx..., data dims except axis, in moved order: d[:axis] then d[axis+1:]).
+  const int64_t ri = c.rank(1);
+  std::vector<int64_t> perm{0};
+  for (int64_t k = 0; k < axis; ++k) perm.push_back(1 + ri + k);
+  for (int64_t k = 0; k < ri; ++k) perm.push_back(1 + k);
+  for (int64_t k = axis; k < r - 1; ++k) perm.push_back(1 + ri + k);
+  return all_batched({c.b.transpose(y, perm)});
+}
+
+// Element-indexed ops: every operand shares the element grid, so all are batched alike and
+// the axis shifts.
+BatchResult elements_rule(BatchCtx& c) {
+  std::vector<V> ins;
+  for (int i = 0; i < c.num_inputs(); ++i) ins.push_back(c.materialize(i));
+  return all_batched(c.b.clone(c.node, ins, {Attr::i("axis", shift_axis(c.attr_i("axis", 0)))}));
+}
+
+BatchResult gathernd_rule(BatchCtx& c) {
+  V data = c.materialize(0), idx = c.materialize(1);
+  return all_batched(c.b.clone(c.node, {data, idx}, {Attr::i("batch_dims", c.attr_i("batch_dims", 0) + 1)}));
+}
+
+// ScatterND: index tuples address the leading dims of data; prefix every tuple with the
+// example's batch index so each example scatters into its own slice.
+BatchResult scatternd_rule(BatchCtx& c) {
+  V data = c.materialize(0), idx = c.materialize(1), upd = c.materialize(2);
+  const int64_t ri = c.rank(1);  // per-example rank of indices, >= 1
+  V bsz = c.batch_size();
+  V range = c.b.op1("Range", {c.b.i64(0), c.b.op1("Squeeze", {bsz, c.b.i64s({0})}), c.b.i64(1)});
+  // (B,) -> (B, 1, ..., 1) with ri ones, then expanded to idx.shape[:-1] + [1].
+  std::vector<int64_t> axes;
+  for (int64_t k = 1; k <= ri; ++k) axes.push_back(k);
+  V col = c.b.unsqueeze(range, axes);
+  V target = c.b.concat({c.b.shape_of(idx, 0, ri), c.b.i64s({1})}, 0);
+  col = c.b.expand(col, target);
+  V idx64 = idx;
+  if (c.dtype(1) != onnx::TensorProto::INT64) idx64 = c.b.op1("Cast", {idx}, {Attr::i("to", onnx::TensorProto::INT64)});
+  V full = c.b.op1("Concat", {col, idx64}, {Attr::i("axis", -1)});
+  return all_batched(c.b.clone(c.node, {data, full, upd}));
+}
+
+}  // namespace
+
+void register_index_rules(BatchRules& r) {
+  r.add("", "Gather", 13, gather_rule);
+  r.add("", "GatherElements", 13, elements_rule);
+  r.add("", "ScatterElements", 16, elements_rule);
+  r.add("", "GatherND", 13, gathernd_rule);
+  r.add("", "ScatterND", 16, scatternd_rule);
+}
+
+}  // namespace onnax

@@ -1,0 +1,159 @@
+// Convolution, pooling and normalisation. These ops already carry a leading batch dim N, so
+// the vmap axis is merged into it: (B, N, ...) -> (B*N, ...) -> op -> (B, N', ...).
+#include "rules/batching.h"
+
+namespace onnax {
+namespace {
+
+V merge_batch(BatchCtx& c, V x) {
+  return c.b.reshape(x, c.b.concat({c.b.i64s({-1}), c.b.shape_of(x, 2)}, 0));
+}
+
+V split_batch(BatchCtx& c, V y) {
+  return c.b.reshape(y, c.b.concat({c.batch_size(), c.b.i64s({-1}), c.b.shape_of(y, 1)}, 0));
+}
+
+void require_shared(BatchCtx& c, int from, const std::string& fix) {
+  for (int i = from; i < c.num_inputs(); ++i)
+    if (c.has(i) && c.batched[i])
+      c.unsupported(c.describe_input(i) + " is batched; only the data input may carry the vmap axis here", fix);
+}
+
+// Ops where only input 0 may be batched and every output has the N dim first.
+BatchResult merge_rule(BatchCtx& c) {
+  require_shared(c, 1, "pass None in in_axes for the inputs that compute the weights/parameters");
+  V x = merge_batch(c, c.in[0]);
+  std::vector<V> ins = c.in;
+  ins[0] = x;
+  std::vector<V> outs = c.b.clone(c.node, ins);
+  for (auto& o : outs)
+    if (o.valid()) o = split_batch(c, o);
+  return all_batched(outs);
+}
+
+// MaxPool's optional Indices output counts elements of the whole (N, C, ...) input; after
+// merging, example b's indices are offset by b * (elements per example). Subtract that.
+BatchResult maxpool_rule(BatchCtx& c) {
+  BatchResult r = merge_rule(c);
+  if (r.out.size() > 1 && r.out[1].valid()) {
+    V per_example = c.b.op1("ReduceProd", {c.b.shape_of(c.in[0], 1)}, {Attr::i("keepdims", 0)});
+    V range = c.b.op1("Range", {c.b.i64(0), c.b.op1("Squeeze", {c.batch_size(), c.b.i64s({0})}), c.b.i64(1)});
+    V offsets = c.b.op1("Mul", {range, per_example});
+    std::vector<int64_t> axes;
+    for (int64_t k = 1; k <= c.rank(0); ++k) axes.push_back(k);
+    r.out[1] = c.b.op1("Sub", {r.out[1], c.b.unsqueeze(offsets, axes)});
+  }
+  return r;
+}
+
+// Per-channel parameters (C) as a tensor aligned with (N, C, spatial...) of rank r.
+V channel_param(BatchCtx& c, int i, int64_t r) {
+  std::vector<int64_t> axes;
+  for (int64_t k = 1; k < r - 1; ++k) axes.push_back(k + (c.batched[i] ? 1 : 0));
+  V p = c.b.unsqueeze(c.in[i], axes);
+  if (c.batched[i]) p = c.b.unsqueeze(p, {1});  // (B, 1, C, 1...) against (B, N, C, ...)
+  return p;
+}
+
+// BatchNormalization in inference mode; batched statistics or affine parameters are
+// applied elementwise: (x - mean) / sqrt(var + eps) * scale + bias.
+BatchResult batchnorm_rule(BatchCtx& c) {
+  if (c.attr_i("training_mode", 0))
+    c.unsupported("training_mode=1 (batch statistics) is not supported", "export the model in inference mode");
+  bool params = false;
+  for (int i = 1; i < c.num_inputs(); ++i) params = params || (c.has(i) && c.batched[i]);
+  if (!params) return merge_rule(c);
+  const int64_t r = c.rank(0);
+  const int32_t dt = c.dtype(0);
+  const float eps = c.attr("epsilon") ? c.attr("epsilon")->f() : 1e-5f;
+  V x = c.pad_rank(0, r);
+  V var = c.b.op1("Add", {channel_param(c, 4, r), c.b.scalar(eps, c.dtype(4))});
+  V norm = c.b.op1("Div", {c.b.op1("Sub", {x, channel_param(c, 3, r)}), c.b.op1("Sqrt", {var})});
+  V y = c.b.op1("Add", {c.b.op1("Mul", {norm, channel_param(c, 1, r)}), channel_param(c, 2, r)});
+  (void)dt;
+  return all_batched({y});
+}
+
+// Ones shaped like the per-example parameter i (whose batched value is (B, ...)).
+V ones_like_example(BatchCtx& c, int i) {
+  V shape = c.batched[i] ? c.b.shape_of(c.in[i], 1) : c.b.shape_of(c.in[i]);
+  return c.b.expand(c.b.scalar(1.0, c.dtype(i)), shape);
+}
+V zeros_like_example(BatchCtx& c, int i) {
+  V shape = c.batched[i] ? c.b.shape_of(c.in[i], 1) : c.b.shape_of(c.in[i]);
+  return c.b.expand(c.b.scalar(0.0, c.dtype(i)), shape);
+}
+
+// InstanceNormalization / GroupNormalization: per-channel scale and bias; batched ones are
+// applied after normalising with unit scale and zero bias.
+BatchResult channel_affine_rule(BatchCtx& c) {
+  bool affine = (c.has(1) && c.batched[1]) || (c.has(2) && c.batched[2]);
+  if (!affine) return merge_rule(c);
+  const int64_t r = c.rank(0);
+  std::vector<V> ins{c.in[0], ones_like_example(c, 1), zeros_like_example(c, 2)};
+  BatchCtx inner = c;
+  inner.in = ins;
+  inner.batched = {c.batched[0], false, false};
+  V y = c.batched[0] ? merge_rule(inner).out[0] : c.b.clone(c.node, ins)[0];
+  V out = c.b.op1("Add", {c.b.op1("Mul", {y, channel_param(c, 1, r)}), channel_param(c, 2, r)});
+  return all_batched({out});
+}
+
+// LayerNormalization / RMSNormalization: normalise over axis..end; batched scale/bias
+// broadcast against the trailing dims, so they are applied afterwards elementwise.
+BatchResult trailing_norm_rule(BatchCtx& c) {
+  const int64_t axis = c.attr_i("axis", -1);
+  bool affine = (c.has(1) && c.batched[1]) || (c.has(2) && c.batched[2]);
+  const int64_t r = c.rank(0);
+  if (!affine) return all_batched(c.b.clone(c.node, c.in, {Attr::i("axis", shift_axis(axis))}));
+  std::vector<V> ins{c.in[0], ones_like_example(c, 1)};
+  if (c.has(2)) ins.push_back(zeros_like_example(c, 2));
+  std::vector<V> outs = c.b.clone(c.node, ins, {Attr::i("axis", c.batched[0] ? shift_axis(axis) : axis)});
+  V y = c.b.op1("Mul", {outs[0], c.pad_rank(1, r)});
+  if (c.has(2)) y = c.b.op1("Add", {y, c.pad_rank(2, r)});
+  BatchResult res;
+  res.out = outs;
+  res.out[0] = y;
+  res.batched.assign(outs.size(), c.batched[0]);
+  res.batched[0] = true;
+  for (size_t i = 0; i < outs.size(); ++i)
+    if (!outs[i].valid()) res.batched[i] = false;
+  return res;
+}
+
+BatchResult resize_rule(BatchCtx& c) {
+  require_shared(c, 1, "pass None in in_axes for the inputs that compute roi/scales/sizes");
+  if (c.attr("axes"))
+    c.unsupported("Resize with an axes attribute is not supported by vmap yet", "resize all axes (no axes attribute)");
+  if (c.has(2)) {
+    if (const auto* k = c.known_i64(2); k && !k->empty() && (*k)[0] != 1)
+      c.unsupported("the scale of dim 0 is not 1", "keep the leading (batch) dim's scale at 1");
+  }
+  std::vector<V> ins = c.in;
+  ins[0] = merge_batch(c, c.in[0]);
+  if (c.has(3)) {
+    // sizes[0] is N per example; the merged tensor has B*N rows.
+    std::vector<V> parts{c.batch_size()};
+    if (c.rank(0) > 1) parts.push_back(c.b.i64s(std::vector<int64_t>(c.rank(0) - 1, 1)));
+    ins[3] = c.b.op1("Mul", {c.in[3], c.b.concat(parts, 0)});
+  }
+  V y = c.b.clone(c.node, ins)[0];
+  return all_batched({split_batch(c, y)});
+}
+
+}  // namespace
+
+void register_nn_rules(BatchRules& r) {
+  for (const char* op : {"Conv", "ConvTranspose", "AveragePool", "LpPool", "GlobalAveragePool", "GlobalMaxPool",
+                         "GlobalLpPool", "LRN", "DepthToSpace", "SpaceToDepth"})
+    r.add("", op, 1, merge_rule);
+  r.add("", "MaxPool", 1, maxpool_rule);
+  r.add("", "BatchNormalization", 15, batchnorm_rule);
+  r.add("", "InstanceNormalization", 6, channel_affine_rule);
+  r.add("", "GroupNormalization", 21, channel_affine_rule);
+  r.add("", "LayerNormalization", 17, trailing_norm_rule);
+  r.add("", "RMSNormalization", 23, trailing_norm_rule);
+  r.add("", "Resize", 18, resize_rule);
+}
+
+}  // namespace onnax

@@ -1,0 +1,209 @@
+// Shape-manipulating operators.
+#include <algorithm>
+
+#include "diagnostics/error.h"
+#include "rules/batching.h"
+
+namespace onnax {
+namespace {
+
+void require_shared(BatchCtx& c, int i, const char* role) {
+  if (c.has(i) && c.batched[i])
+    c.unsupported(c.describe_input(i) + " (" + role +
+                      ") is batched; it must be the same for every example (different per-example values would "
+                      "give ragged outputs)",
+                  "pass None in in_axes for the inputs that compute '" + c.node.input(i) + "'");
+}
+
+// A per-example shape/repeats vector with one leading entry for the batch axis.
+V prepend(BatchCtx& c, V lead, int i) { return c.b.concat({lead, c.in[i]}, 0); }
+
+BatchResult reshape_rule(BatchCtx& c) {
+  require_shared(c, 1, "shape");
+  // 0 in the shape copies the input dim at the same index; one more leading entry keeps that
+  // correspondence. With allowzero=1, 0 means an empty dim, so the batch size is spelled out.
+  V lead = c.attr_i("allowzero", 0) ? c.batch_size() : c.b.i64s({0});
+  return all_batched(c.b.clone(c.node, {c.in[0], prepend(c, lead, 1)}));
+}
+
+BatchResult transpose_rule(BatchCtx& c) {
+  std::vector<int64_t> perm = c.attr_ints("perm");
+  if (perm.empty())
+    for (int64_t k = c.rank(0) - 1; k >= 0; --k) perm.push_back(k);
+  std::vector<int64_t> p{0};
+  for (int64_t a : perm) p.push_back(a < 0 ? a + static_cast<int64_t>(perm.size()) + 1 : a + 1);
+  return all_batched(c.b.clone(c.node, {c.in[0]}, {Attr::ints("perm", p)}));
+}
+
+// Squeeze/Unsqueeze with axes as an input (opset 13+).
+BatchResult squeeze_rule(BatchCtx& c) {
+  require_shared(c, 1, "axes");
+  if (!c.has(1)) {
+    // Without axes Squeeze drops every size-1 dim, which could include the batch axis.
+    const Facts* f = c.facts[0];
+    std::vector<int64_t> ones;
+    if (f && f->has_shape)
+      for (int64_t k = 0; k < f->rank(); ++k) {
+        if (!f->dims[k].known())
+          c.unsupported("Squeeze without axes on " + c.describe_input(0) +
+                            ": dim " + std::to_string(k) + " is not statically known, so which dims are 1 is unknown",
+                        "give Squeeze an explicit axes input");
+        if (f->dims[k].value == 1) ones.push_back(k + 1);
+      }
+    else
+      c.rank(0);  // fails with the unknown-rank diagnostic
+    return all_batched(c.b.clone(c.node, {c.in[0], c.b.i64s(ones)}));
+  }
+  const auto* k = c.known_i64(1);
+  V axes;
+  if (k) {
+    axes = c.b.i64s(shift_axes(*k));
+  } else {
+    V ge = c.b.op1("GreaterOrEqual", {c.in[1], c.b.i64(0)});
+    axes = c.b.op1("Add", {c.in[1], c.b.op1("Cast", {ge}, {Attr::i("to", onnx::TensorProto::INT64)})});
+  }
+  return all_batched(c.b.clone(c.node, {c.in[0], axes}));
+}
+
+BatchResult flatten_rule(BatchCtx& c) {
+  const int64_t r = c.rank(0);
+  int64_t axis = c.attr_i("axis", 1);
+  if (axis < 0) axis += r;
+  // (B, d0..dr-1) -> Flatten at axis+1 gives (B*P, Q); reshape back to (B, P, Q).
+  V flat = c.b.clone(c.node, {c.in[0]}, {Attr::i("axis", axis + 1)})[0];
+  V q = axis == r ? c.b.i64s({1}) : c.b.shape_of(flat, 1, 2);
+  return all_batched({c.b.reshape(flat, c.b.concat({c.b.i64s({0, -1}), q}, 0))});
+}
+
+BatchResult expand_rule(BatchCtx& c) {
+  require_shared(c, 1, "shape");
+  const Facts* sf = c.facts[1];
+  if (!sf || !sf->has_shape || sf->rank() != 1 || !sf->dims[0].known())
+    c.unsupported("the length of the shape input is not statically known", "declare the shape input's length");
+  const int64_t len = sf->dims[0].value;
+  V x = c.pad_rank(0, len);
+  return all_batched(c.b.clone(c.node, {x, prepend(c, c.b.i64s({1}), 1)}));
+}
+
+BatchResult concat_rule(BatchCtx& c) {
+  std::vector<V> ins;
+  for (int i = 0; i < c.num_inputs(); ++i) ins.push_back(c.materialize(i));
+  return all_batched(c.b.clone(c.node, ins, {Attr::i("axis", shift_axis(c.attr_i("axis", 0)))}));
+}
+
+BatchResult split_rule(BatchCtx& c) {
+  require_shared(c, 1, "split");
+  return all_batched(c.b.clone(c.node, c.in, {Attr::i("axis", shift_axis(c.attr_i("axis", 0)))}));
+}
+
+BatchResult slice_rule(BatchCtx& c) {
+  for (int i = 1; i < c.num_inputs(); ++i) require_shared(c, i, "starts/ends/axes/steps");
+  std::vector<V> ins = c.in;
+  ins.resize(std::max(4, c.num_inputs()));
+  if (c.has(3)) {
+    if (const auto* k = c.known_i64(3)) {
+      ins[3] = c.b.i64s(shift_axes(*k));
+    } else {
+      V ge = c.b.op1("GreaterOrEqual", {c.in[3], c.b.i64(0)});
+      ins[3] = c.b.op1("Add", {c.in[3], c.b.op1("Cast", {ge}, {Attr::i("to", c.dtype(3))})});
+    }
+  } else {
+    const Facts* sf = c.facts[1];
+    if (!sf || !sf->has_shape || sf->rank() != 1 || !sf->dims[0].known())
+      c.unsupported("Slice without axes needs the length of 'starts' statically", "give Slice an explicit axes input");
+    std::vector<int64_t> axes;
+    for (int64_t k = 1; k <= sf->dims[0].value; ++k) axes.push_back(k);
+    V a = c.b.i64s(axes);
+    if (c.dtype(1) != onnx::TensorProto::INT64) a = c.b.op1("Cast", {a}, {Attr::i("to", c.dtype(1))});
+    ins[3] = a;
+  }
+  return all_batched(c.b.clone(c.node, ins));
+}
+
+BatchResult tile_rule(BatchCtx& c) {
+  require_shared(c, 1, "repeats");
+  return all_batched(c.b.clone(c.node, {c.in[0], prepend(c, c.b.i64s({1}), 1)}));
+}
+
+BatchResult pad_rule(BatchCtx& c) {
+  require_shared(c, 1, "pads");
+  require_shared(c, 2, "constant_value");
+  std::vector<V> ins = c.in;
+  ins.resize(4);
+  if (c.has(3)) {
+    require_shared(c, 3, "axes");
+    if (const auto* k = c.known_i64(3)) ins[3] = c.b.i64s(shift_axes(*k));
+    else {
+      V ge = c.b.op1("GreaterOrEqual", {c.in[3], c.b.i64(0)});
+      ins[3] = c.b.op1("Add", {c.in[3], c.b.op1("Cast", {ge}, {Attr::i("to", c.dtype(3))})});
+    }
+  } else {
+    std::vector<int64_t> axes;
+    for (int64_t k = 1; k <= c.rank(0); ++k) axes.push_back(k);
+    ins[3] = c.b.i64s(axes);
+  }
+  while (!ins.empty() && !ins.back().valid()) ins.pop_back();
+  return all_batched(c.b.clone(c.node, ins));
+}
+
+// Shape of a batched value is the same for every example: the result is not batched.
+BatchResult shape_rule(BatchCtx& c) {
+  // Shape clamps start/end into [0, rank]; normalise against the per-example rank first so
+  // a far-negative start never reaches the batch axis.
+  const int64_t r = c.rank(0);
+  auto norm = [&](int64_t a) { return std::clamp(a < 0 ? a + r : a, int64_t{0}, r); };
+  const int64_t start = norm(c.attr_i("start", 0));
+  const int64_t end = c.attr("end") ? norm(c.attr("end")->i()) : r;
+  BatchResult out;
+  out.out = {c.b.shape_of(c.in[0], start + 1, end + 1)};
+  out.batched = {false};
+  return out;
+}
+
+BatchResult size_rule(BatchCtx& c) {
+  V s = c.b.shape_of(c.in[0], 1);
+  BatchResult r;
+  r.out = {c.b.op1("ReduceProd", {s}, {Attr::i("keepdims", 0)})};
+  r.batched = {false};
+  return r;
+}
+
+BatchResult shared_only_rule(BatchCtx& c) {
+  for (int i = 0; i < c.num_inputs(); ++i) require_shared(c, i, "shape/size argument");
+  return {};
+}
+
+BatchResult trilu_rule(BatchCtx& c) {
+  require_shared(c, 1, "k");
+  return all_batched(c.b.clone(c.node, c.in));
+}
+
+BatchResult onehot_rule(BatchCtx& c) {
+  require_shared(c, 1, "depth");
+  require_shared(c, 2, "values");
+  return all_batched(c.b.clone(c.node, c.in, {Attr::i("axis", shift_axis(c.attr_i("axis", -1)))}));
+}
+
+}  // namespace
+
+void register_shape_rules(BatchRules& r) {
+  r.add("", "Reshape", 14, reshape_rule);
+  r.add("", "Transpose", 13, transpose_rule);
+  r.add("", "Squeeze", 13, squeeze_rule);
+  r.add("", "Unsqueeze", 13, squeeze_rule);
+  r.add("", "Flatten", 13, flatten_rule);
+  r.add("", "Expand", 13, expand_rule);
+  r.add("", "Concat", 13, concat_rule);
+  r.add("", "Split", 13, split_rule);
+  r.add("", "Slice", 13, slice_rule);
+  r.add("", "Tile", 13, tile_rule);
+  r.add("", "Pad", 18, pad_rule);
+  r.add("", "Shape", 15, shape_rule);
+  r.add("", "Size", 13, size_rule);
+  r.add("", "ConstantOfShape", 9, shared_only_rule);
+  r.add("", "Range", 11, shared_only_rule);
+  r.add("", "Trilu", 14, trilu_rule);
+  r.add("", "OneHot", 11, onehot_rule);
+}
+
+}  // namespace onnax

@@ -1,0 +1,228 @@
+#include "transforms/prepare.h"
+
+#include <onnx/common/status.h>
+#include <onnx/defs/schema.h>
+#include <onnx/inliner/inliner.h>
+#include <onnx/shape_inference/implementation.h>
+#include <onnx/version_converter/convert.h>
+
+#include <queue>
+#include <unordered_map>
+
+#include "diagnostics/error.h"
+#include "notice.h"
+
+namespace onnax {
+namespace {
+
+int64_t default_opset(const onnx::ModelProto& m) {
+  for (const auto& o : m.opset_import())
+    if (o.domain().empty() || o.domain() == "ai.onnx") return o.version();
+  return -1;
+}
+
+void collect_names(const onnx::GraphProto& g, Prepared& p) {
+  for (const auto& vi : g.input()) p.value_names.reserve(vi.name());
+  for (const auto& vi : g.output()) p.value_names.reserve(vi.name());
+  for (const auto& vi : g.value_info()) p.value_names.reserve(vi.name());
+  for (const auto& t : g.initializer()) p.value_names.reserve(t.name());
+  for (const auto& s : g.sparse_initializer()) p.value_names.reserve(s.values().name());
+  for (const auto& n : g.node()) {
+    if (!n.name().empty()) p.node_names.reserve(n.name());
+    for (const auto& o : n.output()) p.value_names.reserve(o);
+    for (const auto& a : n.attribute()) {
+      if (a.has_g()) collect_names(a.g(), p);
+      for (const auto& sg : a.graphs()) collect_names(sg, p);
+    }
+  }
+  auto add_dims = [&](const onnx::ValueInfoProto& vi) {
+    if (!vi.type().has_tensor_type() || !vi.type().tensor_type().has_shape()) return;
+    for (const auto& d : vi.type().tensor_type().shape().dim())
+      if (d.has_dim_param()) p.dim_params.insert(d.dim_param());
+  };
+  for (const auto& vi : g.input()) add_dims(vi);
+  for (const auto& vi : g.output()) add_dims(vi);
+  for (const auto& vi : g.value_info()) add_dims(vi);
+}
+
+void collect_reads(const onnx::GraphProto& g, std::unordered_set<std::string>& defined,
+                   std::vector<std::string>& reads) {
+  std::unordered_set<std::string> local = defined;
+  for (const auto& vi : g.input()) local.insert(vi.name());
+  for (const auto& t : g.initializer()) local.insert(t.name());
+  for (const auto& s : g.sparse_initializer()) local.insert(s.values().name());
+  for (const auto& n : g.node()) {
+    for (const auto& in : n.input())
+      if (!in.empty() && !local.count(in)) reads.push_back(in);
+    for (const auto& a : n.attribute()) {
+      if (a.has_g()) collect_reads(a.g(), local, reads);
+      for (const auto& sg : a.graphs()) collect_reads(sg, local, reads);
+    }
+    for (const auto& o : n.output()) local.insert(o);
+  }
+  for (const auto& o : g.output())
+    if (!local.count(o.name())) reads.push_back(o.name());
+}
+
+// Orders the graph's nodes topologically (stable: keeps the given order where it is valid),
+// reporting cycles and inputs that nothing defines.
+void sort_nodes(onnx::GraphProto& g) {
+  std::unordered_set<std::string> available;
+  for (const auto& vi : g.input()) available.insert(vi.name());
+  for (const auto& t : g.initializer()) available.insert(t.name());
+  for (const auto& s : g.sparse_initializer()) available.insert(s.values().name());
+  const int n = g.node_size();
+  std::unordered_map<std::string, int> producer;
+  for (int i = 0; i < n; ++i)
+    for (const auto& o : g.node(i).output())
+      if (!o.empty()) {
+        if (producer.count(o) || available.count(o))
+          diag::fail(Error::Kind::kInvalidModel,
+                     "invalid model: value '" + o + "' is defined more than once (node '" + g.node(i).name() +
+                         "', op " + g.node(i).op_type() +
+                         "). Fix: give every node output a unique name (ONNX graphs are in SSA form)");
+        producer[o] = i;
+      }
+  std::vector<std::vector<std::string>> deps(n);
+  bool sorted = true;
+  std::unordered_set<std::string> seen = available;
+  for (int i = 0; i < n; ++i) {
+    const auto& node = g.node(i);
+    std::vector<std::string> reads(node.input().begin(), node.input().end());
+    for (const auto& a : node.attribute()) {
+      std::unordered_set<std::string> none;
+      if (a.has_g()) collect_reads(a.g(), none, reads);
+      for (const auto& sg : a.graphs()) collect_reads(sg, none, reads);
+    }
+    for (const auto& r : reads) {
+      if (r.empty()) continue;
+      if (!available.count(r) && !producer.count(r))
+        diag::fail(Error::Kind::kInvalidModel,
+                   "invalid model: node '" + node.name() + "' (op " + node.op_type() + ") reads '" + r +
+                       "', which no node, graph input or initializer defines. Fix: add '" + r +
+                       "' as a graph input or initializer, or correct the node's input name");
+      if (!seen.count(r)) sorted = false;
+      deps[i].push_back(r);
+    }
+    for (const auto& o : node.output()) seen.insert(o);
+  }
+  for (const auto& o : g.output())
+    if (!available.count(o.name()) && !producer.count(o.name()))
+      diag::fail(Error::Kind::kInvalidModel, "invalid model: graph output '" + o.name() +
+                                                 "' is not produced by any node, input or initializer. "
+                                                 "Fix: remove the output or connect it to a value");
+  if (sorted) return;
+  // Kahn's algorithm, always taking the lowest-index ready node so the order is stable.
+  std::vector<int> missing(n, 0);
+  std::vector<std::vector<int>> users(n);
+  for (int i = 0; i < n; ++i)
+    for (const auto& r : deps[i]) {
+      auto it = producer.find(r);
+      if (it == producer.end()) continue;
+      ++missing[i];
+      users[it->second].push_back(i);
+    }
+  std::priority_queue<int, std::vector<int>, std::greater<>> ready;
+  for (int i = 0; i < n; ++i)
+    if (!missing[i]) ready.push(i);
+  std::vector<int> order;
+  while (!ready.empty()) {
+    int i = ready.top();
+    ready.pop();
+    order.push_back(i);
+    for (int u : users[i])
+      if (--missing[u] == 0) ready.push(u);
+  }
+  if (static_cast<int>(order.size()) != n) {
+    for (int i = 0; i < n; ++i)
+      if (missing[i])
+        diag::fail(Error::Kind::kInvalidModel,
+                   "invalid model: the graph has a cycle through node '" + g.node(i).name() + "' (op " +
+                       g.node(i).op_type() + "). Fix: ONNX graphs must be acyclic; use Loop or Scan for recurrence");
+  }
+  google::protobuf::RepeatedPtrField<onnx::NodeProto> nodes;
+  nodes.Swap(g.mutable_node());
+  for (int i : order) *g.add_node() = std::move(*nodes.Mutable(i));
+}
+
+}  // namespace
+
+std::vector<std::string> outer_scope_reads(const onnx::NodeProto& node) {
+  std::vector<std::string> reads;
+  for (const auto& a : node.attribute()) {
+    std::unordered_set<std::string> none;
+    if (a.has_g()) collect_reads(a.g(), none, reads);
+    for (const auto& sg : a.graphs()) collect_reads(sg, none, reads);
+  }
+  return reads;
+}
+
+Prepared prepare(const onnx::ModelProto& source, const std::string& mode) {
+  Prepared p;
+  p.model = source;
+  if (!p.model.has_graph())
+    diag::fail(Error::Kind::kInvalidModel, mode + ": the model has no graph. Fix: pass an ONNX ModelProto with a graph");
+  int64_t opset = default_opset(p.model);
+  const std::string interval = "supported: " + std::to_string(kMinOpset) + "-" + std::to_string(kMaxOpset) +
+                               " (" + std::to_string(kMinConvertibleOpset) + "-" + std::to_string(kMinOpset - 1) +
+                               " are upgraded to " + std::to_string(kMinOpset) + " automatically)";
+  if (opset < 0)
+    diag::fail(Error::Kind::kVersion,
+               mode + ": the model imports no default-domain (ai.onnx) opset; " + interval +
+                   ". Fix: add an opset_import entry for domain \"\" with the opset the model was written for");
+  if (opset > kMaxOpset || opset < kMinConvertibleOpset)
+    diag::fail(Error::Kind::kVersion, mode + ": the model's ai.onnx opset is " + std::to_string(opset) + "; " + interval +
+                                          ". Fix: convert the model with onnx.version_converter.convert_version(model, " +
+                                          std::to_string(opset > kMaxOpset ? kMaxOpset : kMinOpset) + ") first");
+  if (p.model.functions_size() > 0) {
+    try {
+      onnx::inliner::InlineLocalFunctions(p.model, /*convert_version=*/true);
+    } catch (const std::exception& e) {
+      diag::fail(Error::Kind::kUnsupported, mode + ": could not inline the model's local functions: " +
+                                                std::string(e.what()) +
+                                                ". Fix: inline them before transforming (onnx.inliner.inline_local_functions)");
+    }
+  }
+  if (opset < kMinOpset) {
+    try {
+      p.model = onnx::version_conversion::ConvertVersion(p.model, static_cast<int>(kMinOpset));
+    } catch (const std::exception& e) {
+      diag::fail(Error::Kind::kVersion,
+                 mode + ": the model's ai.onnx opset is " + std::to_string(opset) + "; " + interval +
+                     ", but the ONNX version converter could not upgrade it: " + e.what() +
+                     ". Fix: re-export the model at opset " + std::to_string(kMinOpset) + " or newer");
+    }
+    notice(mode + ": upgraded the model from ai.onnx opset " + std::to_string(opset) + " to " +
+           std::to_string(kMinOpset) + " with the ONNX version converter");
+    opset = kMinOpset;
+  }
+  p.opset = opset;
+  auto& g = *p.model.mutable_graph();
+  sort_nodes(g);
+  collect_names(g, p);
+  for (const auto& t : g.initializer()) p.initializer_names.insert(t.name());
+  for (const auto& s : g.sparse_initializer()) p.initializer_names.insert(s.values().name());
+
+  // Facts: the model's own annotations, completed by ONNX shape inference on a copy of the
+  // graph (so the inferred value_info never leaks into the output).
+  p.facts.add_graph(g);
+  {
+    onnx::ModelProto inferred;
+    *inferred.mutable_opset_import() = p.model.opset_import();
+    inferred.set_ir_version(p.model.ir_version());
+    *inferred.mutable_graph() = g;
+    try {
+      onnx::ShapeInferenceOptions options(/*check_type=*/false, /*error_mode=*/0, /*data_prop=*/true);
+      onnx::shape_inference::InferShapes(inferred, onnx::OpSchemaRegistry::Instance(), options);
+      p.facts.add_graph(inferred.graph());
+    } catch (const std::exception& e) {
+      notice(mode + ": ONNX shape inference stopped early (" + std::string(e.what()) +
+             "); continuing with the shapes the model declares");
+    }
+  }
+  for (const auto& vi : g.input())
+    if (!p.initializer_names.count(vi.name())) p.runtime_inputs.push_back(&vi);
+  return p;
+}
+
+}  // namespace onnax

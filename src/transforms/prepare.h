@@ -1,0 +1,36 @@
+// Shared front half of every transform: validate the model, bring its opset into the
+// supported interval, inline local functions, order the nodes and collect value facts.
+#pragma once
+
+#include <onnx/onnx_pb.h>
+
+#include <string>
+#include <unordered_set>
+#include <vector>
+
+#include "emit/names.h"
+#include "facts/facts.h"
+
+namespace onnax {
+
+inline constexpr int64_t kMinOpset = 18;
+inline constexpr int64_t kMaxOpset = 28;
+inline constexpr int64_t kMinConvertibleOpset = 13;
+
+struct Prepared {
+  onnx::ModelProto model;  // a private working copy; its graph's nodes are in topological order
+  int64_t opset = 0;       // default-domain opset
+  FactTable facts;
+  NameScope value_names;  // every value name in the model and its subgraphs
+  NameScope node_names;
+  std::unordered_set<std::string> initializer_names;
+  std::vector<const onnx::ValueInfoProto*> runtime_inputs;  // graph inputs without initializers
+  std::unordered_set<std::string> dim_params;              // symbolic dims used by the model
+};
+
+Prepared prepare(const onnx::ModelProto& source, const std::string& mode);
+
+// Names a subgraph reads from enclosing scopes (recursively), for batchedness checks.
+std::vector<std::string> outer_scope_reads(const onnx::NodeProto& node);
+
+}  // namespace onnax

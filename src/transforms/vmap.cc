@@ -1,0 +1,366 @@
+// vmap: maps a model over a new batch axis. A generic interpreter: it walks the graph once in
+// topological order and asks the batching rule of each node whose inputs are batched; nodes
+// that see no batched input are copied unchanged (unbatched values are never batched).
+#include <onnx/defs/schema.h>
+#include <onnax/onnax.h>
+
+#include <cstring>
+#include <unordered_map>
+
+#include "diagnostics/error.h"
+#include "emit/builder.h"
+#include "rules/batching.h"
+#include "transforms/prepare.h"
+
+namespace onnax {
+namespace {
+
+struct Mapped {
+  V v;
+  bool batched = false;
+};
+
+std::string input_names(const Prepared& p) {
+  std::vector<std::string> names;
+  for (const auto* vi : p.runtime_inputs) names.push_back("'" + vi->name() + "'");
+  return "[" + diag::join(names) + "]";
+}
+
+// Normalises a user axis for a value of per-example rank r: valid range [-(r+1), r].
+int64_t normalize_axis(int64_t axis, int64_t rank, const std::string& what, const std::string& option) {
+  if (rank < 0) {
+    if (axis == 0) return 0;
+    diag::fail(Error::Kind::kSelection, "vmap: " + option + " gives axis " + std::to_string(axis) + " for " + what +
+                                            ", whose rank is unknown, so only axis 0 is possible. Fix: use " +
+                                            option + " 0 or declare the shape of " + what);
+  }
+  if (axis < -(rank + 1) || axis > rank)
+    diag::fail(Error::Kind::kSelection,
+               "vmap: " + option + " gives axis " + std::to_string(axis) + " for " + what + " of per-example rank " +
+                   std::to_string(rank) + "; the valid range is [" + std::to_string(-(rank + 1)) + ", " +
+                   std::to_string(rank) + "]. Fix: choose an axis in that range");
+  return axis < 0 ? axis + rank + 1 : axis;
+}
+
+std::vector<Axis> resolve_in_axes(const Prepared& p, const VmapOptions& opt) {
+  const size_t n = p.runtime_inputs.size();
+  std::vector<Axis> axes(n, Axis{0});
+  if (opt.by_name) {
+    std::unordered_map<std::string, size_t> index;
+    for (size_t i = 0; i < n; ++i) index[p.runtime_inputs[i]->name()] = i;
+    for (size_t i = 0; i < n; ++i) axes[i] = std::nullopt;
+    for (const auto& [name, axis] : opt.in_axes_by_name) {
+      auto it = index.find(name);
+      if (it == index.end()) {
+        std::string extra = p.initializer_names.count(name)
+                                ? " ('" + name + "' is an initializer; initializers are always shared)"
+                                : "";
+        diag::fail(Error::Kind::kSelection, "vmap: in_axes names '" + name + "', which is not a runtime graph input" +
+                                                extra + "; available inputs: " + input_names(p) +
+                                                ". Fix: use one of the available names");
+      }
+      axes[it->second] = axis;
+    }
+  } else if (opt.in_axes.size() == 1 && n != 1) {
+    axes.assign(n, opt.in_axes[0]);
+  } else if (!opt.in_axes.empty()) {
+    if (opt.in_axes.size() != n)
+      diag::fail(Error::Kind::kSelection, "vmap: in_axes has " + std::to_string(opt.in_axes.size()) +
+                                              " entries but the model has " + std::to_string(n) +
+                                              " runtime inputs " + input_names(p) +
+                                              ". Fix: give one entry per input in this order (None for shared "
+                                              "inputs), or a single int for all, or a mapping by name");
+    axes = opt.in_axes;
+  }
+  bool any = false;
+  for (const auto& a : axes) any = any || a.has_value();
+  if (!any)
+    diag::fail(Error::Kind::kSelection, "vmap: in_axes batches no input (all None); inputs: " + input_names(p) +
+                                            ". Fix: give at least one input an integer axis");
+  return axes;
+}
+
+std::string pick_axis_name(const Prepared& p, const VmapOptions& opt) {
+  if (!opt.axis_name.empty()) return opt.axis_name;
+  std::string name = "batch";
+  for (int k = 1; p.dim_params.count(name); ++k) name = "batch_" + std::to_string(k);
+  return name;
+}
+
+std::vector<int64_t> move_axis_perm(int64_t from, int64_t to, int64_t rank) {
+  std::vector<int64_t> perm;
+  for (int64_t i = 0; i < rank; ++i)
+    if (i != from) perm.push_back(i);
+  perm.insert(perm.begin() + to, from);
+  return perm;
+}
+
+}  // namespace
+
+onnx::ModelProto vmap(const onnx::ModelProto& source, const VmapOptions& opt) {
+  Prepared p = prepare(source, "vmap");
+  const std::vector<Axis> in_axes = resolve_in_axes(p, opt);
+  const std::string axis_name = pick_axis_name(p, opt);
+  const Dim batch_dim = Dim::named(axis_name);
+
+  onnx::GraphProto* src_graph = p.model.release_graph();
+  onnx::GraphProto out_graph;
+  out_graph.set_name(src_graph->name());
+  out_graph.set_doc_string(src_graph->doc_string());
+  Builder b(out_graph, p.value_names, p.node_names, p.opset);
+  std::unordered_map<std::string, Mapped> env;
+  env.reserve(static_cast<size_t>(src_graph->node_size()) * 2 + 16);
+
+  auto src_facts = [&](const std::string& name) -> Facts {
+    const Facts* f = p.facts.find(name);
+    return f ? *f : Facts{};
+  };
+
+  // Initializers: shared, and their int64 contents are known to rules (axes, shapes).
+  auto remember_tensor = [&](const onnx::TensorProto& t) {
+    if (t.data_type() != onnx::TensorProto::INT64 || t.dims_size() > 1) return;
+    std::vector<int64_t> vals(t.int64_data().begin(), t.int64_data().end());
+    if (vals.empty() && t.has_raw_data()) {
+      vals.resize(t.raw_data().size() / sizeof(int64_t));
+      std::memcpy(vals.data(), t.raw_data().data(), vals.size() * sizeof(int64_t));
+    }
+    if (vals.size() > 64) return;
+    b.remember_i64(t.name(), std::move(vals));
+  };
+  for (const auto& t : src_graph->initializer()) {
+    env[t.name()] = Mapped{b.existing(t.name(), src_facts(t.name())), false};
+    remember_tensor(t);
+  }
+  for (const auto& s : src_graph->sparse_initializer())
+    env[s.values().name()] = Mapped{b.existing(s.values().name(), src_facts(s.values().name())), false};
+
+  // Graph inputs: batched ones get the batch dim at their in_axis and are moved to axis 0.
+  std::optional<std::pair<std::string, int64_t>> batch_source;
+  std::vector<onnx::ValueInfoProto> new_inputs;
+  std::vector<std::pair<V, std::vector<int64_t>>> entry_moves;
+  size_t k = 0;
+  for (const auto& vi : src_graph->input()) {
+    if (p.initializer_names.count(vi.name())) {
+      new_inputs.push_back(vi);
+      continue;
+    }
+    const Axis axis = in_axes[k++];
+    Facts f = src_facts(vi.name());
+    onnx::ValueInfoProto nvi = vi;
+    if (!axis) {
+      env[vi.name()] = Mapped{b.existing(vi.name(), f), false};
+      new_inputs.push_back(std::move(nvi));
+      continue;
+    }
+    if (!vi.type().has_tensor_type())
+      diag::fail(Error::Kind::kUnsupported, "vmap: input '" + vi.name() +
+                                                "' is not a tensor (sequence/map/optional inputs cannot be batched). "
+                                                "Fix: pass None for it in in_axes");
+    const int64_t r = f.rank();
+    const int64_t a = normalize_axis(*axis, r, "input '" + vi.name() + "'", "in_axes");
+    if (r >= 0) write_type(f.with_dim(a, batch_dim), nvi.mutable_type());
+    new_inputs.push_back(std::move(nvi));
+    V v = b.existing(vi.name(), f.with_dim(a, batch_dim));
+    if (!batch_source) batch_source = {vi.name(), a};
+    if (a != 0) entry_moves.emplace_back(v, move_axis_perm(a, 0, r + 1));
+    env[vi.name()] = Mapped{v, true};
+  }
+  for (auto& [v, perm] : entry_moves) {
+    const std::string name = b.name(v);
+    b.set_origin(name);
+    V moved = b.transpose(v, perm);
+    env[name].v = moved;
+  }
+
+  std::optional<V> batch_size;
+  auto get_batch_size = [&]() -> V {
+    if (!batch_size) {
+      b.set_origin(axis_name);
+      V in = b.existing(batch_source->first, Facts{});
+      batch_size = b.shape_of(in, batch_source->second, batch_source->second + 1);
+      b.set_facts(*batch_size, Facts::of(onnx::TensorProto::INT64, {Dim::of(1)}));
+    }
+    return *batch_size;
+  };
+
+  std::unordered_map<std::string, size_t> output_index;
+  std::vector<int64_t> out_axes(src_graph->output_size(), 0);
+  for (int i = 0; i < src_graph->output_size(); ++i) {
+    const auto& o = src_graph->output(i);
+    output_index[o.name()] = i;
+    int64_t requested = opt.out_axes.empty()       ? 0
+                        : opt.out_axes.size() == 1 ? opt.out_axes[0]
+                                                   : 0;
+    if (opt.out_axes.size() > 1) {
+      if (opt.out_axes.size() != static_cast<size_t>(src_graph->output_size()))
+        diag::fail(Error::Kind::kSelection, "vmap: out_axes has " + std::to_string(opt.out_axes.size()) +
+                                                " entries but the model has " +
+                                                std::to_string(src_graph->output_size()) +
+                                                " outputs. Fix: give one entry per output, or a single int");
+      requested = opt.out_axes[i];
+    }
+    out_axes[i] = normalize_axis(requested, src_facts(o.name()).rank(), "output '" + o.name() + "'", "out_axes");
+  }
+
+  const BatchRules& rules = BatchRules::instance();
+  for (int ni = 0; ni < src_graph->node_size(); ++ni) {
+    onnx::NodeProto& node = *src_graph->mutable_node(ni);
+    bool any_batched = false;
+    for (const auto& in : node.input()) {
+      if (in.empty()) continue;
+      auto it = env.find(in);
+      if (it != env.end() && it->second.batched) any_batched = true;
+    }
+    std::string captured;
+    for (const auto& r : outer_scope_reads(node)) {
+      auto it = env.find(r);
+      if (it != env.end() && it->second.batched) captured = r;
+    }
+    if (!any_batched && captured.empty()) {
+      // Shared computation: copy the node unchanged. Graph outputs get a private name so the
+      // broadcast to the batch can take the output's own name at the end.
+      std::vector<std::pair<std::string, V>> outs;
+      for (auto& o : *node.mutable_output()) {
+        if (o.empty()) continue;
+        std::string src_name = o;
+        if (output_index.count(o)) o = p.value_names.fresh(o + "_shared");
+        outs.emplace_back(src_name, b.existing(o, src_facts(src_name)));
+      }
+      if (node.op_type() == "Constant" && node.domain().empty())
+        for (const auto& a : node.attribute())
+          if (a.name() == "value" && a.has_t()) {
+            onnx::TensorProto t = a.t();
+            t.set_name(node.output(0));
+            remember_tensor(t);
+          }
+      b.copy_node(std::move(node));
+      for (auto& [n, v] : outs) env[n] = Mapped{v, false};
+      continue;
+    }
+    const std::string domain = node.domain() == "ai.onnx" ? "" : node.domain();
+    const std::string where = node.name().empty() ? "output '" + (node.output_size() ? node.output(0) : "") + "'"
+                                                  : "node '" + node.name() + "'";
+    const std::string op_label = (domain.empty() ? "ai.onnx" : domain) + "::" + node.op_type() + " (opset " +
+                                 std::to_string(p.opset) + ") at " + where;
+    if (!captured.empty())
+      diag::fail(Error::Kind::kUnsupported,
+                 "vmap: cannot batch " + op_label + ": its subgraph reads the batched value '" + captured +
+                     "'; control flow (If/Loop/Scan) is not supported by vmap yet. Fix: pass None in in_axes "
+                     "for the inputs that reach '" + captured + "', or unroll the control flow before vmap");
+    const onnx::OpSchema* schema =
+        onnx::OpSchemaRegistry::Schema(node.op_type(), static_cast<int>(p.opset), domain);
+    if (!schema)
+      diag::fail(Error::Kind::kUnsupported, "vmap: cannot batch " + op_label +
+                                                ": ONNX has no schema for this operator at this opset (unknown or "
+                                                "custom op). Fix: pass None in in_axes for the inputs that reach it");
+    const BatchRule* rule = rules.find(domain, node.op_type(), schema->since_version());
+    if (!rule) {
+      std::string why = schema->Deprecated() ? "the operator is deprecated"
+                        : node.op_type().rfind("Random", 0) == 0 || node.op_type() == "Bernoulli" ||
+                                node.op_type() == "Multinomial"
+                            ? "random operators have no batching rule (per-example randomness is not defined)"
+                        : node.op_type() == "If" || node.op_type() == "Loop" || node.op_type() == "Scan"
+                            ? "control flow is not supported by vmap yet"
+                            : "no batching rule for this operator yet";
+      diag::fail(Error::Kind::kUnsupported, "vmap: cannot batch " + op_label + ": " + why +
+                                                ". Fix: pass None in in_axes for the inputs that reach it, or "
+                                                "compute it outside the vmapped model");
+    }
+    BatchCtx ctx{b, node, p.opset, {}, {}, {}, get_batch_size};
+    std::vector<Facts> in_facts(node.input_size());
+    for (int i = 0; i < node.input_size(); ++i) {
+      const std::string& in = node.input(i);
+      if (in.empty()) {
+        ctx.in.push_back(V{});
+        ctx.batched.push_back(false);
+        ctx.facts.push_back(nullptr);
+        continue;
+      }
+      const Mapped& m = env.at(in);
+      ctx.in.push_back(m.v);
+      ctx.batched.push_back(m.batched);
+      in_facts[i] = src_facts(in);
+      ctx.facts.push_back(&in_facts[i]);
+    }
+    b.set_origin(node.output_size() && !node.output(0).empty() ? node.output(0) : node.op_type());
+    const int first = b.node_count();
+    BatchResult res = (*rule)(ctx);
+    for (int o = 0; o < node.output_size(); ++o) {
+      const std::string& src_name = node.output(o);
+      if (src_name.empty()) continue;
+      if (o >= static_cast<int>(res.out.size()) || !res.out[o].valid())
+        diag::fail(Error::Kind::kUnsupported, "vmap: cannot batch " + op_label + ": optional output " +
+                                                  std::to_string(o) + " is not supported by its batching rule. "
+                                                  "Fix: remove the use of output '" + src_name + "'");
+      V v = res.out[o];
+      const bool bat = res.batched[o];
+      Facts f = src_facts(src_name);
+      b.set_facts(v, bat ? f.with_dim(0, batch_dim) : f);
+      // Give the final value the source's readable name when it was made by this rule and
+      // the name is free to take (graph outputs may need one more node to reach their axis).
+      auto oi = output_index.find(src_name);
+      bool may_take = oi == output_index.end() || (bat && out_axes[oi->second] == 0);
+      bool made_here = false;
+      for (int ni2 = first; ni2 < b.node_count() && !made_here; ++ni2)
+        for (const auto& on : out_graph.node(ni2).output()) made_here = made_here || on == b.name(v);
+      if (may_take && made_here && b.name(v) != src_name) b.rename(v, src_name, first);
+      env[src_name] = Mapped{v, bat};
+    }
+  }
+
+  // Outputs: move the batch axis to out_axes; broadcast outputs that never saw the batch.
+  std::vector<onnx::ValueInfoProto> new_outputs;
+  for (int i = 0; i < src_graph->output_size(); ++i) {
+    const auto& o = src_graph->output(i);
+    Mapped m = env.at(o.name());
+    Facts f = src_facts(o.name());
+    const int64_t axis = out_axes[i];
+    b.set_origin(o.name());
+    V v = m.v;
+    if (!m.batched) {
+      V x = b.unsqueeze(v, {0});
+      V shape = b.concat({get_batch_size(), b.shape_of(v)}, 0);
+      v = b.expand(x, shape);
+    }
+    if (b.name(v) != o.name()) {
+      bool is_input = false;
+      for (const auto& vi : src_graph->input()) is_input = is_input || vi.name() == o.name();
+      if (is_input || p.initializer_names.count(o.name()))
+        diag::fail(Error::Kind::kUnsupported,
+                   "vmap: graph output '" + o.name() +
+                       "' is also a graph input or initializer, so its batched form cannot take its name. Fix: "
+                       "route it through an Identity node with a distinct output name");
+      if (axis != 0) {
+        const int64_t r = f.rank();
+        b.op_named("Transpose", {v}, {Attr::ints("perm", move_axis_perm(0, axis, r + 1))}, o.name());
+      } else {
+        b.op_named("Identity", {v}, {}, o.name());
+      }
+    } else if (axis != 0) {
+      diag::fail(Error::Kind::kInvalidModel, "vmap: internal naming conflict for output '" + o.name() + "'");
+    }
+    // Declared type from the facts (which include ONNX's inference, so outputs the source
+    // left untyped get a type), with the batch dim at the output's axis.
+    onnx::ValueInfoProto nvi = o;
+    if (f.dtype != 0 && (!o.has_type() || o.type().has_tensor_type()))
+      write_type(f.has_shape ? f.with_dim(axis, batch_dim) : f, nvi.mutable_type());
+    new_outputs.push_back(std::move(nvi));
+  }
+
+  for (auto& vi : new_inputs) *out_graph.add_input() = std::move(vi);
+  for (auto& vi : new_outputs) *out_graph.add_output() = std::move(vi);
+  out_graph.mutable_initializer()->Swap(src_graph->mutable_initializer());
+  out_graph.mutable_sparse_initializer()->Swap(src_graph->mutable_sparse_initializer());
+  out_graph.mutable_quantization_annotation()->Swap(src_graph->mutable_quantization_annotation());
+  // Value info stays valid only for values that kept their name and stayed unbatched.
+  for (const auto& vi : source.graph().value_info()) {
+    auto it = env.find(vi.name());
+    if (it != env.end() && !it->second.batched && b.name(it->second.v) == vi.name()) *out_graph.add_value_info() = vi;
+  }
+  delete src_graph;
+  onnx::ModelProto out = std::move(p.model);
+  *out.mutable_graph() = std::move(out_graph);
+  return out;
+}
+
+}  // namespace onnax
