@@ -27,13 +27,19 @@ py::bytes to_bytes(const onnx::ModelProto& m) {
   return py::bytes(s);
 }
 
-onnax::VmapOptions vmap_options(const py::object& in_axes, const py::object& in_axes_by_name,
+// in_axes arrives as exactly one of: an int/None for every input (`all`), a list (one per
+// input) or a dict by name.
+onnax::VmapOptions vmap_options(const py::object& all, const py::object& per_input, const py::object& by_name,
                                 const std::vector<int64_t>& out_axes, const std::string& axis_name) {
   onnax::VmapOptions opt;
-  if (!in_axes.is_none()) opt.in_axes = in_axes.cast<std::vector<onnax::Axis>>();
-  if (!in_axes_by_name.is_none()) {
-    opt.by_name = true;
-    opt.in_axes_by_name = in_axes_by_name.cast<std::map<std::string, onnax::Axis>>();
+  if (!per_input.is_none()) {
+    opt.in_axes_form = onnax::VmapOptions::InAxesForm::kPerInput;
+    opt.in_axes = per_input.cast<std::vector<onnax::Axis>>();
+  } else if (!by_name.is_none()) {
+    opt.in_axes_form = onnax::VmapOptions::InAxesForm::kByName;
+    opt.in_axes_by_name = by_name.cast<std::map<std::string, onnax::Axis>>();
+  } else {
+    opt.in_axis = all.cast<onnax::Axis>();
   }
   opt.out_axes = out_axes;
   opt.axis_name = axis_name;
@@ -56,14 +62,16 @@ PYBIND11_MODULE(_core, m) {
 
   m.def(
       "vmap",
-      [](const py::bytes& model, const py::object& in_axes, const py::object& in_axes_by_name,
+      [](const py::bytes& model, const py::object& in_axis, const py::object& in_axes, const py::object& in_axes_by_name,
          const std::vector<int64_t>& out_axes, const std::string& axis_name) {
-        onnax::VmapOptions opt = vmap_options(in_axes, in_axes_by_name, out_axes, axis_name);
+        onnax::VmapOptions opt = vmap_options(in_axis, in_axes, in_axes_by_name, out_axes, axis_name);
         onnx::ModelProto source = onnax::parse_model(std::string(model));
         return to_bytes(onnax::vmap(source, opt));
       },
-      py::arg("model"), py::arg("in_axes"), py::arg("in_axes_by_name"), py::arg("out_axes"), py::arg("axis_name"),
-      "vmap on a serialized ModelProto; returns the serialized result.");
+      py::arg("model"), py::arg("in_axis"), py::arg("in_axes"), py::arg("in_axes_by_name"), py::arg("out_axes"),
+      py::arg("axis_name"),
+      "vmap on a serialized ModelProto; returns the serialized result. Exactly one of in_axes (list) and "
+      "in_axes_by_name (dict) may be given; otherwise in_axis (int or None) applies to every input.");
 
   m.def(
       "cli_main", [](const std::vector<std::string>& args) { return onnax::cli::run(args); }, py::arg("args"),
@@ -85,12 +93,12 @@ PYBIND11_MODULE(_core, m) {
       py::arg("model"), "Seconds to parse and re-serialize the model in C++ (the I/O floor).");
   m.def(
       "vmap_seconds",
-      [](const py::bytes& model, const py::object& in_axes) {
+      [](const py::bytes& model, const py::object& in_axis) {
         onnx::ModelProto source = onnax::parse_model(std::string(model));
-        onnax::VmapOptions opt = vmap_options(in_axes, py::none(), {}, "");
+        onnax::VmapOptions opt = vmap_options(in_axis, py::none(), py::none(), {}, "");
         auto t0 = std::chrono::steady_clock::now();
         onnx::ModelProto out = onnax::vmap(source, opt);
         return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       },
-      py::arg("model"), py::arg("in_axes") = py::none(), "Seconds of the C++ vmap transform alone (parsed input).");
+      py::arg("model"), py::arg("in_axis") = 0, "Seconds of the C++ vmap transform alone (parsed input).");
 }

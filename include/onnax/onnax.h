@@ -37,12 +37,16 @@ class Error : public std::runtime_error {
 using Axis = std::optional<int64_t>;
 
 struct VmapOptions {
-  // One entry per runtime graph input (initializers are not runtime inputs), in order. A
-  // single entry is applied to every input. Empty means "every input batched at axis 0".
+  // How the batched inputs are selected:
+  //   kAll       `in_axis` applies to every runtime graph input (initializers are never
+  //              runtime inputs: they are always shared);
+  //   kPerInput  `in_axes` has exactly one entry per runtime graph input, in order;
+  //   kByName    `in_axes_by_name` names inputs; inputs not named are shared.
+  enum class InAxesForm { kAll, kPerInput, kByName };
+  InAxesForm in_axes_form = InAxesForm::kAll;
+  Axis in_axis = 0;
   std::vector<Axis> in_axes;
-  // Alternative to in_axes: entries by input name; inputs not named are shared.
   std::map<std::string, Axis> in_axes_by_name;
-  bool by_name = false;
   // One entry per graph output, or a single entry for all; empty means 0.
   std::vector<int64_t> out_axes;
   // dim_param of the new batch dimension; empty picks "batch" (made unique in the model).

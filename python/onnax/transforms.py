@@ -37,11 +37,12 @@ def vmap(
     Raises:
         OnnaxError: for unsupported operators, bad axes or selections, unsupported opsets.
     """
+    all_inputs: AxisSpec = 0
     positional: list[AxisSpec] | None = None
     by_name: dict[str, AxisSpec] | None = None
     if in_axes is None or isinstance(in_axes, int):
         _check_axis(in_axes, "in_axes")
-        positional = [in_axes]
+        all_inputs = in_axes
     elif isinstance(in_axes, Mapping):
         by_name = {}
         for name, axis in in_axes.items():
@@ -56,7 +57,7 @@ def vmap(
     for i, axis in enumerate(outs):
         if not isinstance(axis, int) or isinstance(axis, bool):
             raise TypeError(f"out_axes[{i}] must be an int, got {axis!r}")
-    data = _core.vmap(to_bytes(model), positional, by_name, outs, axis_name or "")
+    data = _core.vmap(to_bytes(model), all_inputs, positional, by_name, outs, axis_name or "")
     return from_bytes(data, model)  # type: ignore[no-any-return]
 
 

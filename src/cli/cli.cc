@@ -73,14 +73,19 @@ int cmd_vmap(const std::vector<std::string>& args) {
       for (const auto& item : split(v, ',')) {
         auto eq = item.find('=');
         if (eq != std::string::npos) {
-          opt.by_name = true;
+          opt.in_axes_form = VmapOptions::InAxesForm::kByName;
           opt.in_axes_by_name[item.substr(0, eq)] = parse_axis(item.substr(eq + 1), "--in-axes");
         } else {
           opt.in_axes.push_back(parse_axis(item, "--in-axes"));
         }
       }
-      if (opt.by_name && !opt.in_axes.empty())
+      if (opt.in_axes_form == VmapOptions::InAxesForm::kByName && !opt.in_axes.empty())
         throw UsageError{"--in-axes: mix of positional and name=axis entries; use one form"};
+      if (opt.in_axes_form != VmapOptions::InAxesForm::kByName) {
+        // A single entry applies to every input; a list must name each input's axis.
+        if (opt.in_axes.size() == 1) opt.in_axis = opt.in_axes[0];
+        else opt.in_axes_form = VmapOptions::InAxesForm::kPerInput;
+      }
     } else if (a == "--out-axes") {
       for (const auto& item : split(value(), ',')) opt.out_axes.push_back(parse_int(item, "--out-axes"));
     } else if (a == "--axis-name") opt.axis_name = value();

@@ -38,6 +38,11 @@ class Builder {
   Builder(onnx::GraphProto& out, NameScope& value_names, NameScope& node_names, int64_t opset);
 
   int64_t opset() const { return opset_; }
+  // A builder for a subgraph (e.g. a Loop body) sharing this builder's name scopes, so names
+  // stay unique across the whole model.
+  Builder nested(onnx::GraphProto& body) const { return Builder(body, value_names_, node_names_, opset_); }
+  std::string fresh_value_name(std::string_view base) { return value_names_.fresh(base); }
+  onnx::NodeProto& last_node() { return *out_.mutable_node(out_.node_size() - 1); }
   // Names generated next derive from `base` (e.g. the source value being transformed).
   void set_origin(std::string_view base) { origin_ = base; }
 

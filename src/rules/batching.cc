@@ -1,6 +1,7 @@
 #include "rules/batching.h"
 
 #include "diagnostics/error.h"
+#include "transforms/prepare.h"
 
 namespace onnax {
 
@@ -26,6 +27,16 @@ void BatchCtx::unsupported(const std::string& what, const std::string& fix) cons
   diag::fail(Error::Kind::kUnsupported, "vmap: cannot batch " + domain + "::" + node.op_type() + " (opset " +
                                             std::to_string(opset) + ") at " + where + ": " + what +
                                             ". Fix: " + fix);
+}
+
+int32_t BatchCtx::out_dtype(int o) const {
+  if (o < static_cast<int>(out_facts.size()) && out_facts[o].dtype) return out_facts[o].dtype;
+  if (!schema || o >= static_cast<int>(schema->outputs().size())) return 0;
+  const std::string& type_str = schema->outputs()[o].GetTypeStr();
+  const auto& formals = schema->inputs();
+  for (int i = 0; i < num_inputs() && i < static_cast<int>(formals.size()); ++i)
+    if (formals[i].GetTypeStr() == type_str && dtype(i)) return dtype(i);
+  return 0;
 }
 
 int64_t BatchCtx::rank(int i) const {
@@ -73,6 +84,87 @@ V BatchCtx::pad_rank(int i, int64_t r) {
   std::vector<int64_t> axes;
   for (int64_t k = 1; k <= r - own; ++k) axes.push_back(k);
   return b.unsqueeze(in[i], axes);
+}
+
+V BatchCtx::shifted_axes(int i) {
+  if (batched[i])
+    unsupported(describe_input(i) + " (axes) is batched; every example must use the same axes",
+                "pass None in in_axes for the inputs that compute '" + node.input(i) + "'");
+  if (const auto* k = known_i64(i)) {
+    if (facts[i] && facts[i]->rank() == 0) return b.i64(shift_axis((*k)[0]));
+    return b.i64s(shift_axes(*k));
+  }
+  V ge = b.op1("GreaterOrEqual", {in[i], b.scalar(0, dtype(i))});
+  return b.op1("Add", {in[i], b.op1("Cast", {ge}, {Attr::i("to", dtype(i))})});
+}
+
+BatchResult scan_fallback(BatchCtx& c) {
+  c.used_scan = true;
+  // Scan over axis 0 of every batched value is exactly a per-example map: each iteration
+  // sees one example's slices (shared values are read from the enclosing scope) and the
+  // scan outputs stack the per-example results along a new axis 0.
+  onnx::GraphProto body;
+  Builder bb = c.b.nested(body);
+  bb.set_origin(c.node.output_size() ? c.node.output(0) + "_example" : c.node.op_type());
+  body.set_name(c.b.fresh_value_name((c.node.name().empty() ? c.node.op_type() : c.node.name()) + "_per_example"));
+  std::vector<V> scan_inputs;
+  auto slice_of = [&](V outer, const Facts* f, const std::string& base) {
+    scan_inputs.push_back(outer);
+    onnx::ValueInfoProto vi;
+    vi.set_name(c.b.fresh_value_name(base + "_example"));
+    if (f && f->dtype) write_type(*f, vi.mutable_type());
+    else vi.mutable_type()->mutable_tensor_type()->set_elem_type(c.b.facts(outer).dtype);
+    *body.add_input() = vi;
+    return bb.existing(vi.name(), Facts{});
+  };
+  std::vector<V> ins;
+  for (int i = 0; i < c.num_inputs(); ++i) {
+    if (!c.has(i)) ins.push_back(V{});
+    else if (!c.batched[i]) ins.push_back(bb.existing(c.b.name(c.in[i]), Facts{}));
+    else ins.push_back(slice_of(c.in[i], c.facts[i], c.node.input(i)));
+  }
+  std::vector<std::pair<std::string, std::string>> renames;
+  for (const auto& [name, v] : c.captured) {
+    Facts f = c.b.facts(v);
+    if (f.has_shape && !f.dims.empty()) f.dims.erase(f.dims.begin());
+    renames.emplace_back(name, bb.name(slice_of(v, &f, name)));
+  }
+  std::vector<V> outs = bb.clone(c.node, ins);
+  onnx::NodeProto& cloned = bb.last_node();
+  for (auto& a : *cloned.mutable_attribute())
+    for (const auto& [from, to] : renames) {
+      if (a.has_g()) rename_reads(*a.mutable_g(), from, to);
+      for (auto& sg : *a.mutable_graphs()) rename_reads(sg, from, to);
+    }
+  std::vector<int> present;
+  for (size_t o = 0; o < outs.size(); ++o) {
+    if (!outs[o].valid()) continue;
+    const int32_t dtype = c.out_dtype(static_cast<int>(o));
+    if (dtype == 0)
+      c.unsupported("output " + std::to_string(o) + " has an unknown element type, which the per-example Scan needs",
+                    "declare the type of '" + c.node.output(static_cast<int>(o)) + "' in value_info");
+    // ONNX Runtime wants each Scan body output's rank: declare the per-example shape.
+    onnx::ValueInfoProto vi;
+    vi.set_name(bb.name(outs[o]));
+    Facts f = o < c.out_facts.size() ? c.out_facts[o] : Facts{};
+    f.dtype = dtype;
+    if (!f.has_shape)
+      c.unsupported("the rank of output " + std::to_string(o) + " is unknown, which the per-example Scan needs",
+                    "declare the shape of '" + c.node.output(static_cast<int>(o)) + "' in value_info");
+    write_type(f, vi.mutable_type());
+    *body.add_output() = vi;
+    present.push_back(static_cast<int>(o));
+  }
+  onnx::AttributeProto body_attr;
+  body_attr.set_name("body");
+  body_attr.set_type(onnx::AttributeProto::GRAPH);
+  *body_attr.mutable_g() = std::move(body);
+  std::vector<V> stacked = c.b.op("Scan", scan_inputs,
+                                  {Attr{body_attr}, Attr::i("num_scan_inputs", static_cast<int64_t>(scan_inputs.size()))},
+                                  static_cast<int>(present.size()));
+  std::vector<V> result(outs.size());
+  for (size_t k = 0; k < present.size(); ++k) result[present[k]] = stacked[k];
+  return all_batched(result);
 }
 
 BatchResult all_batched(std::vector<V> outs) {

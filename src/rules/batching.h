@@ -5,6 +5,7 @@
 // deal with "batched at 0" or "not batched".
 #pragma once
 
+#include <onnx/defs/schema.h>
 #include <onnx/onnx_pb.h>
 
 #include <functional>
@@ -24,7 +25,13 @@ class BatchCtx {
   std::vector<V> in;                // current values of the node's inputs (invalid = absent)
   std::vector<bool> batched;        // whether in[i] carries the batch axis at 0
   std::vector<const Facts*> facts;  // per-example facts of each input (nullptr if absent)
+  std::vector<Facts> out_facts;     // per-example facts of each output (as the source knows them)
   std::function<V()> batch_size;    // 1-D int64 tensor [B]
+  // Batched values the node's subgraphs read from enclosing scopes, by name.
+  std::vector<std::pair<std::string, V>> captured;
+  // Set when the rule fell back to a per-example Scan (the driver reports it).
+  bool used_scan = false;
+  const onnx::OpSchema* schema = nullptr;  // the node's schema at the model's opset
 
   int num_inputs() const { return static_cast<int>(in.size()); }
   bool has(int i) const { return i < num_inputs() && in[i].valid(); }
@@ -42,9 +49,15 @@ class BatchCtx {
   V materialize(int i);
   // Batched input i padded with size-1 axes after the batch axis up to per-example rank r.
   V pad_rank(int i, int64_t r);
+  // Input i holds per-example axes (int32/int64, scalar or 1-D, shared): the same axes of the
+  // batched tensor (non-negative ones shift by one; folded when they are constants).
+  V shifted_axes(int i);
   // The int64 values of input i when they are known when transforming (constants).
   const std::vector<int64_t>* known_i64(int i) const { return b.known_i64(in[i]); }
 
+  // Element type of output o: from the facts, else from the schema when the output shares a
+  // type variable with an input of known type (0 if neither tells).
+  int32_t out_dtype(int o) const;
   // Fails with the diagnostic contract's operator message.
   [[noreturn]] void unsupported(const std::string& what, const std::string& fix) const;
   // "input 'X' (shape [batch, 3], float32, batched at axis 0)".
@@ -57,6 +70,12 @@ struct BatchResult {
 };
 
 using BatchRule = std::function<BatchResult(BatchCtx&)>;
+
+// The fallback every op with a schema has: a Scan over the batch whose body receives each
+// batched input (and each batched value a subgraph captures), applies the node to one
+// example and stacks the results. Correct for any deterministic op with equal-shaped
+// per-example outputs; slower than a vectorized rule.
+BatchResult scan_fallback(BatchCtx& c);
 
 // All outputs batched.
 BatchResult all_batched(std::vector<V> outs);

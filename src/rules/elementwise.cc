@@ -46,8 +46,9 @@ BatchResult unary_rule(BatchCtx& c) {
       c.unsupported(c.describe_input(i) + " is batched, but it must be shared by all examples",
                     "pass None in in_axes for the inputs that reach '" + c.node.input(i) + "'");
     }
-  std::vector<V> ins = c.in;
-  return all_batched(c.b.clone(c.node, ins));
+  BatchResult r = all_batched(c.b.clone(c.node, c.in));
+  r.batched[0] = c.batched[0];  // CastLike with only the target batched stays shared
+  return r;
 }
 
 BatchResult dropout_rule(BatchCtx& c) {
@@ -73,12 +74,12 @@ void register_elementwise_rules(BatchRules& r) {
         "Sinh",     "Cosh",        "Asinh",      "Acosh",    "Atanh",       "Erf",        "IsNaN",     "IsInf",
         "Not",      "BitwiseNot",  "Relu",       "LeakyRelu", "Elu",        "Selu",       "Celu",      "Gelu",
         "Sigmoid",  "HardSigmoid", "HardSwish",  "Softplus", "Softsign",    "Mish",       "Tanh",      "ThresholdedRelu",
-        "Shrink",   "Cast",        "CastLike",   "Identity", "Swish"}) {
+        "Shrink",   "Cast",        "CastLike",   "Identity", "Swish", "RegexFullMatch"}) {
     r.add("", op, 1, unary_rule);
   }
   for (const char* op : {"Add", "Sub", "Mul", "Div", "Pow", "Mod", "BitShift", "And", "Or", "Xor", "Equal", "Less",
                          "Greater", "LessOrEqual", "GreaterOrEqual", "BitwiseAnd", "BitwiseOr", "BitwiseXor",
-                         "Where", "Sum", "Mean", "Max", "Min"}) {
+                         "Where", "Sum", "Mean", "Max", "Min", "StringConcat"}) {
     r.add("", op, 1, broadcast_rule);
   }
   r.add("", "PRelu", 1, unidirectional_rule);

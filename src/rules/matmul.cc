@@ -33,8 +33,10 @@ BatchResult matmul_rule(BatchCtx& c) {
   a = pad(a, ra, c.batched[0]);
   bm = pad(bm, rb, c.batched[1]);
   V y = c.b.op1("MatMul", {a, bm});
+  // A shared 1-D B already drops the trailing dim, leaving the added m axis last.
+  const bool n_dropped = rb == 1 && !c.batched[1];
   if (squeeze_m && squeeze_n) y = c.b.squeeze(y, {-2, -1});
-  else if (squeeze_m) y = c.b.squeeze(y, {-2});
+  else if (squeeze_m) y = c.b.squeeze(y, {n_dropped ? -1 : -2});
   else if (squeeze_n) y = c.b.squeeze(y, {-1});
   return all_batched({y});
 }

@@ -9,19 +9,17 @@ V merge_batch(BatchCtx& c, V x) {
   return c.b.reshape(x, c.b.concat({c.b.i64s({-1}), c.b.shape_of(x, 2)}, 0));
 }
 
+// (B*N, ...) -> (B, N, ...). N is spelled out (not -1) so an empty batch reshapes too.
 V split_batch(BatchCtx& c, V y) {
-  return c.b.reshape(y, c.b.concat({c.batch_size(), c.b.i64s({-1}), c.b.shape_of(y, 1)}, 0));
+  return c.b.reshape(y, c.b.concat({c.batch_size(), c.b.shape_of(c.in[0], 1, 2), c.b.shape_of(y, 1)}, 0));
 }
 
-void require_shared(BatchCtx& c, int from, const std::string& fix) {
-  for (int i = from; i < c.num_inputs(); ++i)
-    if (c.has(i) && c.batched[i])
-      c.unsupported(c.describe_input(i) + " is batched; only the data input may carry the vmap axis here", fix);
-}
-
-// Ops where only input 0 may be batched and every output has the N dim first.
+// Ops where only input 0 may be batched and every output has the N dim first. Batched
+// weights cannot be merged (ONNX's group count is a static attribute, the batch size is not),
+// so those cases take the per-example Scan.
 BatchResult merge_rule(BatchCtx& c) {
-  require_shared(c, 1, "pass None in in_axes for the inputs that compute the weights/parameters");
+  for (int i = 1; i < c.num_inputs(); ++i)
+    if (c.has(i) && c.batched[i]) return scan_fallback(c);
   V x = merge_batch(c, c.in[0]);
   std::vector<V> ins = c.in;
   ins[0] = x;
@@ -44,6 +42,21 @@ BatchResult maxpool_rule(BatchCtx& c) {
     r.out[1] = c.b.op1("Sub", {r.out[1], c.b.unsqueeze(offsets, axes)});
   }
   return r;
+}
+
+// Conv/ConvTranspose: a batched bias alone is added after a bias-free convolution.
+BatchResult conv_rule(BatchCtx& c) {
+  const bool weight_batched = c.has(1) && c.batched[1];
+  if (!c.has(2) || !c.batched[2] || weight_batched) return merge_rule(c);
+  BatchCtx inner = c;
+  inner.in.resize(2);
+  inner.batched.resize(2);
+  inner.facts.resize(2);
+  V y = c.batched[0] ? merge_rule(inner).out[0] : c.b.clone(c.node, {c.in[0], c.in[1]})[0];
+  // (B, M) -> (B, 1, M, 1, ...) against y (B, N, M, spatial...).
+  std::vector<int64_t> axes{1};
+  for (int64_t k = 0; k < c.rank(0) - 2; ++k) axes.push_back(3 + k);
+  return all_batched({c.b.op1("Add", {y, c.b.unsqueeze(c.in[2], axes)})});
 }
 
 // Per-channel parameters (C) as a tensor aligned with (N, C, spatial...) of rank r.
@@ -122,19 +135,22 @@ BatchResult trailing_norm_rule(BatchCtx& c) {
 }
 
 BatchResult resize_rule(BatchCtx& c) {
-  require_shared(c, 1, "pass None in in_axes for the inputs that compute roi/scales/sizes");
-  if (c.attr("axes"))
-    c.unsupported("Resize with an axes attribute is not supported by vmap yet", "resize all axes (no axes attribute)");
-  if (c.has(2)) {
-    if (const auto* k = c.known_i64(2); k && !k->empty() && (*k)[0] != 1)
-      c.unsupported("the scale of dim 0 is not 1", "keep the leading (batch) dim's scale at 1");
-  }
+  const int64_t r = c.rank(0);
+  bool params_batched = false;
+  for (int i = 1; i < c.num_inputs(); ++i) params_batched = params_batched || (c.has(i) && c.batched[i]);
+  // Merging the vmap axis into dim 0 is exact only when dim 0 is not resized.
+  bool touches_dim0 = false;
+  std::vector<int64_t> axes = c.attr_ints("axes");
+  for (int64_t a : axes) touches_dim0 = touches_dim0 || a == 0 || a == -r;
+  if (c.has(2))
+    if (const auto* k = c.known_i64(2); k && !k->empty() && (*k)[0] != 1) touches_dim0 = true;
+  if (params_batched || (touches_dim0 && !axes.empty()) || !c.batched[0]) return scan_fallback(c);
   std::vector<V> ins = c.in;
   ins[0] = merge_batch(c, c.in[0]);
-  if (c.has(3)) {
+  if (c.has(3) && axes.empty()) {
     // sizes[0] is N per example; the merged tensor has B*N rows.
     std::vector<V> parts{c.batch_size()};
-    if (c.rank(0) > 1) parts.push_back(c.b.i64s(std::vector<int64_t>(c.rank(0) - 1, 1)));
+    if (r > 1) parts.push_back(c.b.i64s(std::vector<int64_t>(r - 1, 1)));
     ins[3] = c.b.op1("Mul", {c.in[3], c.b.concat(parts, 0)});
   }
   V y = c.b.clone(c.node, ins)[0];
@@ -144,10 +160,12 @@ BatchResult resize_rule(BatchCtx& c) {
 }  // namespace
 
 void register_nn_rules(BatchRules& r) {
-  for (const char* op : {"Conv", "ConvTranspose", "AveragePool", "LpPool", "GlobalAveragePool", "GlobalMaxPool",
+  for (const char* op : {"AveragePool", "LpPool", "GlobalAveragePool", "GlobalMaxPool",
                          "GlobalLpPool", "LRN", "DepthToSpace", "SpaceToDepth"})
     r.add("", op, 1, merge_rule);
   r.add("", "MaxPool", 1, maxpool_rule);
+  r.add("", "Conv", 1, conv_rule);
+  r.add("", "ConvTranspose", 1, conv_rule);
   r.add("", "BatchNormalization", 15, batchnorm_rule);
   r.add("", "InstanceNormalization", 6, channel_affine_rule);
   r.add("", "GroupNormalization", 21, channel_affine_rule);

@@ -4,21 +4,6 @@
 namespace onnax {
 namespace {
 
-// Per-example axes given as a runtime int64 tensor become batched-tensor axes: non-negative
-// entries shift by one (folded when the axes are known constants).
-V shift_axes_input(BatchCtx& c, int i) {
-  if (c.batched[i])
-    c.unsupported(c.describe_input(i) + " (axes) is batched; every example must use the same axes",
-                  "pass None in in_axes for the inputs that compute '" + c.node.input(i) + "'");
-  if (const auto* k = c.known_i64(i)) {
-    if (c.rank(i) == 0) return c.b.i64(shift_axis((*k)[0]));
-    return c.b.i64s(shift_axes(*k));
-  }
-  V ge = c.b.op1("GreaterOrEqual", {c.in[i], c.b.i64(0)});
-  V one = c.b.op1("Cast", {ge}, {Attr::i("to", onnx::TensorProto::INT64)});
-  return c.b.op1("Add", {c.in[i], one});
-}
-
 std::vector<int64_t> all_axes_after_batch(int64_t rank) {
   std::vector<int64_t> axes;
   for (int64_t a = 1; a <= rank; ++a) axes.push_back(a);
@@ -39,7 +24,7 @@ BatchResult reduce_input_axes_rule(BatchCtx& c) {
     // Runtime axes that may be empty: shifting keeps them empty, which would also reduce the
     // batch axis when noop_with_empty_axes=0. That case needs the rank to spell "all axes".
     if (!noop_empty) {
-      V shifted = shift_axes_input(c, 1);
+      V shifted = c.shifted_axes(1);
       V all = c.b.i64s(all_axes_after_batch(c.rank(0)));
       V n = c.b.op1("Size", {c.in[1]});
       V empty = c.b.op1("Equal", {n, c.b.i64(0)});
@@ -52,10 +37,10 @@ BatchResult reduce_input_axes_rule(BatchCtx& c) {
       V start = c.b.op1("Where", {c.b.op1("Reshape", {empty, c.b.i64s({1})}), n1, c.b.i64s({0})});
       ins[1] = c.b.op1("Slice", {joined, start, end});
     } else {
-      ins[1] = shift_axes_input(c, 1);
+      ins[1] = c.shifted_axes(1);
     }
   } else {
-    ins[1] = shift_axes_input(c, 1);
+    ins[1] = c.shifted_axes(1);
   }
   return all_batched(c.b.clone(c.node, ins));
 }
@@ -79,7 +64,7 @@ BatchResult axis_attr_rule(BatchCtx& c) {
 
 BatchResult cumsum_rule(BatchCtx& c) {
   std::vector<V> ins = c.in;
-  ins[1] = shift_axes_input(c, 1);
+  ins[1] = c.shifted_axes(1);
   return all_batched(c.b.clone(c.node, ins));
 }
 

@@ -54,15 +54,7 @@ BatchResult squeeze_rule(BatchCtx& c) {
       c.rank(0);  // fails with the unknown-rank diagnostic
     return all_batched(c.b.clone(c.node, {c.in[0], c.b.i64s(ones)}));
   }
-  const auto* k = c.known_i64(1);
-  V axes;
-  if (k) {
-    axes = c.b.i64s(shift_axes(*k));
-  } else {
-    V ge = c.b.op1("GreaterOrEqual", {c.in[1], c.b.i64(0)});
-    axes = c.b.op1("Add", {c.in[1], c.b.op1("Cast", {ge}, {Attr::i("to", onnx::TensorProto::INT64)})});
-  }
-  return all_batched(c.b.clone(c.node, {c.in[0], axes}));
+  return all_batched(c.b.clone(c.node, {c.in[0], c.shifted_axes(1)}));
 }
 
 BatchResult flatten_rule(BatchCtx& c) {
@@ -72,7 +64,10 @@ BatchResult flatten_rule(BatchCtx& c) {
   // (B, d0..dr-1) -> Flatten at axis+1 gives (B*P, Q); reshape back to (B, P, Q).
   V flat = c.b.clone(c.node, {c.in[0]}, {Attr::i("axis", axis + 1)})[0];
   V q = axis == r ? c.b.i64s({1}) : c.b.shape_of(flat, 1, 2);
-  return all_batched({c.b.reshape(flat, c.b.concat({c.b.i64s({0, -1}), q}, 0))});
+  // Reshape's 0 would copy B*P and -1 is ambiguous for an empty batch, so B and P are
+  // spelled out.
+  V p = c.b.op1("ReduceProd", {c.b.shape_of(c.in[0], 1, axis + 1)}, {Attr::i("keepdims", 1)});
+  return all_batched({c.b.reshape(flat, c.b.concat({c.batch_size(), p, q}, 0))});
 }
 
 BatchResult expand_rule(BatchCtx& c) {
@@ -101,12 +96,7 @@ BatchResult slice_rule(BatchCtx& c) {
   std::vector<V> ins = c.in;
   ins.resize(std::max(4, c.num_inputs()));
   if (c.has(3)) {
-    if (const auto* k = c.known_i64(3)) {
-      ins[3] = c.b.i64s(shift_axes(*k));
-    } else {
-      V ge = c.b.op1("GreaterOrEqual", {c.in[3], c.b.i64(0)});
-      ins[3] = c.b.op1("Add", {c.in[3], c.b.op1("Cast", {ge}, {Attr::i("to", c.dtype(3))})});
-    }
+    ins[3] = c.shifted_axes(3);
   } else {
     const Facts* sf = c.facts[1];
     if (!sf || !sf->has_shape || sf->rank() != 1 || !sf->dims[0].known())
@@ -131,12 +121,7 @@ BatchResult pad_rule(BatchCtx& c) {
   std::vector<V> ins = c.in;
   ins.resize(4);
   if (c.has(3)) {
-    require_shared(c, 3, "axes");
-    if (const auto* k = c.known_i64(3)) ins[3] = c.b.i64s(shift_axes(*k));
-    else {
-      V ge = c.b.op1("GreaterOrEqual", {c.in[3], c.b.i64(0)});
-      ins[3] = c.b.op1("Add", {c.in[3], c.b.op1("Cast", {ge}, {Attr::i("to", c.dtype(3))})});
-    }
+    ins[3] = c.shifted_axes(3);
   } else {
     std::vector<int64_t> axes;
     for (int64_t k = 1; k <= c.rank(0); ++k) axes.push_back(k);
@@ -173,6 +158,16 @@ BatchResult shared_only_rule(BatchCtx& c) {
   return {};
 }
 
+// Compress with a shared condition selects the same positions in every example.
+BatchResult compress_rule(BatchCtx& c) {
+  require_shared(c, 1, "condition");
+  if (!c.attr("axis")) {
+    V flat = c.b.reshape(c.in[0], c.b.concat({c.batch_size(), c.b.i64s({-1})}, 0));
+    return all_batched(c.b.clone(c.node, {flat, c.in[1]}, {Attr::i("axis", 1)}));
+  }
+  return all_batched(c.b.clone(c.node, c.in, {Attr::i("axis", shift_axis(c.attr_i("axis", 0)))}));
+}
+
 BatchResult trilu_rule(BatchCtx& c) {
   require_shared(c, 1, "k");
   return all_batched(c.b.clone(c.node, c.in));
@@ -180,8 +175,20 @@ BatchResult trilu_rule(BatchCtx& c) {
 
 BatchResult onehot_rule(BatchCtx& c) {
   require_shared(c, 1, "depth");
-  require_shared(c, 2, "values");
-  return all_batched(c.b.clone(c.node, c.in, {Attr::i("axis", shift_axis(c.attr_i("axis", -1)))}));
+  const int64_t axis = c.attr_i("axis", -1);
+  if (!c.batched[2]) return all_batched(c.b.clone(c.node, c.in, {Attr::i("axis", shift_axis(axis))}));
+  // Per-example [off, on] values: build a 0/1 mask, then select each example's values.
+  V idx = c.in[0];
+  V mask = c.b.clone(c.node, {idx, c.in[1], c.b.i64s({0, 1})}, {Attr::i("axis", c.batched[0] ? shift_axis(axis) : axis)})[0];
+  const int64_t out_rank = c.rank(0) + 1;
+  auto pick = [&](int64_t k) {
+    V v = c.b.op1("Gather", {c.in[2], c.b.i64(k)}, {Attr::i("axis", 1)});  // (B,)
+    std::vector<int64_t> axes;
+    for (int64_t a = 1; a <= out_rank; ++a) axes.push_back(a);
+    return c.b.unsqueeze(v, axes);
+  };
+  V on = c.b.op1("Cast", {mask}, {Attr::i("to", onnx::TensorProto::BOOL)});
+  return all_batched({c.b.op1("Where", {on, pick(1), pick(0)})});
 }
 
 }  // namespace
@@ -203,6 +210,7 @@ void register_shape_rules(BatchRules& r) {
   r.add("", "ConstantOfShape", 9, shared_only_rule);
   r.add("", "Range", 11, shared_only_rule);
   r.add("", "Trilu", 14, trilu_rule);
+  r.add("", "Compress", 11, compress_rule);
   r.add("", "OneHot", 11, onehot_rule);
 }
 

@@ -147,6 +147,19 @@ void sort_nodes(onnx::GraphProto& g) {
 
 }  // namespace
 
+void rename_reads(onnx::GraphProto& g, const std::string& from, const std::string& to) {
+  for (auto& n : *g.mutable_node()) {
+    for (auto& in : *n.mutable_input())
+      if (in == from) in = to;
+    for (auto& a : *n.mutable_attribute()) {
+      if (a.has_g()) rename_reads(*a.mutable_g(), from, to);
+      for (auto& sg : *a.mutable_graphs()) rename_reads(sg, from, to);
+    }
+  }
+  for (auto& o : *g.mutable_output())
+    if (o.name() == from) o.set_name(to);
+}
+
 std::vector<std::string> outer_scope_reads(const onnx::NodeProto& node) {
   std::vector<std::string> reads;
   for (const auto& a : node.attribute()) {

@@ -33,4 +33,7 @@ Prepared prepare(const onnx::ModelProto& source, const std::string& mode);
 // Names a subgraph reads from enclosing scopes (recursively), for batchedness checks.
 std::vector<std::string> outer_scope_reads(const onnx::NodeProto& node);
 
+// Replaces reads of `from` by `to` in g's nodes, nested subgraphs and outputs.
+void rename_reads(onnx::GraphProto& g, const std::string& from, const std::string& to);
+
 }  // namespace onnax

@@ -5,11 +5,14 @@
 #include <onnax/onnax.h>
 
 #include <cstring>
+#include <map>
+#include <set>
 #include <unordered_map>
 
 #include "diagnostics/error.h"
 #include "emit/builder.h"
 #include "rules/batching.h"
+#include "notice.h"
 #include "transforms/prepare.h"
 
 namespace onnax {
@@ -44,8 +47,8 @@ int64_t normalize_axis(int64_t axis, int64_t rank, const std::string& what, cons
 
 std::vector<Axis> resolve_in_axes(const Prepared& p, const VmapOptions& opt) {
   const size_t n = p.runtime_inputs.size();
-  std::vector<Axis> axes(n, Axis{0});
-  if (opt.by_name) {
+  std::vector<Axis> axes(n, opt.in_axis);
+  if (opt.in_axes_form == VmapOptions::InAxesForm::kByName) {
     std::unordered_map<std::string, size_t> index;
     for (size_t i = 0; i < n; ++i) index[p.runtime_inputs[i]->name()] = i;
     for (size_t i = 0; i < n; ++i) axes[i] = std::nullopt;
@@ -61,9 +64,7 @@ std::vector<Axis> resolve_in_axes(const Prepared& p, const VmapOptions& opt) {
       }
       axes[it->second] = axis;
     }
-  } else if (opt.in_axes.size() == 1 && n != 1) {
-    axes.assign(n, opt.in_axes[0]);
-  } else if (!opt.in_axes.empty()) {
+  } else if (opt.in_axes_form == VmapOptions::InAxesForm::kPerInput) {
     if (opt.in_axes.size() != n)
       diag::fail(Error::Kind::kSelection, "vmap: in_axes has " + std::to_string(opt.in_axes.size()) +
                                               " entries but the model has " + std::to_string(n) +
@@ -81,10 +82,51 @@ std::vector<Axis> resolve_in_axes(const Prepared& p, const VmapOptions& opt) {
 }
 
 std::string pick_axis_name(const Prepared& p, const VmapOptions& opt) {
-  if (!opt.axis_name.empty()) return opt.axis_name;
+  if (!opt.axis_name.empty()) {
+    // Reusing a name would declare the batch size equal to an existing dimension.
+    if (p.dim_params.count(opt.axis_name))
+      diag::fail(Error::Kind::kSelection, "vmap: axis_name '" + opt.axis_name +
+                                              "' is already a symbolic dimension of the model, so the batch axis "
+                                              "would be declared equal to it. Fix: choose another axis_name, or "
+                                              "leave it unset to get a fresh name");
+    return opt.axis_name;
+  }
   std::string name = "batch";
   for (int k = 1; p.dim_params.count(name); ++k) name = "batch_" + std::to_string(k);
   return name;
+}
+
+// The values of a small integer or bool tensor (axes, shapes, flags), widened to int64.
+std::optional<std::vector<int64_t>> small_int_values(const onnx::TensorProto& t) {
+  if (t.dims_size() > 1 || t.data_location() == onnx::TensorProto::EXTERNAL) return std::nullopt;
+  std::vector<int64_t> vals;
+  auto from_raw = [&](auto sample) {
+    using T = decltype(sample);
+    const std::string& raw = t.raw_data();
+    vals.resize(raw.size() / sizeof(T));
+    for (size_t i = 0; i < vals.size(); ++i) {
+      T x;
+      std::memcpy(&x, raw.data() + i * sizeof(T), sizeof(T));
+      vals[i] = static_cast<int64_t>(x);
+    }
+  };
+  switch (t.data_type()) {
+    case onnx::TensorProto::INT64:
+      if (t.has_raw_data()) from_raw(int64_t{});
+      else vals.assign(t.int64_data().begin(), t.int64_data().end());
+      break;
+    case onnx::TensorProto::INT32:
+      if (t.has_raw_data()) from_raw(int32_t{});
+      else vals.assign(t.int32_data().begin(), t.int32_data().end());
+      break;
+    case onnx::TensorProto::BOOL:
+      if (t.has_raw_data()) from_raw(uint8_t{});
+      else vals.assign(t.int32_data().begin(), t.int32_data().end());
+      break;
+    default: return std::nullopt;
+  }
+  if (vals.size() > 64) return std::nullopt;
+  return vals;
 }
 
 std::vector<int64_t> move_axis_perm(int64_t from, int64_t to, int64_t rank) {
@@ -103,7 +145,31 @@ onnx::ModelProto vmap(const onnx::ModelProto& source, const VmapOptions& opt) {
   const std::string axis_name = pick_axis_name(p, opt);
   const Dim batch_dim = Dim::named(axis_name);
 
+  std::unordered_map<std::string, std::string> output_alias;  // output name -> renamed initializer
   onnx::GraphProto* src_graph = p.model.release_graph();
+  // An initializer that is also a graph output must be broadcast under the output's name, so
+  // the (still shared) initializer takes a new one.
+  for (const auto& o : source.graph().output()) {
+    if (!p.initializer_names.count(o.name())) continue;
+    bool is_input = false;
+    for (const auto& vi : src_graph->input()) is_input = is_input || vi.name() == o.name();
+    if (is_input) continue;
+    const std::string renamed = p.value_names.fresh(o.name() + "_shared");
+    for (auto& t : *src_graph->mutable_initializer())
+      if (t.name() == o.name()) t.set_name(renamed);
+    for (auto& n : *src_graph->mutable_node()) {
+      for (auto& in : *n.mutable_input())
+        if (in == o.name()) in = renamed;
+      for (auto& a : *n.mutable_attribute()) {
+        if (a.has_g()) rename_reads(*a.mutable_g(), o.name(), renamed);
+        for (auto& sg : *a.mutable_graphs()) rename_reads(sg, o.name(), renamed);
+      }
+    }
+    p.initializer_names.erase(o.name());
+    p.initializer_names.insert(renamed);
+    if (const Facts* f = p.facts.find(o.name())) p.facts.set(renamed, *f);
+    output_alias[o.name()] = renamed;
+  }
   onnx::GraphProto out_graph;
   out_graph.set_name(src_graph->name());
   out_graph.set_doc_string(src_graph->doc_string());
@@ -118,14 +184,7 @@ onnx::ModelProto vmap(const onnx::ModelProto& source, const VmapOptions& opt) {
 
   // Initializers: shared, and their int64 contents are known to rules (axes, shapes).
   auto remember_tensor = [&](const onnx::TensorProto& t) {
-    if (t.data_type() != onnx::TensorProto::INT64 || t.dims_size() > 1) return;
-    std::vector<int64_t> vals(t.int64_data().begin(), t.int64_data().end());
-    if (vals.empty() && t.has_raw_data()) {
-      vals.resize(t.raw_data().size() / sizeof(int64_t));
-      std::memcpy(vals.data(), t.raw_data().data(), vals.size() * sizeof(int64_t));
-    }
-    if (vals.size() > 64) return;
-    b.remember_i64(t.name(), std::move(vals));
+    if (auto vals = small_int_values(t)) b.remember_i64(t.name(), std::move(*vals));
   };
   for (const auto& t : src_graph->initializer()) {
     env[t.name()] = Mapped{b.existing(t.name(), src_facts(t.name())), false};
@@ -203,6 +262,7 @@ onnx::ModelProto vmap(const onnx::ModelProto& source, const VmapOptions& opt) {
   }
 
   const BatchRules& rules = BatchRules::instance();
+  std::map<std::string, int> looped;
   for (int ni = 0; ni < src_graph->node_size(); ++ni) {
     onnx::NodeProto& node = *src_graph->mutable_node(ni);
     bool any_batched = false;
@@ -211,10 +271,14 @@ onnx::ModelProto vmap(const onnx::ModelProto& source, const VmapOptions& opt) {
       auto it = env.find(in);
       if (it != env.end() && it->second.batched) any_batched = true;
     }
-    std::string captured;
-    for (const auto& r : outer_scope_reads(node)) {
-      auto it = env.find(r);
-      if (it != env.end() && it->second.batched) captured = r;
+    // Batched values that the node's subgraphs (If/Loop/Scan bodies) read from this scope.
+    std::vector<std::pair<std::string, V>> captured;
+    if (node.attribute_size() > 0) {
+      std::set<std::string> seen;
+      for (const auto& r : outer_scope_reads(node)) {
+        auto it = env.find(r);
+        if (it != env.end() && it->second.batched && seen.insert(r).second) captured.emplace_back(r, it->second.v);
+      }
     }
     if (!any_batched && captured.empty()) {
       // Shared computation: copy the node unchanged. Graph outputs get a private name so the
@@ -242,31 +306,46 @@ onnx::ModelProto vmap(const onnx::ModelProto& source, const VmapOptions& opt) {
                                                   : "node '" + node.name() + "'";
     const std::string op_label = (domain.empty() ? "ai.onnx" : domain) + "::" + node.op_type() + " (opset " +
                                  std::to_string(p.opset) + ") at " + where;
-    if (!captured.empty())
-      diag::fail(Error::Kind::kUnsupported,
-                 "vmap: cannot batch " + op_label + ": its subgraph reads the batched value '" + captured +
-                     "'; control flow (If/Loop/Scan) is not supported by vmap yet. Fix: pass None in in_axes "
-                     "for the inputs that reach '" + captured + "', or unroll the control flow before vmap");
     const onnx::OpSchema* schema =
         onnx::OpSchemaRegistry::Schema(node.op_type(), static_cast<int>(p.opset), domain);
-    if (!schema)
-      diag::fail(Error::Kind::kUnsupported, "vmap: cannot batch " + op_label +
-                                                ": ONNX has no schema for this operator at this opset (unknown or "
-                                                "custom op). Fix: pass None in in_axes for the inputs that reach it");
-    const BatchRule* rule = rules.find(domain, node.op_type(), schema->since_version());
-    if (!rule) {
-      std::string why = schema->Deprecated() ? "the operator is deprecated"
-                        : node.op_type().rfind("Random", 0) == 0 || node.op_type() == "Bernoulli" ||
-                                node.op_type() == "Multinomial"
-                            ? "random operators have no batching rule (per-example randomness is not defined)"
-                        : node.op_type() == "If" || node.op_type() == "Loop" || node.op_type() == "Scan"
-                            ? "control flow is not supported by vmap yet"
-                            : "no batching rule for this operator yet";
-      diag::fail(Error::Kind::kUnsupported, "vmap: cannot batch " + op_label + ": " + why +
-                                                ". Fix: pass None in in_axes for the inputs that reach it, or "
-                                                "compute it outside the vmapped model");
+    if (!schema) {
+      std::string batched_inputs;
+      for (const auto& in : node.input())
+        if (!in.empty() && env.at(in).batched)
+          batched_inputs += (batched_inputs.empty() ? "'" : ", '") + in + "' (per-example shape " +
+                            src_facts(in).shape_string() + ", " + diag::dtype_name(src_facts(in).dtype) + ")";
+      diag::fail(Error::Kind::kUnsupported,
+                 "vmap: cannot batch " + op_label +
+                     ": ONNX has no schema for this operator at this opset (unknown or custom op), so onnax cannot "
+                     "tell how it treats the batch axis; batched inputs: " + batched_inputs +
+                     ". Fix: pass None in in_axes for the inputs that reach it, or express it with standard ops");
     }
-    BatchCtx ctx{b, node, p.opset, {}, {}, {}, get_batch_size};
+    const bool random = node.op_type().rfind("Random", 0) == 0 || node.op_type() == "Bernoulli" ||
+                        node.op_type() == "Multinomial";
+    if (random)
+      diag::fail(Error::Kind::kUnsupported,
+                 "vmap: cannot batch " + op_label +
+                     ": random operators have no batching rule (per-example randomness is not defined). Fix: pass "
+                     "None in in_axes for the inputs that reach it, or draw the random values outside the model "
+                     "and feed them as a batched input");
+    // Ops whose output shape depends on the data: per-example results can differ in shape, so
+    // there is nothing to stack them into.
+    static const std::set<std::string> ragged{"NonZero", "Unique", "NonMaxSuppression", "StringSplit", "Compress"};
+    if (domain.empty() && ragged.count(node.op_type()) &&
+        !(node.op_type() == "Compress" && node.input_size() > 1 && !env.at(node.input(1)).batched))
+      diag::fail(Error::Kind::kUnsupported,
+                 "vmap: cannot batch " + op_label +
+                     ": its output shape depends on the input values, so examples can give outputs of different "
+                     "shapes (ragged), which a batch cannot hold. Fix: pass None in in_axes for the inputs that "
+                     "reach it, or replace it with a fixed-shape computation (e.g. a mask instead of NonZero)");
+    // Nodes with subgraphs that read batched values, and ops without a vectorized rule, are
+    // batched by a per-example Scan.
+    const BatchRule* rule = captured.empty() ? rules.find(domain, node.op_type(), schema->since_version()) : nullptr;
+    BatchRule fallback = scan_fallback;
+    if (!rule) rule = &fallback;
+    BatchCtx ctx{b, node, p.opset, {}, {}, {}, {}, get_batch_size, std::move(captured), false};
+    ctx.schema = schema;
+    for (const auto& o : node.output()) ctx.out_facts.push_back(src_facts(o));
     std::vector<Facts> in_facts(node.input_size());
     for (int i = 0; i < node.input_size(); ++i) {
       const std::string& in = node.input(i);
@@ -285,6 +364,7 @@ onnx::ModelProto vmap(const onnx::ModelProto& source, const VmapOptions& opt) {
     b.set_origin(node.output_size() && !node.output(0).empty() ? node.output(0) : node.op_type());
     const int first = b.node_count();
     BatchResult res = (*rule)(ctx);
+    if (ctx.used_scan) looped[(domain.empty() ? "ai.onnx" : domain) + "::" + node.op_type()]++;
     for (int o = 0; o < node.output_size(); ++o) {
       const std::string& src_name = node.output(o);
       if (src_name.empty()) continue;
@@ -312,7 +392,8 @@ onnx::ModelProto vmap(const onnx::ModelProto& source, const VmapOptions& opt) {
   std::vector<onnx::ValueInfoProto> new_outputs;
   for (int i = 0; i < src_graph->output_size(); ++i) {
     const auto& o = src_graph->output(i);
-    Mapped m = env.at(o.name());
+    auto alias = output_alias.find(o.name());
+    Mapped m = env.at(alias == output_alias.end() ? o.name() : alias->second);
     Facts f = src_facts(o.name());
     const int64_t axis = out_axes[i];
     b.set_origin(o.name());
@@ -358,6 +439,10 @@ onnx::ModelProto vmap(const onnx::ModelProto& source, const VmapOptions& opt) {
     if (it != env.end() && !it->second.batched && b.name(it->second.v) == vi.name()) *out_graph.add_value_info() = vi;
   }
   delete src_graph;
+  for (const auto& [op, count] : looped)
+    notice("vmap: " + op + " (" + std::to_string(count) + " node" + (count > 1 ? "s" : "") +
+           ") batched with a per-example Scan: no vectorized rule covers this case; results are exact, run time "
+           "grows with the batch size");
   onnx::ModelProto out = std::move(p.model);
   *out.mutable_graph() = std::move(out_graph);
   return out;

@@ -13,5 +13,5 @@ if str(HERE) not in sys.path:
 
 
 @pytest.fixture(scope="session")
-def onnax():  # noqa: ANN201 - the module under test
+def onnax():
     return pytest.importorskip("onnax")

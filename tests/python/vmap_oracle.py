@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Union
+from typing import Any
 
 import numpy as np
 import onnx
@@ -25,12 +25,12 @@ from onnx.reference import ReferenceEvaluator
 
 ORT_MAX_OPSET = 26
 
-Axis = Union[int, None]
-InAxes = Union[int, None, Sequence[Axis], Mapping[str, Axis]]
-OutAxes = Union[int, Sequence[int]]
+Axis = int | None
+InAxes = int | None | Sequence[Axis] | Mapping[str, Axis]
+OutAxes = int | Sequence[int]
 Gen = Callable[[np.random.Generator], np.ndarray]
-Dim = Union[int, str, None]
-Shape = Union[Sequence[Dim], None]
+Dim = int | str | None
+Shape = Sequence[Dim] | None
 ValueSpec = tuple[str, int, Shape]
 
 # --------------------------------------------------------------------------------------------
@@ -83,7 +83,9 @@ def make_model(
     return model
 
 
-def node(op: str, inputs: Sequence[str], outputs: Sequence[str], name: str | None = None, **attrs: Any) -> onnx.NodeProto:
+def node(
+    op: str, inputs: Sequence[str], outputs: Sequence[str], name: str | None = None, **attrs: Any
+) -> onnx.NodeProto:
     return helper.make_node(op, list(inputs), list(outputs), name=name or f"{op.lower()}_node", **attrs)
 
 
@@ -135,14 +137,16 @@ def choose_backend(model: onnx.ModelProto) -> str:
         return "ref"
     try:
         _ort_session(model.SerializeToString())
-    except Exception as err:  # noqa: BLE001 - any ORT load failure means "use the reference"
+    except Exception as err:
         if _ort_lacks_kernel(err):
             return "ref"
         raise
     return "ort"
 
 
-def run_model(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray], backend: str | None = None) -> list[np.ndarray]:
+def run_model(
+    model: onnx.ModelProto, feeds: Mapping[str, np.ndarray], backend: str | None = None
+) -> list[np.ndarray]:
     """Runs ``model`` on ``feeds``; returns the outputs in graph order."""
     data = model.SerializeToString()
     backend = backend or choose_backend(model)
@@ -150,10 +154,13 @@ def run_model(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray], backend: 
     if backend == "ort":
         try:
             sess = _ort_session(data)
-        except Exception as err:  # noqa: BLE001
+        except Exception as err:
             if not _ort_lacks_kernel(err):
                 raise
-            warnings.warn(f"ONNX Runtime cannot load the model ({str(err)[:200]}); using ReferenceEvaluator", stacklevel=2)
+            warnings.warn(
+                f"ONNX Runtime cannot load the model ({str(err)[:200]}); using ReferenceEvaluator",
+                stacklevel=2,
+            )
             backend = "ref"
         else:
             return [np.asarray(v) for v in sess.run(names, dict(feeds))]
@@ -230,7 +237,7 @@ def normalize_in_axes(in_axes: InAxes, names: Sequence[str]) -> dict[str, Axis]:
         return {n: in_axes.get(n) for n in names}
     axes = list(in_axes)
     assert len(axes) == len(names), f"test bug: {len(axes)} in_axes for inputs {names}"
-    return dict(zip(names, axes))
+    return dict(zip(names, axes, strict=True))
 
 
 def normalize_out_axes(out_axes: OutAxes, names: Sequence[str]) -> dict[str, int]:
@@ -238,7 +245,7 @@ def normalize_out_axes(out_axes: OutAxes, names: Sequence[str]) -> dict[str, int
         return dict.fromkeys(names, out_axes)
     axes = list(out_axes)
     assert len(axes) == len(names), f"test bug: {len(axes)} out_axes for outputs {names}"
-    return dict(zip(names, axes))
+    return dict(zip(names, axes, strict=True))
 
 
 def positive_axis(axis: int, rank: int) -> int:
@@ -282,33 +289,46 @@ def check_signature(
     res_inits = {t.name for t in result.graph.initializer}
     res_inputs = [v for v in result.graph.input if v.name not in res_inits]
     assert [v.name for v in res_inputs] == [v.name for v in src_inputs], "graph input names changed"
-    assert [v.name for v in result.graph.output] == [v.name for v in source.graph.output], "graph output names changed"
+    assert [v.name for v in result.graph.output] == [v.name for v in source.graph.output], (
+        "graph output names changed"
+    )
     batch_param: str | None = None
-    for src, res in zip(src_inputs, res_inputs):
-        assert res.type.tensor_type.elem_type == src.type.tensor_type.elem_type, f"input {src.name}: dtype changed"
+    for src, res in zip(src_inputs, res_inputs, strict=True):
+        assert res.type.tensor_type.elem_type == src.type.tensor_type.elem_type, (
+            f"input {src.name}: dtype changed"
+        )
         axis = in_axes[src.name]
         sdims, rdims = _dims(src), _dims(res)
         if axis is None:
-            assert res.type == src.type, f"shared input {src.name}: type changed from {src.type} to {res.type}"
+            assert res.type == src.type, (
+                f"shared input {src.name}: type changed from {src.type} to {res.type}"
+            )
             continue
         if sdims is None:
             continue
         assert rdims is not None, f"batched input {src.name}: shape dropped"
         pos = positive_axis(axis, len(sdims))
-        assert len(rdims) == len(sdims) + 1, f"batched input {src.name}: rank {len(rdims)}, expected {len(sdims) + 1}"
+        assert len(rdims) == len(sdims) + 1, (
+            f"batched input {src.name}: rank {len(rdims)}, expected {len(sdims) + 1}"
+        )
         bdim = rdims[pos]
         assert bdim.HasField("dim_param") and bdim.dim_param, (
             f"batched input {src.name}: dim {pos} is {_dim_str(bdim)}, expected a symbolic batch dim"
         )
         if batch_param is None:
             batch_param = bdim.dim_param
-        assert bdim.dim_param == batch_param, f"inputs disagree on the batch dim: {bdim.dim_param} vs {batch_param}"
+        assert bdim.dim_param == batch_param, (
+            f"inputs disagree on the batch dim: {bdim.dim_param} vs {batch_param}"
+        )
         rest = rdims[:pos] + rdims[pos + 1 :]
         assert [_dim_str(d) for d in rest] == [_dim_str(d) for d in sdims], (
-            f"batched input {src.name}: other dims changed: {[_dim_str(d) for d in rdims]} from {[_dim_str(d) for d in sdims]}"
+            f"batched input {src.name}: other dims changed: "
+            f"{[_dim_str(d) for d in rdims]} from {[_dim_str(d) for d in sdims]}"
         )
     if axis_name is not None and batch_param is not None:
-        assert batch_param == axis_name, f"batch dim_param is {batch_param!r}, expected axis_name {axis_name!r}"
+        assert batch_param == axis_name, (
+            f"batch dim_param is {batch_param!r}, expected axis_name {axis_name!r}"
+        )
     return batch_param
 
 
@@ -323,11 +343,15 @@ def check_output_types(
         actual = expected[vi.name]
         tt = vi.type.tensor_type
         if vi.type.HasField("tensor_type") and tt.elem_type:
-            assert np_dtype(tt.elem_type) == actual.dtype, f"output {vi.name}: declared {np_dtype(tt.elem_type)}, got {actual.dtype}"
+            assert np_dtype(tt.elem_type) == actual.dtype, (
+                f"output {vi.name}: declared {np_dtype(tt.elem_type)}, got {actual.dtype}"
+            )
         dims = _dims(vi)
         if dims is None:
             continue
-        assert len(dims) == actual.ndim, f"output {vi.name}: declared rank {len(dims)}, actual rank {actual.ndim}"
+        assert len(dims) == actual.ndim, (
+            f"output {vi.name}: declared rank {len(dims)}, actual rank {actual.ndim}"
+        )
         pos = positive_axis(out_axes[vi.name], actual.ndim - 1)
         for i, d in enumerate(dims):
             if d.HasField("dim_value"):
@@ -345,7 +369,7 @@ def check_output_types(
 def _full_check_ok(model: onnx.ModelProto) -> bool:
     try:
         onnx.checker.check_model(model, full_check=True)
-    except Exception:  # noqa: BLE001
+    except Exception:
         return False
     return True
 
@@ -368,7 +392,7 @@ def assert_vmap_matches(
     in_axes: InAxes = 0,
     out_axes: OutAxes = 0,
     *,
-    batch_sizes: Sequence[int] = (1, 3),
+    batch_sizes: Sequence[int] = (1, 7),
     gens: Mapping[str, Gen] | None = None,
     dims: Mapping[str, int] | None = None,
     axis_name: str | None = None,
@@ -415,7 +439,7 @@ def assert_vmap_matches(
     if _full_check_ok(model):
         try:
             onnx.checker.check_model(vmapped, full_check=True)
-        except Exception as err:  # noqa: BLE001
+        except Exception as err:
             raise AssertionError(f"vmapped model fails onnx.checker full_check: {err}") from err
 
     backend = choose_backend(model)
@@ -448,7 +472,7 @@ def assert_vmap_matches(
                 arrs = [ex[name] for ex in examples]
                 feeds[name] = np.stack(arrs, axis=positive_axis(axis, arrs[0].ndim))
         actual_list = run_model(vmapped, feeds, backend)
-        actual = dict(zip([o.name for o in vmapped.graph.output], actual_list))
+        actual = dict(zip([o.name for o in vmapped.graph.output], actual_list, strict=True))
         for oname in out_names:
             compare(f"output {oname!r} (batch {bsz})", actual[oname], expected[oname], rtol, atol)
         check_output_types(vmapped, actual, axes_out, batch_param)
@@ -464,3 +488,52 @@ def vmap_error(model: Any, **kwargs: Any) -> str:
         onnax.vmap(model, **kwargs)
     assert isinstance(info.value, ValueError)
     return str(info.value)
+
+
+def assert_vmap_empty_batch(
+    model: onnx.ModelProto,
+    in_axes: InAxes = 0,
+    out_axes: OutAxes = 0,
+    *,
+    gens: Mapping[str, Gen] | None = None,
+    dims: Mapping[str, int] | None = None,
+    seed: int = 0,
+) -> None:
+    """A batch of zero examples must give outputs of the per-example shape with a 0 batch dim."""
+    import onnax
+
+    gens = gens or {}
+    dims = dims or {}
+    sig = input_signature(model)
+    names = [n for n, _, _ in sig]
+    axes_in = normalize_in_axes(in_axes, names)
+    out_names = [o.name for o in model.graph.output]
+    axes_out = normalize_out_axes(out_axes, out_names)
+    vmapped = to_proto(onnax.vmap(model, in_axes=in_axes, out_axes=out_axes))
+    backend = choose_backend(model)
+    rng = np.random.default_rng(seed)
+    example: dict[str, np.ndarray] = {}
+    for name, dtype, shape in sig:
+        if name in gens:
+            example[name] = np.asarray(gens[name](rng))
+        else:
+            example[name] = random_tensor(rng, dtype, concrete_shape(name, shape, dims))
+    per_example = run_model(model, example, backend)
+    feeds: dict[str, np.ndarray] = {}
+    for name, _, _ in sig:
+        axis = axes_in[name]
+        value = example[name]
+        if axis is None:
+            feeds[name] = value
+        else:
+            empty_shape = list(value.shape)
+            empty_shape.insert(positive_axis(axis, value.ndim), 0)
+            feeds[name] = np.zeros(empty_shape, dtype=value.dtype)
+    actual = run_model(vmapped, feeds, backend)
+    for oname, got, one in zip(out_names, actual, per_example, strict=True):
+        shape = list(one.shape)
+        shape.insert(positive_axis(axes_out[oname], one.ndim), 0)
+        assert got.dtype == one.dtype, f"output {oname!r}: dtype {got.dtype}, expected {one.dtype}"
+        assert list(got.shape) == shape, (
+            f"output {oname!r} for an empty batch: shape {got.shape}, expected {shape}"
+        )

@@ -1,0 +1,137 @@
+// Structural properties of vmap that need no runtime: source isolation, determinism,
+// shared values staying shared, symbolic dims, names. (Numbers are checked in tests/python.)
+#include "test_util.h"
+
+namespace onnax {
+namespace {
+using testing::parse;
+
+const char* kModel = R"(
+<ir_version: 10, opset_import: ["" : 18]>
+g (float[N, 4] x, float[4, 3] w) => (float[N, 3] y, float[3] bias_out) {
+  h = MatMul(x, w)
+  y = Relu(h)
+  bias_out = ReduceSum<keepdims = 0>(w, axes)
+}
+)";
+
+onnx::ModelProto model_with_axes() {
+  auto m = parse(kModel);
+  auto* t = m.mutable_graph()->add_initializer();
+  t->set_name("axes");
+  t->set_data_type(onnx::TensorProto::INT64);
+  t->add_dims(1);
+  t->add_int64_data(0);
+  return m;
+}
+
+TEST(VmapStructure, SourceUnchangedAndOutputDeterministic) {
+  auto m = model_with_axes();
+  const std::string before = m.SerializeAsString();
+  VmapOptions opt;
+  opt.in_axes_form = VmapOptions::InAxesForm::kPerInput;
+  opt.in_axes = {Axis{0}, std::nullopt};
+  std::string a = vmap(m, opt).SerializeAsString();
+  std::string b = vmap(m, opt).SerializeAsString();
+  EXPECT_EQ(m.SerializeAsString(), before);
+  EXPECT_EQ(a, b);
+}
+
+TEST(VmapStructure, BatchDimIsSymbolicAndSourceDimsStaySymbolic) {
+  VmapOptions opt;
+  opt.in_axes_form = VmapOptions::InAxesForm::kPerInput;
+  opt.in_axes = {Axis{1}, std::nullopt};
+  opt.axis_name = "examples";
+  auto out = vmap(model_with_axes(), opt);
+  const auto& x = out.graph().input(0).type().tensor_type().shape();
+  ASSERT_EQ(x.dim_size(), 3);
+  EXPECT_EQ(x.dim(0).dim_param(), "N");
+  EXPECT_EQ(x.dim(1).dim_param(), "examples");
+  EXPECT_EQ(x.dim(2).dim_value(), 4);
+  const auto& y = out.graph().output(0).type().tensor_type().shape();
+  ASSERT_EQ(y.dim_size(), 3);
+  EXPECT_EQ(y.dim(0).dim_param(), "examples");
+  EXPECT_EQ(y.dim(1).dim_param(), "N");
+}
+
+TEST(VmapStructure, SharedComputationIsNotBatchedButSharedOutputIsBroadcast) {
+  VmapOptions opt;
+  opt.in_axes_form = VmapOptions::InAxesForm::kPerInput;
+  opt.in_axes = {Axis{0}, std::nullopt};
+  auto out = vmap(model_with_axes(), opt);
+  // The ReduceSum over w is copied unchanged (same op, reads w itself)...
+  int reduce_on_w = 0;
+  for (const auto& n : out.graph().node())
+    if (n.op_type() == "ReduceSum" && n.input(0) == "w") ++reduce_on_w;
+  EXPECT_EQ(reduce_on_w, 1);
+  // ...and its output gains the batch dim only at the end.
+  const auto& b = out.graph().output(1).type().tensor_type().shape();
+  ASSERT_EQ(b.dim_size(), 2);
+  EXPECT_EQ(b.dim(0).dim_param(), "batch");
+  // The weight stays an unbatched input.
+  EXPECT_EQ(out.graph().input(1).type().tensor_type().shape().dim_size(), 2);
+}
+
+TEST(VmapStructure, DefaultAxisNameAvoidsExistingDimParams) {
+  auto m = parse(R"(
+<ir_version: 10, opset_import: ["" : 18]>
+g (float[batch, 4] x) => (float[batch, 4] y) { y = Relu(x) }
+)");
+  auto out = vmap(m, {});
+  EXPECT_EQ(out.graph().input(0).type().tensor_type().shape().dim(0).dim_param(), "batch_1");
+}
+
+TEST(VmapStructure, InitializersStayInitializers) {
+  auto out = vmap(model_with_axes(), {});
+  ASSERT_EQ(out.graph().initializer_size(), 1);
+  EXPECT_EQ(out.graph().initializer(0).name(), "axes");
+  for (const auto& in : out.graph().input()) EXPECT_NE(in.name(), "axes");
+}
+
+TEST(VmapStructure, OldOpsetIsUpgradedTo18) {
+  auto m = parse(R"(
+<ir_version: 8, opset_import: ["" : 13]>
+g (float[2, 3] x) => (float[2] y) { y = ReduceMean<axes = [1], keepdims = 0>(x) }
+)");
+  auto out = vmap(m, {});
+  int64_t opset = 0;
+  for (const auto& o : out.opset_import())
+    if (o.domain().empty()) opset = o.version();
+  EXPECT_EQ(opset, 18);
+  // ReduceMean at 18 takes axes as an input, shifted past the batch axis.
+  bool found = false;
+  for (const auto& n : out.graph().node())
+    if (n.op_type() == "ReduceMean") found = n.input_size() == 2 && n.attribute_size() >= 1;
+  EXPECT_TRUE(found);
+}
+
+// A subgraph that reads a batched value is mapped by a per-example Scan whose body gives the
+// subgraph that example's slice under a new name.
+TEST(VmapStructure, ControlFlowCapturingBatchedValueRunsPerExample) {
+  auto m = parse(R"(
+<ir_version: 10, opset_import: ["" : 18]>
+g (float[3] x, bool c) => (float[3] y) {
+  y = If(c) <then_branch = t () => (float[3] a) { a = Relu(x) },
+             else_branch = e () => (float[3] b) { b = Neg(x) }>
+}
+)");
+  VmapOptions opt;
+  opt.in_axes_form = VmapOptions::InAxesForm::kPerInput;
+  opt.in_axes = {Axis{0}, std::nullopt};
+  auto out = vmap(m, opt);
+  const onnx::NodeProto* scan = nullptr;
+  for (const auto& n : out.graph().node())
+    if (n.op_type() == "Scan") scan = &n;
+  ASSERT_NE(scan, nullptr);
+  EXPECT_EQ(scan->input(0), "x");
+  const auto& body = scan->attribute(0).g();
+  ASSERT_EQ(body.node_size(), 1);
+  const auto& if_node = body.node(0);
+  EXPECT_EQ(if_node.op_type(), "If");
+  const std::string slice = body.input(0).name();
+  EXPECT_NE(slice, "x");
+  for (const auto& a : if_node.attribute()) EXPECT_EQ(a.g().node(0).input(0), slice);
+}
+
+}  // namespace
+}  // namespace onnax
