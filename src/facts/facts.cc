@@ -51,35 +51,26 @@ void write_type(const Facts& facts, onnx::TypeProto* type) {
   }
 }
 
-static Facts facts_from_tensor(const onnx::TensorProto& t) {
-  Facts f;
-  f.dtype = t.data_type();
-  f.has_shape = true;
-  for (int64_t d : t.dims()) f.dims.push_back(Dim::of(d));
-  return f;
+Facts FactTable::get(const std::string& name) const {
+  auto it = types_.find(name);
+  return it == types_.end() ? Facts{} : facts_from_type(*it->second);
 }
 
-void FactTable::add_graph(const onnx::GraphProto& graph) {
-  for (const auto& t : graph.initializer()) table_[t.name()] = facts_from_tensor(t);
-  for (const auto& s : graph.sparse_initializer()) table_[s.values().name()] = facts_from_tensor(s.values());
-  auto add_vi = [&](const onnx::ValueInfoProto& vi) {
-    if (vi.has_type() && vi.type().has_tensor_type()) table_[vi.name()] = facts_from_type(vi.type());
-  };
-  for (const auto& vi : graph.input()) add_vi(vi);
-  for (const auto& vi : graph.value_info()) add_vi(vi);
-  for (const auto& vi : graph.output()) add_vi(vi);
-  // Constant nodes: their value attribute tells dtype and shape exactly.
-  for (const auto& n : graph.node()) {
-    if (n.op_type() != "Constant" || !n.domain().empty() || n.output_size() != 1) continue;
-    for (const auto& a : n.attribute()) {
-      if (a.name() == "value" && a.has_t()) table_[n.output(0)] = facts_from_tensor(a.t());
-    }
-  }
+const onnx::TypeProto* FactTable::type(const std::string& name) const {
+  auto it = types_.find(name);
+  return it == types_.end() ? nullptr : it->second;
 }
 
-const Facts* FactTable::find(const std::string& name) const {
-  auto it = table_.find(name);
-  return it == table_.end() ? nullptr : &it->second;
+onnx::TypeProto* FactTable::store(onnx::TypeProto type) {
+  storage_.push_back(std::move(type));
+  return &storage_.back();
+}
+
+void FactTable::set(const std::string& name, const onnx::TypeProto& type) { types_[name] = store(type); }
+
+void FactTable::alias(const std::string& name, const std::string& existing) {
+  auto it = types_.find(existing);
+  if (it != types_.end()) types_[name] = it->second;
 }
 
 }  // namespace onnax

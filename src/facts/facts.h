@@ -4,6 +4,7 @@
 #include <onnx/onnx_pb.h>
 
 #include <cstdint>
+#include <deque>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -34,15 +35,28 @@ struct Facts {
 Facts facts_from_type(const onnx::TypeProto& type);
 void write_type(const Facts& facts, onnx::TypeProto* type);
 
-// Facts of every named value in a graph (inputs, initializers, value_info, outputs).
+// The type of every value of a graph, as ONNX's per-operator inference (with data
+// propagation) and the model's own annotations tell it. Built in one topological pass
+// (facts/infer.cc); the TypeProtos double as the inference functions' inputs.
 class FactTable {
  public:
-  void add_graph(const onnx::GraphProto& graph);
-  const Facts* find(const std::string& name) const;
-  void set(const std::string& name, Facts facts) { table_[name] = std::move(facts); }
+  Facts get(const std::string& name) const;
+  const onnx::TypeProto* type(const std::string& name) const;
+  void set(const std::string& name, const onnx::TypeProto& type);
+  void alias(const std::string& name, const std::string& existing);
+
+  // For the inference pass.
+  std::unordered_map<std::string, onnx::TypeProto*>& types() { return types_; }
+  onnx::TypeProto* store(onnx::TypeProto type);
 
  private:
-  std::unordered_map<std::string, Facts> table_;
+  std::unordered_map<std::string, onnx::TypeProto*> types_;
+  std::deque<onnx::TypeProto> storage_;
 };
+
+// Runs ONNX's per-node type and shape inference (and partial data propagation, so shapes
+// computed with Shape/Gather/Concat stay known) over `graph`, whose nodes must be in
+// topological order. Declared value_info fills in what inference cannot tell.
+void infer_facts(onnx::GraphProto& graph, const std::unordered_map<std::string, int>& opsets, FactTable& table);
 
 }  // namespace onnax

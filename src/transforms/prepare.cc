@@ -3,7 +3,6 @@
 #include <onnx/common/status.h>
 #include <onnx/defs/schema.h>
 #include <onnx/inliner/inliner.h>
-#include <onnx/shape_inference/implementation.h>
 #include <onnx/version_converter/convert.h>
 
 #include <queue>
@@ -216,23 +215,12 @@ Prepared prepare(const onnx::ModelProto& source, const std::string& mode) {
   for (const auto& t : g.initializer()) p.initializer_names.insert(t.name());
   for (const auto& s : g.sparse_initializer()) p.initializer_names.insert(s.values().name());
 
-  // Facts: the model's own annotations, completed by ONNX shape inference on a copy of the
-  // graph (so the inferred value_info never leaks into the output).
-  p.facts.add_graph(g);
-  {
-    onnx::ModelProto inferred;
-    *inferred.mutable_opset_import() = p.model.opset_import();
-    inferred.set_ir_version(p.model.ir_version());
-    *inferred.mutable_graph() = g;
-    try {
-      onnx::ShapeInferenceOptions options(/*check_type=*/false, /*error_mode=*/0, /*data_prop=*/true);
-      onnx::shape_inference::InferShapes(inferred, onnx::OpSchemaRegistry::Instance(), options);
-      p.facts.add_graph(inferred.graph());
-    } catch (const std::exception& e) {
-      notice(mode + ": ONNX shape inference stopped early (" + std::string(e.what()) +
-             "); continuing with the shapes the model declares");
-    }
-  }
+  // Facts: ONNX's per-node inference over the sorted graph plus the model's annotations.
+  std::unordered_map<std::string, int> opsets;
+  for (const auto& o : p.model.opset_import())
+    opsets[o.domain() == "ai.onnx" ? std::string() : o.domain()] = static_cast<int>(o.version());
+  opsets[""] = static_cast<int>(opset);
+  infer_facts(g, opsets, p.facts);
   for (const auto& vi : g.input())
     if (!p.initializer_names.count(vi.name())) p.runtime_inputs.push_back(&vi);
   return p;

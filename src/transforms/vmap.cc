@@ -167,7 +167,7 @@ onnx::ModelProto vmap(const onnx::ModelProto& source, const VmapOptions& opt) {
     }
     p.initializer_names.erase(o.name());
     p.initializer_names.insert(renamed);
-    if (const Facts* f = p.facts.find(o.name())) p.facts.set(renamed, *f);
+    p.facts.alias(renamed, o.name());
     output_alias[o.name()] = renamed;
   }
   onnx::GraphProto out_graph;
@@ -177,10 +177,7 @@ onnx::ModelProto vmap(const onnx::ModelProto& source, const VmapOptions& opt) {
   std::unordered_map<std::string, Mapped> env;
   env.reserve(static_cast<size_t>(src_graph->node_size()) * 2 + 16);
 
-  auto src_facts = [&](const std::string& name) -> Facts {
-    const Facts* f = p.facts.find(name);
-    return f ? *f : Facts{};
-  };
+  auto src_facts = [&](const std::string& name) -> Facts { return p.facts.get(name); };
 
   // Initializers: shared, and their int64 contents are known to rules (axes, shapes).
   auto remember_tensor = [&](const onnx::TensorProto& t) {

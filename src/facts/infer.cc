@@ -1,0 +1,92 @@
+#include <onnx/defs/schema.h>
+#include <onnx/shape_inference/implementation.h>
+
+#include <cstdio>
+#include <cstdlib>
+
+#include "facts/facts.h"
+
+namespace onnax {
+namespace {
+
+onnx::TypeProto tensor_type_of(const onnx::TensorProto& t) {
+  onnx::TypeProto type;
+  auto* tt = type.mutable_tensor_type();
+  tt->set_elem_type(t.data_type());
+  auto* shape = tt->mutable_shape();
+  for (int64_t d : t.dims()) shape->add_dim()->set_dim_value(d);
+  return type;
+}
+
+bool has_rank(const onnx::TypeProto* t) { return t && t->has_tensor_type() && t->tensor_type().has_shape(); }
+
+}  // namespace
+
+void infer_facts(onnx::GraphProto& g, const std::unordered_map<std::string, int>& opsets, FactTable& table) {
+  auto& types = table.types();
+  types.reserve(types.size() + static_cast<size_t>(g.node_size()) * 2 + g.input_size() + g.initializer_size());
+  std::unordered_map<std::string, const onnx::TensorProto*> data;
+  std::unordered_map<std::string, const onnx::SparseTensorProto*> sparse;
+  std::unordered_map<std::string, const onnx::ValueInfoProto*> declared;
+  for (const auto& t : g.initializer()) {
+    types[t.name()] = table.store(tensor_type_of(t));
+    data[t.name()] = &t;
+  }
+  for (const auto& s : g.sparse_initializer()) {
+    types[s.values().name()] = table.store(tensor_type_of(s.values()));
+    sparse[s.values().name()] = &s;
+  }
+  for (auto& vi : *g.mutable_input())
+    if (vi.has_type() && !types.count(vi.name())) types[vi.name()] = vi.mutable_type();
+  for (const auto& vi : g.value_info()) declared[vi.name()] = &vi;
+  for (const auto& vi : g.output()) declared[vi.name()] = &vi;
+
+  const onnx::ShapeInferenceOptions options(/*check_type=*/false, /*error_mode=*/0, /*data_prop=*/true);
+  onnx::shape_inference::DataValueMap generated;
+  onnx::shape_inference::GraphInferenceContext graph_ctx(types, opsets, nullptr, {}, onnx::OpSchemaRegistry::Instance(),
+                                                         &generated);
+  for (auto& n : *g.mutable_node()) {
+    const std::string domain = n.domain() == "ai.onnx" ? "" : n.domain();
+    auto op = opsets.find(domain);
+    const onnx::OpSchema* schema =
+        op == opsets.end() ? nullptr : onnx::OpSchemaRegistry::Schema(n.op_type(), op->second, domain);
+    std::vector<onnx::TypeProto> inferred(n.output_size());
+    if (schema && schema->has_type_and_shape_inference_function()) {
+      try {
+        onnx::shape_inference::InferenceContextImpl ctx(n, types, data, sparse, options, &generated, &graph_ctx);
+        schema->GetTypeAndShapeInferenceFunction()(ctx);
+        for (int i = 0; i < n.output_size(); ++i) inferred[i] = *ctx.getOutputType(i);
+        if (schema->has_data_propagation_function()) {
+          onnx::shape_inference::DataPropagationContextImpl dctx(n, types, data, generated);
+          schema->GetDataPropagationFunction()(dctx);
+        }
+      } catch (const std::exception& e) {
+        if (getenv("ONNAX_DEBUG_INFER")) fprintf(stderr, "infer %s: %s\n", n.op_type().c_str(), e.what());
+        // Inference is best effort here: declared types (below) and the rules' own
+        // diagnostics cover values it cannot type.
+      }
+    }
+    if (n.op_type() == "Constant" && domain.empty())
+      for (const auto& a : n.attribute())
+        if (a.name() == "value" && a.has_t() && n.output_size() == 1) {
+          inferred[0] = tensor_type_of(a.t());
+          data[n.output(0)] = &a.t();
+        }
+    for (int i = 0; i < n.output_size(); ++i) {
+      const std::string& name = n.output(i);
+      if (name.empty()) continue;
+      onnx::TypeProto* t = nullptr;
+      auto d = declared.find(name);
+      const bool inferred_typed = inferred[i].value_case() != onnx::TypeProto::VALUE_NOT_SET;
+      if (d != declared.end() && d->second->has_type() && (!inferred_typed || (!has_rank(&inferred[i]) && has_rank(&d->second->type()))))
+        t = table.store(d->second->type());
+      else if (inferred_typed)
+        t = table.store(std::move(inferred[i]));
+      if (t) types[name] = t;
+    }
+  }
+  for (const auto& vi : g.output())
+    if (!types.count(vi.name()) && vi.has_type()) types[vi.name()] = table.store(vi.type());
+}
+
+}  // namespace onnax
