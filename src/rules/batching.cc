@@ -214,6 +214,7 @@ const BatchRules& BatchRules::instance() {
     register_shape_rules(r);
     register_index_rules(r);
     register_nn_rules(r);
+    register_attention_rules(r);
     return r;
   }();
   return rules;

@@ -100,6 +100,7 @@ void register_matmul_rules(BatchRules& r);
 void register_shape_rules(BatchRules& r);
 void register_index_rules(BatchRules& r);
 void register_nn_rules(BatchRules& r);
+void register_attention_rules(BatchRules& r);
 
 // Axis helpers shared by rules.
 // A per-example axis attribute a (valid for a rank-r tensor) as an axis of the batched tensor.
