@@ -73,6 +73,29 @@ PYBIND11_MODULE(_core, m) {
       "vmap on a serialized ModelProto; returns the serialized result. Exactly one of in_axes (list) and "
       "in_axes_by_name (dict) may be given; otherwise in_axis (int or None) applies to every input.");
 
+  using Names = std::optional<std::vector<std::string>>;
+  m.def(
+      "jvp",
+      [](const py::bytes& model, const Names& inputs, const Names& outputs) {
+        onnx::ModelProto source = onnax::parse_model(std::string(model));
+        return to_bytes(onnax::jvp(source, onnax::Selection{inputs, outputs}));
+      },
+      py::arg("model"), py::arg("inputs"), py::arg("outputs"));
+  m.def(
+      "vjp",
+      [](const py::bytes& model, const Names& inputs, const Names& outputs) {
+        onnx::ModelProto source = onnax::parse_model(std::string(model));
+        return to_bytes(onnax::vjp(source, onnax::Selection{inputs, outputs}));
+      },
+      py::arg("model"), py::arg("inputs"), py::arg("outputs"));
+  m.def(
+      "grad",
+      [](const py::bytes& model, const Names& inputs, const std::optional<std::string>& output) {
+        onnx::ModelProto source = onnax::parse_model(std::string(model));
+        return to_bytes(onnax::grad(source, inputs, output));
+      },
+      py::arg("model"), py::arg("inputs"), py::arg("output"));
+
   m.def(
       "cli_main", [](const std::vector<std::string>& args) { return onnax::cli::run(args); }, py::arg("args"),
       "Runs the onnax command line (without the program name); returns the exit code.");

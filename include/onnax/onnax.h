@@ -59,6 +59,28 @@ void set_notice_sink(NoticeSink sink);
 
 onnx::ModelProto vmap(const onnx::ModelProto& model, const VmapOptions& options);
 
+// Which values to differentiate, by graph name (ordered; not positions). Unset inputs select
+// every FLOAT/DOUBLE runtime input (initializers are selectable explicitly and keep their
+// stored values). Unset outputs select, for jvp, the derivative outputs an earlier onnax
+// transform generated (so jvp(grad(f)) appends a Hessian-vector product) or else every
+// FLOAT/DOUBLE output; for vjp, every FLOAT/DOUBLE output.
+struct Selection {
+  std::optional<std::vector<std::string>> inputs;
+  std::optional<std::vector<std::string>> outputs;
+};
+
+// Forward mode: appends one tangent input per selected input (same shape and dtype, named
+// "<input>_tangent") and returns all primal outputs, then the tangents of the selected
+// outputs ("<output>_tangent").
+onnx::ModelProto jvp(const onnx::ModelProto& model, const Selection& selection);
+// Reverse mode: appends one cotangent input per selected output ("<output>_cotangent") and
+// returns all primal outputs, then the cotangents of the selected inputs ("<input>_cotangent").
+onnx::ModelProto vjp(const onnx::ModelProto& model, const Selection& selection);
+// Gradient of one rank-0 output (default: the only rank-0 FLOAT/DOUBLE output) with an
+// implicit unit seed: all primal outputs, then "<input>_grad" per selected input.
+onnx::ModelProto grad(const onnx::ModelProto& model, const std::optional<std::vector<std::string>>& inputs,
+                      const std::optional<std::string>& output);
+
 // Model I/O. load_model resolves external data relative to the file's directory so the
 // returned model is self-contained; save_model writes tensors to an external data file next
 // to the output when the model would exceed protobuf's 2 GB message limit (or when asked).

@@ -1,4 +1,4 @@
-"""onnax: JAX-style transformations of ONNX graphs (vmap; autodiff to come).
+"""onnax: JAX-style transformations of ONNX graphs (vmap, jvp, vjp, grad).
 
 Every transform takes an ``onnx_ir.Model`` or an ``onnx.ModelProto`` and returns a new model
 of the same kind; the source is never modified. The work happens in the C++ core; models
@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from onnax._core import OnnaxError
 from onnax._core import version as _core_version
-from onnax.transforms import vmap
+from onnax.transforms import grad, jvp, vjp, vmap
 
-__all__ = ["OnnaxError", "__version__", "vmap"]
+__all__ = ["OnnaxError", "__version__", "grad", "jvp", "vjp", "vmap"]
 
 __version__: str = _core_version()

@@ -64,3 +64,53 @@ def vmap(
 def _check_axis(axis: Any, what: str) -> None:
     if axis is not None and (not isinstance(axis, int) or isinstance(axis, bool)):
         raise TypeError(f"{what} must be an int or None, got {axis!r}")
+
+
+Names = Sequence[str] | None
+
+
+def _names(value: Names, what: str) -> list[str] | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        raise TypeError(f"{what} must be a sequence of graph names, got the string {value!r}; use [{value!r}]")
+    names = list(value)
+    for n in names:
+        if not isinstance(n, str):
+            raise TypeError(f"{what} must contain graph names (str), got {n!r}")
+    return names
+
+
+def jvp(model: ModelT, inputs: Names = None, outputs: Names = None) -> ModelT:
+    """Forward-mode derivative (Jacobian-vector product) of ``model``.
+
+    Appends one tangent input per selected input (same shape and dtype, ``<input>_tangent``)
+    and returns all primal outputs, then the tangents of the selected outputs
+    (``<output>_tangent``). By default the FLOAT/DOUBLE runtime inputs are selected; the
+    outputs default to the derivatives an earlier onnax transform generated (so
+    ``jvp(grad(f), inputs=["w"])`` appends a Hessian-vector product), else every float output.
+    """
+    data = _core.jvp(to_bytes(model), _names(inputs, "inputs"), _names(outputs, "outputs"))
+    return from_bytes(data, model)  # type: ignore[no-any-return]
+
+
+def vjp(model: ModelT, inputs: Names = None, outputs: Names = None) -> ModelT:
+    """Reverse-mode derivative (vector-Jacobian product) of ``model``.
+
+    Appends one cotangent input per selected output (``<output>_cotangent``) and returns all
+    primal outputs, then the cotangents of the selected inputs (``<input>_cotangent``).
+    """
+    data = _core.vjp(to_bytes(model), _names(inputs, "inputs"), _names(outputs, "outputs"))
+    return from_bytes(data, model)  # type: ignore[no-any-return]
+
+
+def grad(model: ModelT, inputs: Names = None, output: str | None = None) -> ModelT:
+    """Gradient of one rank-0 output with an implicit unit seed.
+
+    Returns all primal outputs, then ``<input>_grad`` for every selected input. ``output``
+    defaults to the model's only rank-0 float output.
+    """
+    if output is not None and not isinstance(output, str):
+        raise TypeError(f"output must be a graph name (str), got {output!r}")
+    data = _core.grad(to_bytes(model), _names(inputs, "inputs"), output)
+    return from_bytes(data, model)  # type: ignore[no-any-return]

@@ -2,6 +2,7 @@
 
 #include <onnax/onnax.h>
 
+#include <filesystem>
 #include <iostream>
 #include <optional>
 #include <sstream>
@@ -34,11 +35,13 @@ struct UsageError {
   std::string message;
 };
 
+// Comma-separated items; empty items are kept ("0," is two items) so they are reported.
 std::vector<std::string> split(const std::string& s, char sep) {
   std::vector<std::string> out;
   std::stringstream ss(s);
   std::string item;
   while (std::getline(ss, item, sep)) out.push_back(item);
+  if (!s.empty() && s.back() == sep) out.push_back("");
   return out;
 }
 
@@ -70,11 +73,19 @@ int cmd_vmap(const std::vector<std::string>& args) {
     if (a == "-o" || a == "--output") out = value();
     else if (a == "--in-axes") {
       std::string v = value();
+      if (v.empty()) throw UsageError{"--in-axes needs a value such as 0, '0,none' or 'x=0'"};
+      // A repeated --in-axes replaces the earlier one.
+      opt.in_axes_form = VmapOptions::InAxesForm::kAll;
+      opt.in_axes.clear();
+      opt.in_axes_by_name.clear();
       for (const auto& item : split(v, ',')) {
         auto eq = item.find('=');
         if (eq != std::string::npos) {
           opt.in_axes_form = VmapOptions::InAxesForm::kByName;
-          opt.in_axes_by_name[item.substr(0, eq)] = parse_axis(item.substr(eq + 1), "--in-axes");
+          const std::string name = item.substr(0, eq);
+          if (opt.in_axes_by_name.count(name))
+            throw UsageError{"--in-axes: input '" + name + "' is named twice"};
+          opt.in_axes_by_name[name] = parse_axis(item.substr(eq + 1), "--in-axes");
         } else {
           opt.in_axes.push_back(parse_axis(item, "--in-axes"));
         }
@@ -87,7 +98,10 @@ int cmd_vmap(const std::vector<std::string>& args) {
         else opt.in_axes_form = VmapOptions::InAxesForm::kPerInput;
       }
     } else if (a == "--out-axes") {
-      for (const auto& item : split(value(), ',')) opt.out_axes.push_back(parse_int(item, "--out-axes"));
+      std::string v = value();
+      if (v.empty()) throw UsageError{"--out-axes needs a value such as 0 or '0,1'"};
+      opt.out_axes.clear();  // a repeated --out-axes replaces the earlier one
+      for (const auto& item : split(v, ',')) opt.out_axes.push_back(parse_int(item, "--out-axes"));
     } else if (a == "--axis-name") opt.axis_name = value();
     else if (a == "--external-data") external = true;
     else if (!a.empty() && a[0] == '-') throw UsageError{"unknown option '" + a + "'"};
@@ -96,6 +110,9 @@ int cmd_vmap(const std::vector<std::string>& args) {
   }
   if (in.empty()) throw UsageError{"vmap needs an input model"};
   if (out.empty()) throw UsageError{"vmap needs -o OUT.onnx"};
+  std::error_code ec;
+  if (std::filesystem::equivalent(in, out, ec))
+    throw UsageError{"-o '" + out + "' is the input file; onnax never overwrites its input. Choose another output path"};
   onnx::ModelProto model = load_model(in);
   onnx::ModelProto result = vmap(model, opt);
   save_model(result, out, external);

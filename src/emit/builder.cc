@@ -3,6 +3,10 @@
 #include <algorithm>
 #include <cctype>
 #include <cstring>
+#include <set>
+#include <stdexcept>
+#include <onnx/defs/schema.h>
+#include <onnx/shape_inference/implementation.h>
 
 namespace onnax {
 
@@ -35,12 +39,152 @@ Attr Attr::ints(std::string_view name, const std::vector<int64_t>& v) {
   return a;
 }
 
+struct Builder::Inference {
+  std::unordered_map<std::string, int> opsets;
+  std::unordered_map<std::string, onnx::TypeProto*> types;
+  std::deque<onnx::TypeProto> storage;
+  std::unordered_map<std::string, const onnx::TensorProto*> data;
+  std::unordered_map<std::string, const onnx::SparseTensorProto*> sparse;
+  onnx::shape_inference::DataValueMap generated;
+  std::unordered_map<std::string, int> ids;  // value name -> latest V id
+};
+
 Builder::Builder(onnx::GraphProto& out, NameScope& value_names, NameScope& node_names, int64_t opset)
     : out_(out), value_names_(value_names), node_names_(node_names), opset_(opset) {}
+Builder::~Builder() = default;
+Builder::Builder(Builder&&) noexcept = default;
 
 V Builder::add_value(std::string name, Facts facts) {
   values_.push_back(Value{std::move(name), std::move(facts)});
-  return V{static_cast<int>(values_.size() - 1)};
+  tangent_.push_back(0);
+  const int id = static_cast<int>(values_.size() - 1);
+  if (inference_) inference_->ids[values_[id].name] = id;
+  return V{id};
+}
+
+void Builder::enable_inference(const std::unordered_map<std::string, int>& opsets) {
+  inference_ = std::make_unique<Inference>();
+  inference_->opsets = opsets;
+}
+
+void Builder::register_data(const std::string& n, const onnx::TensorProto* tensor) {
+  if (inference_) inference_->data[n] = tensor;
+}
+
+void Builder::infer(onnx::NodeProto& node, const std::vector<V>& outputs) {
+  auto& inf = *inference_;
+  // Inputs' types from their facts (values registered without a TypeProto yet).
+  for (const auto& in : node.input()) {
+    if (in.empty() || inf.types.count(in)) continue;
+    auto id = inf.ids.find(in);
+    if (id == inf.ids.end() || !values_[id->second].facts.dtype) continue;
+    inf.storage.emplace_back();
+    write_type(values_[id->second].facts, &inf.storage.back());
+    inf.types[in] = &inf.storage.back();
+  }
+  const std::string domain = node.domain() == "ai.onnx" ? "" : node.domain();
+  auto op = inf.opsets.find(domain);
+  const onnx::OpSchema* schema =
+      op == inf.opsets.end() ? nullptr : onnx::OpSchemaRegistry::Schema(node.op_type(), op->second, domain);
+  if (!schema || !schema->has_type_and_shape_inference_function()) return;
+  try {
+    const onnx::ShapeInferenceOptions options(false, 0, true);
+    onnx::shape_inference::InferenceContextImpl ctx(node, inf.types, inf.data, inf.sparse, options, &inf.generated);
+    schema->GetTypeAndShapeInferenceFunction()(ctx);
+    if (schema->has_data_propagation_function()) {
+      onnx::shape_inference::DataPropagationContextImpl dctx(node, inf.types, inf.data, inf.generated);
+      schema->GetDataPropagationFunction()(dctx);
+    }
+    for (size_t i = 0; i < outputs.size(); ++i) {
+      if (!outputs[i].valid()) continue;
+      const auto* t = ctx.getOutputType(i);
+      if (!t || t->value_case() == onnx::TypeProto::VALUE_NOT_SET) continue;
+      inf.storage.push_back(*t);
+      inf.types[name(outputs[i])] = &inf.storage.back();
+      values_[outputs[i].id].facts = facts_from_type(*t);
+    }
+  } catch (const std::exception&) {
+    // Facts stay unknown; rules that need them report it.
+  }
+}
+
+void Builder::finish(const std::vector<V>& inputs, const std::vector<V>& outputs) {
+  bool linear = false;
+  for (V v : inputs) linear = linear || tangent(v);
+  if (linear && forbid_tangents_)
+    throw std::logic_error("onnax internal error: a transpose rule read a tangent value while emitting " +
+                           out_.node(out_.node_size() - 1).op_type());
+  for (V v : outputs)
+    if (v.valid()) tangent_[v.id] = linear ? 1 : 0;
+  auto* node = out_.mutable_node(out_.node_size() - 1);
+  if (node->op_type() == "Constant" && inference_)
+    for (const auto& a : node->attribute())
+      if (a.name() == "value" && a.has_t()) inference_->data[node->output(0)] = &a.t();
+  if (inference_) infer(*node, outputs);
+  if (linear) propagate_witness(*node, inputs, outputs);
+  if (linear && tape_) {
+    std::unique_ptr<onnx::NodeProto> released(out_.mutable_node()->ReleaseLast());
+    tape_->push_back(TapeNode{std::move(*released), inputs, outputs, origin_});
+  }
+}
+
+static bool same_static_shape(const Facts& a, const Facts& b) {
+  if (!a.has_shape || !b.has_shape || a.rank() != b.rank()) return false;
+  for (size_t i = 0; i < a.dims.size(); ++i) {
+    const Dim& x = a.dims[i];
+    const Dim& y = b.dims[i];
+    if (x.known() && y.known() && x.value == y.value) continue;
+    if (!x.known() && !y.known() && !x.param.empty() && x.param == y.param) continue;
+    return false;
+  }
+  return true;
+}
+
+void Builder::propagate_witness(const onnx::NodeProto& node, const std::vector<V>& inputs,
+                                const std::vector<V>& outputs) {
+  // Shape-preserving and elementwise linear ops: the output has the shape of an input (or of
+  // a tangent input's witness) whenever the facts say so.
+  static const std::set<std::string> elementwise{"Add", "Sub", "Mul", "Div", "Where", "Sum", "Neg", "Identity",
+                                                 "Cast", "CastLike", "Dropout", "Relu", "Max", "Min"};
+  if (outputs.empty() || !outputs[0].valid() || !elementwise.count(node.op_type())) return;
+  const Facts& of = facts(outputs[0]);
+  if (node.op_type() == "Neg" || node.op_type() == "Identity" || node.op_type() == "Cast" ||
+      node.op_type() == "CastLike" || node.op_type() == "Dropout") {
+    V w = tangent(inputs[0]) ? witness(inputs[0]) : inputs[0];
+    if (w.valid()) witness_[outputs[0].id] = w;
+    return;
+  }
+  for (V in : inputs) {
+    if (!in.valid()) continue;
+    V w = tangent(in) ? witness(in) : in;
+    if (w.valid() && same_static_shape(facts(w), of)) {
+      witness_[outputs[0].id] = w;
+      return;
+    }
+  }
+}
+
+V Builder::add(V a, V b) {
+  if (!a.valid()) return b;
+  if (!b.valid()) return a;
+  return op1("Add", {a, b});
+}
+V Builder::sub(V a, V b) {
+  if (!b.valid()) return a;
+  if (!a.valid()) return neg(b);
+  return op1("Sub", {a, b});
+}
+V Builder::mul(V a, V b) {
+  if (!a.valid() || !b.valid()) return V{};
+  return op1("Mul", {a, b});
+}
+V Builder::div(V a, V b) {
+  if (!a.valid()) return V{};
+  return op1("Div", {a, b});
+}
+V Builder::neg(V a) {
+  if (!a.valid()) return V{};
+  return op1("Neg", {a});
 }
 
 V Builder::existing(const std::string& name, Facts facts) { return add_value(name, std::move(facts)); }
@@ -70,6 +214,7 @@ std::vector<V> Builder::op(std::string_view type, const std::vector<V>& inputs, 
     n->add_output(nm);
     outs.push_back(add_value(nm, Facts{}));
   }
+  finish(inputs, outs);
   return outs;
 }
 
@@ -79,11 +224,13 @@ V Builder::op_named(std::string_view type, const std::vector<V>& inputs, const A
   for (V v : inputs) n->add_input(v.valid() ? name(v) : std::string());
   for (const auto& a : attrs) *n->add_attribute() = a.proto;
   n->add_output(output_name);
-  return add_value(output_name, Facts{});
+  V out = add_value(output_name, Facts{});
+  finish(inputs, {out});
+  return out;
 }
 
 std::vector<V> Builder::clone(const onnx::NodeProto& node, const std::vector<V>& inputs, const Attrs& overrides,
-                              const std::vector<std::string>& drop) {
+                              const std::vector<std::string>& drop, int num_outputs) {
   auto* n = new_node(node.op_type());
   n->set_domain(node.domain());
   for (V v : inputs) n->add_input(v.valid() ? name(v) : std::string());
@@ -95,16 +242,21 @@ std::vector<V> Builder::clone(const onnx::NodeProto& node, const std::vector<V>&
   }
   for (const auto& a : overrides) *n->add_attribute() = a.proto;
   std::vector<V> outs;
-  for (int i = 0; i < node.output_size(); ++i) {
-    if (node.output(i).empty()) {
+  const int count = num_outputs >= 0 ? num_outputs : node.output_size();
+  for (int i = 0; i < count; ++i) {
+    if (i < node.output_size() && node.output(i).empty() && num_outputs < 0) {
       n->add_output("");
       outs.push_back(V{});
       continue;
     }
-    std::string nm = value_names_.fresh(node.output(i) + "_b");
+    const std::string base = i < node.output_size() && !node.output(i).empty() ? node.output(i)
+                             : node.output_size()                              ? node.output(0) + "_" + std::to_string(i)
+                                                                               : std::string("v");
+    std::string nm = value_names_.fresh(base + "_b");
     n->add_output(nm);
     outs.push_back(add_value(nm, Facts{}));
   }
+  finish(inputs, outs);
   return outs;
 }
 
@@ -120,8 +272,32 @@ void Builder::rename(V v, const std::string& new_name, int first_node) {
       if (o == old) o = new_name;
   }
   values_[v.id].name = new_name;
+  if (inference_) {
+    inference_->ids[new_name] = v.id;
+    if (auto t = inference_->types.find(old); t != inference_->types.end()) inference_->types[new_name] = t->second;
+  }
   auto it = known_i64_.find(old);
   if (it != known_i64_.end()) known_i64_[new_name] = it->second;
+}
+
+void Builder::rename_all(const std::vector<std::pair<V, std::string>>& renames) {
+  if (renames.empty()) return;
+  std::unordered_map<std::string, std::string> map;
+  for (const auto& [v, n] : renames) map[values_[v.id].name] = n;
+  for (auto& node : *out_.mutable_node()) {
+    for (auto& in : *node.mutable_input())
+      if (auto it = map.find(in); it != map.end()) in = it->second;
+    for (auto& o : *node.mutable_output())
+      if (auto it = map.find(o); it != map.end()) o = it->second;
+  }
+  for (const auto& [v, n] : renames) {
+    const std::string old = values_[v.id].name;
+    values_[v.id].name = n;
+    if (inference_) {
+      inference_->ids[n] = v.id;
+      if (auto t = inference_->types.find(old); t != inference_->types.end()) inference_->types[n] = t->second;
+    }
+  }
 }
 
 V Builder::i64s(const std::vector<int64_t>& values) {
@@ -196,7 +372,9 @@ V Builder::tensor_const(const onnx::TensorProto& t) {
   f.dtype = t.data_type();
   f.has_shape = true;
   for (int64_t d : t.dims()) f.dims.push_back(Dim::of(d));
-  return add_value(nm, f);
+  V v = add_value(nm, f);
+  finish({}, {v});
+  return v;
 }
 
 const std::vector<int64_t>* Builder::known_i64(V v) const {

@@ -9,7 +9,10 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <deque>
+#include <memory>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "emit/names.h"
@@ -36,6 +39,42 @@ using Attrs = std::vector<Attr>;
 class Builder {
  public:
   Builder(onnx::GraphProto& out, NameScope& value_names, NameScope& node_names, int64_t opset);
+  ~Builder();
+  Builder(Builder&&) noexcept;
+
+  // Autodiff support. A value is a tangent when it depends linearly on the seeds; every node
+  // that reads a tangent is linear in it. With a tape set, such nodes go to the tape (to be
+  // transposed for reverse mode) instead of the graph.
+  struct TapeNode {
+    onnx::NodeProto node;
+    std::vector<V> inputs;
+    std::vector<V> outputs;
+    std::string origin;  // the naming origin when it was emitted (its source value)
+  };
+  void set_tape(std::vector<TapeNode>* tape) { tape_ = tape; }
+  // While transposing, tangents exist only on the tape: reading one is an internal error.
+  void forbid_tangent_inputs(bool forbid) { forbid_tangents_ = forbid; }
+  bool tangent(V v) const { return v.valid() && tangent_[v.id]; }
+  void mark_tangent(V v) { tangent_[v.id] = 1; }
+  // A primal value with the same shape as tangent `t` (its primal twin), when known: lets
+  // transposes read run-time shapes of values that exist only on the tape.
+  void set_witness(V t, V primal) { witness_[t.id] = primal; }
+  V witness(V t) const {
+    auto it = witness_.find(t.id);
+    return it == witness_.end() ? V{} : it->second;
+  }
+  // Runs ONNX's per-node inference on every emitted node so emitted values have facts
+  // (ranks, static and symbolic dims) — needed when transposing broadcasts.
+  void enable_inference(const std::unordered_map<std::string, int>& opsets);
+  void register_data(const std::string& name, const onnx::TensorProto* tensor);
+
+  // Arithmetic on possibly-zero values: an invalid V is a symbolic zero, so zero * y and
+  // zero + y emit nothing.
+  V add(V a, V b);
+  V sub(V a, V b);
+  V mul(V a, V b);
+  V div(V a, V b);
+  V neg(V a);
 
   int64_t opset() const { return opset_; }
   // A builder for a subgraph (e.g. a Loop body) sharing this builder's name scopes, so names
@@ -45,6 +84,7 @@ class Builder {
   onnx::NodeProto& last_node() { return *out_.mutable_node(out_.node_size() - 1); }
   // Names generated next derive from `base` (e.g. the source value being transformed).
   void set_origin(std::string_view base) { origin_ = base; }
+  const std::string& origin() const { return origin_; }
 
   // Registers an existing value (graph input, initializer, copied node output).
   V existing(const std::string& name, Facts facts);
@@ -61,8 +101,9 @@ class Builder {
   }
   // Emits a copy of `node` (type, domain, attributes) with new inputs; attributes in
   // `overrides` replace or add, names in `drop` are removed.
+  // num_outputs >= 0 emits that many outputs instead of the node's own count.
   std::vector<V> clone(const onnx::NodeProto& node, const std::vector<V>& inputs, const Attrs& overrides = {},
-                       const std::vector<std::string>& drop = {});
+                       const std::vector<std::string>& drop = {}, int num_outputs = -1);
   // Emits `node` unchanged (moves it); registers its outputs with the given facts.
   void copy_node(onnx::NodeProto&& node);
   // Emits a one-output node whose output has exactly `output_name` (already reserved).
@@ -71,6 +112,8 @@ class Builder {
 
   // Renames the output `v` (produced by a node emitted at index >= first_node) to `name`.
   void rename(V v, const std::string& new_name, int first_node);
+  // Renames several values in one pass over the whole graph (old name -> new name).
+  void rename_all(const std::vector<std::pair<V, std::string>>& renames);
   int node_count() const { return out_.node_size(); }
 
   // Constants (deduplicated per builder).
@@ -99,6 +142,10 @@ class Builder {
   };
   V add_value(std::string name, Facts facts);
   onnx::NodeProto* new_node(std::string_view type);
+  // Bookkeeping after a node is complete: tangent flags, inferred facts, tape routing.
+  void finish(const std::vector<V>& inputs, const std::vector<V>& outputs);
+  void infer(onnx::NodeProto& node, const std::vector<V>& outputs);
+  void propagate_witness(const onnx::NodeProto& node, const std::vector<V>& inputs, const std::vector<V>& outputs);
 
   onnx::GraphProto& out_;
   NameScope& value_names_;
@@ -108,6 +155,12 @@ class Builder {
   std::vector<Value> values_;
   std::map<std::string, V> const_cache_;
   std::map<std::string, std::vector<int64_t>> known_i64_;
+  std::vector<char> tangent_;
+  std::vector<TapeNode>* tape_ = nullptr;
+  bool forbid_tangents_ = false;
+  std::unordered_map<int, V> witness_;
+  struct Inference;
+  std::unique_ptr<Inference> inference_;
 };
 
 }  // namespace onnax

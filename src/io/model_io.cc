@@ -1,12 +1,19 @@
 // Loading and saving .onnx files, including external data and models over 2 GB.
 #include <google/protobuf/io/coded_stream.h>
 #include <google/protobuf/io/zero_copy_stream_impl.h>
+#include <google/protobuf/unknown_field_set.h>
 #include <onnax/onnax.h>
 
+#include <charconv>
 #include <climits>
+#include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <limits>
+#include <optional>
+#include <unordered_map>
+#include <vector>
 
 #include "diagnostics/error.h"
 
@@ -18,67 +25,258 @@ namespace {
 constexpr size_t kMaxInlineBytes = size_t{2} * 1024 * 1024 * 1024 - 64 * 1024 * 1024;
 constexpr size_t kExternalThreshold = 1024;  // tensors at least this big move out
 
+void for_each_tensor(onnx::GraphProto& g, const std::function<void(onnx::TensorProto&)>& fn);
+
+void for_each_tensor(google::protobuf::RepeatedPtrField<onnx::NodeProto>& nodes,
+                     const std::function<void(onnx::TensorProto&)>& fn) {
+  for (auto& n : nodes)
+    for (auto& a : *n.mutable_attribute()) {
+      if (a.has_t()) fn(*a.mutable_t());
+      for (auto& t : *a.mutable_tensors()) fn(t);
+      if (a.has_sparse_tensor()) {
+        fn(*a.mutable_sparse_tensor()->mutable_values());
+        fn(*a.mutable_sparse_tensor()->mutable_indices());
+      }
+      for (auto& s : *a.mutable_sparse_tensors()) {
+        fn(*s.mutable_values());
+        fn(*s.mutable_indices());
+      }
+      if (a.has_g()) for_each_tensor(*a.mutable_g(), fn);
+      for (auto& sg : *a.mutable_graphs()) for_each_tensor(sg, fn);
+    }
+}
+
 void for_each_tensor(onnx::GraphProto& g, const std::function<void(onnx::TensorProto&)>& fn) {
   for (auto& t : *g.mutable_initializer()) fn(t);
   for (auto& s : *g.mutable_sparse_initializer()) {
     fn(*s.mutable_values());
     fn(*s.mutable_indices());
   }
-  for (auto& n : *g.mutable_node())
-    for (auto& a : *n.mutable_attribute()) {
-      if (a.has_t()) fn(*a.mutable_t());
-      for (auto& t : *a.mutable_tensors()) fn(t);
-      if (a.has_g()) for_each_tensor(*a.mutable_g(), fn);
-      for (auto& sg : *a.mutable_graphs()) for_each_tensor(sg, fn);
-    }
+  for_each_tensor(*g.mutable_node(), fn);
 }
 
 void for_each_tensor(onnx::ModelProto& m, const std::function<void(onnx::TensorProto&)>& fn) {
   if (m.has_graph()) for_each_tensor(*m.mutable_graph(), fn);
-  for (auto& f : *m.mutable_functions())
-    for (auto& n : *f.mutable_node())
-      for (auto& a : *n.mutable_attribute()) {
-        if (a.has_t()) fn(*a.mutable_t());
-        if (a.has_g()) for_each_tensor(*a.mutable_g(), fn);
-      }
+  for (auto& f : *m.mutable_functions()) {
+    for_each_tensor(*f.mutable_node(), fn);
+    for (auto& a : *f.mutable_attribute_proto()) {  // attribute defaults
+      if (a.has_t()) fn(*a.mutable_t());
+      for (auto& t : *a.mutable_tensors()) fn(t);
+    }
+  }
+}
+
+// Bytes of raw_data a tensor of this type and element count needs; nullopt when unknown
+// (strings, undefined types) or when the count overflows.
+std::optional<uint64_t> raw_bytes_needed(int32_t dtype, uint64_t count) {
+  uint64_t bits = 0;
+  switch (dtype) {
+    case onnx::TensorProto::BOOL:
+    case onnx::TensorProto::INT8:
+    case onnx::TensorProto::UINT8:
+    case onnx::TensorProto::FLOAT8E4M3FN:
+    case onnx::TensorProto::FLOAT8E4M3FNUZ:
+    case onnx::TensorProto::FLOAT8E5M2:
+    case onnx::TensorProto::FLOAT8E5M2FNUZ:
+    case onnx::TensorProto::FLOAT8E8M0: bits = 8; break;
+    case onnx::TensorProto::INT16:
+    case onnx::TensorProto::UINT16:
+    case onnx::TensorProto::FLOAT16:
+    case onnx::TensorProto::BFLOAT16: bits = 16; break;
+    case onnx::TensorProto::INT32:
+    case onnx::TensorProto::UINT32:
+    case onnx::TensorProto::FLOAT: bits = 32; break;
+    case onnx::TensorProto::INT64:
+    case onnx::TensorProto::UINT64:
+    case onnx::TensorProto::DOUBLE:
+    case onnx::TensorProto::COMPLEX64: bits = 64; break;
+    case onnx::TensorProto::COMPLEX128: bits = 128; break;
+    case onnx::TensorProto::INT4:
+    case onnx::TensorProto::UINT4:
+    case onnx::TensorProto::FLOAT4E2M1: bits = 4; break;
+    case onnx::TensorProto::INT2:
+    case onnx::TensorProto::UINT2: bits = 2; break;
+    default: return std::nullopt;
+  }
+  if (count > std::numeric_limits<uint64_t>::max() / bits) return std::nullopt;
+  return (count * bits + 7) / 8;
+}
+
+// A non-negative decimal integer (the whole string), or nullopt.
+std::optional<int64_t> parse_size(const std::string& s) {
+  int64_t v = 0;
+  const char* end = s.data() + s.size();
+  auto [ptr, ec] = std::from_chars(s.data(), end, v);
+  if (s.empty() || ec != std::errc() || ptr != end || v < 0) return std::nullopt;
+  return v;
 }
 
 void load_external(onnx::TensorProto& t, const fs::path& base) {
   if (t.data_location() != onnx::TensorProto::EXTERNAL) return;
+  const std::string who = "tensor '" + t.name() + "'";
   std::string location;
-  int64_t offset = 0, length = -1;
+  std::optional<int64_t> offset = 0, length;
   for (const auto& kv : t.external_data()) {
-    if (kv.key() == "location") location = kv.value();
-    else if (kv.key() == "offset") offset = std::stoll(kv.value());
-    else if (kv.key() == "length") length = std::stoll(kv.value());
+    if (kv.key() == "location") {
+      location = kv.value();
+    } else if (kv.key() == "offset" || kv.key() == "length") {
+      const std::optional<int64_t> v = parse_size(kv.value());
+      if (!v)
+        diag::fail(Error::Kind::kInvalidModel,
+                   who + ": external data " + kv.key() + " '" + kv.value() +
+                       "' is not a non-negative integer that fits in 64 bits. Fix: the model file is corrupted or "
+                       "was written by a faulty exporter; re-export it");
+      (kv.key() == "offset" ? offset : length) = v;
+    }
   }
+  // Only plain relative paths below the model's directory: no absolute paths, no '..'.
   const fs::path rel(location);
-  if (location.empty() || rel.is_absolute() || location.find("..") != std::string::npos)
+  bool inside = !location.empty() && !rel.is_absolute() && !rel.has_root_name() && !rel.has_root_directory();
+  for (const auto& part : rel)
+    if (part == "..") inside = false;
+  if (!inside)
     diag::fail(Error::Kind::kInvalidModel,
-               "tensor '" + t.name() + "' has external data at '" + location +
+               who + " has external data at '" + location +
                    "', which is not a relative path inside the model's directory. Fix: store external data next to "
                    "the model with a relative location");
   const fs::path file = base / rel;
+  std::error_code ec;
+  const auto status = fs::status(file, ec);
+  if (!fs::exists(status))
+    diag::fail(Error::Kind::kIo, who + ": its external data file '" + file.string() +
+                                     "' does not exist. Fix: keep the data file next to the model (expected relative "
+                                     "location '" + location + "')");
+  if (!fs::is_regular_file(status))
+    diag::fail(Error::Kind::kInvalidModel, who + ": its external data location '" + location + "' (" + file.string() +
+                                               ") is not a regular file. Fix: point the location at the data file");
+  const uintmax_t file_size = fs::file_size(file, ec);
   std::ifstream in(file, std::ios::binary);
-  if (!in)
-    diag::fail(Error::Kind::kIo, "tensor '" + t.name() + "': cannot open its external data file '" + file.string() +
-                                     "'. Fix: keep the data file next to the model (expected relative location '" +
-                                     location + "')");
-  in.seekg(0, std::ios::end);
-  const int64_t size = in.tellg();
-  if (length < 0) length = size - offset;
-  if (offset < 0 || offset + length > size)
-    diag::fail(Error::Kind::kInvalidModel, "tensor '" + t.name() + "': external data range [" +
-                                               std::to_string(offset) + ", " + std::to_string(offset + length) +
-                                               ") exceeds the file '" + file.string() + "' of " +
-                                               std::to_string(size) + " bytes. Fix: the data file is truncated or "
-                                               "does not belong to this model");
-  std::string data(static_cast<size_t>(length), '\0');
-  in.seekg(offset);
-  in.read(data.data(), length);
+  if (ec || !in)
+    diag::fail(Error::Kind::kIo, who + ": cannot open its external data file '" + file.string() +
+                                     "'. Fix: check the file's permissions");
+  const auto size = static_cast<int64_t>(file_size);
+  if (*offset > size)
+    diag::fail(Error::Kind::kInvalidModel, who + ": external data offset " + std::to_string(*offset) +
+                                               " is past the end of '" + file.string() + "' (" + std::to_string(size) +
+                                               " bytes). Fix: the data file is truncated or does not belong to this "
+                                               "model");
+  if (!length) length = size - *offset;
+  if (*length > size - *offset)
+    diag::fail(Error::Kind::kInvalidModel,
+               who + ": external data range [" + std::to_string(*offset) + ", " +
+                   std::to_string(static_cast<uint64_t>(*offset) + static_cast<uint64_t>(*length)) +
+                   ") exceeds the file '" + file.string() + "' of " + std::to_string(size) +
+                   " bytes. Fix: the data file is truncated or does not belong to this model");
+  // The byte count must match the declared shape and type (when it is fixed-width).
+  uint64_t count = 1;
+  bool known = true;
+  for (int64_t d : t.dims()) {
+    if (d < 0 || (d > 0 && count > std::numeric_limits<uint64_t>::max() / static_cast<uint64_t>(d))) known = false;
+    else count *= static_cast<uint64_t>(d);
+  }
+  const std::optional<uint64_t> needed = known ? raw_bytes_needed(t.data_type(), count) : std::nullopt;
+  if (needed && *needed != static_cast<uint64_t>(*length))
+    diag::fail(Error::Kind::kInvalidModel,
+               who + " (" + diag::dtype_name(t.data_type()) + ", " + std::to_string(count) + " elements) needs " +
+                   std::to_string(*needed) + " bytes, but its external data in '" + location + "' has " +
+                   std::to_string(*length) + " bytes. Fix: the data file or the tensor's offset/length entries "
+                   "do not belong to this model; re-export it");
+  std::string data(static_cast<size_t>(*length), '\0');
+  in.seekg(*offset);
+  in.read(data.data(), *length);
+  if (!in || in.gcount() != *length)
+    diag::fail(Error::Kind::kIo, who + ": reading " + std::to_string(*length) + " bytes of external data from '" +
+                                     file.string() + "' failed. Fix: check the file and the disk");
   t.set_raw_data(std::move(data));
   t.clear_external_data();
-  t.set_data_location(onnx::TensorProto::DEFAULT);
+  t.clear_data_location();  // DEFAULT, left unset as in a model saved without external data
+}
+
+using google::protobuf::FieldDescriptor;
+using google::protobuf::Message;
+using LargeRaw = std::unordered_map<onnx::TensorProto*, const std::string*>;
+
+// Copies one non-message field of `src` into `dst` (messages of the same type).
+void copy_plain_field(const Message& src, Message& dst, const FieldDescriptor* f) {
+  const auto* r = src.GetReflection();
+  const auto* w = dst.GetReflection();
+  const int n = f->is_repeated() ? r->FieldSize(src, f) : 1;
+  for (int i = 0; i < n; ++i) {
+    const bool rep = f->is_repeated();
+    switch (f->cpp_type()) {
+      case FieldDescriptor::CPPTYPE_INT32: {
+        const auto v = rep ? r->GetRepeatedInt32(src, f, i) : r->GetInt32(src, f);
+        rep ? w->AddInt32(&dst, f, v) : w->SetInt32(&dst, f, v);
+      } break;
+      case FieldDescriptor::CPPTYPE_INT64: {
+        const auto v = rep ? r->GetRepeatedInt64(src, f, i) : r->GetInt64(src, f);
+        rep ? w->AddInt64(&dst, f, v) : w->SetInt64(&dst, f, v);
+      } break;
+      case FieldDescriptor::CPPTYPE_UINT32: {
+        const auto v = rep ? r->GetRepeatedUInt32(src, f, i) : r->GetUInt32(src, f);
+        rep ? w->AddUInt32(&dst, f, v) : w->SetUInt32(&dst, f, v);
+      } break;
+      case FieldDescriptor::CPPTYPE_UINT64: {
+        const auto v = rep ? r->GetRepeatedUInt64(src, f, i) : r->GetUInt64(src, f);
+        rep ? w->AddUInt64(&dst, f, v) : w->SetUInt64(&dst, f, v);
+      } break;
+      case FieldDescriptor::CPPTYPE_DOUBLE: {
+        const auto v = rep ? r->GetRepeatedDouble(src, f, i) : r->GetDouble(src, f);
+        rep ? w->AddDouble(&dst, f, v) : w->SetDouble(&dst, f, v);
+      } break;
+      case FieldDescriptor::CPPTYPE_FLOAT: {
+        const auto v = rep ? r->GetRepeatedFloat(src, f, i) : r->GetFloat(src, f);
+        rep ? w->AddFloat(&dst, f, v) : w->SetFloat(&dst, f, v);
+      } break;
+      case FieldDescriptor::CPPTYPE_BOOL: {
+        const auto v = rep ? r->GetRepeatedBool(src, f, i) : r->GetBool(src, f);
+        rep ? w->AddBool(&dst, f, v) : w->SetBool(&dst, f, v);
+      } break;
+      case FieldDescriptor::CPPTYPE_ENUM: {
+        const auto v = rep ? r->GetRepeatedEnumValue(src, f, i) : r->GetEnumValue(src, f);
+        rep ? w->AddEnumValue(&dst, f, v) : w->SetEnumValue(&dst, f, v);
+      } break;
+      case FieldDescriptor::CPPTYPE_STRING: {
+        std::string v = rep ? r->GetRepeatedString(src, f, i) : r->GetString(src, f);
+        rep ? w->AddString(&dst, f, std::move(v)) : w->SetString(&dst, f, std::move(v));
+      } break;
+      case FieldDescriptor::CPPTYPE_MESSAGE: break;  // handled by the caller
+    }
+  }
+}
+
+// Copies `src` into `dst` (same type) without copying the raw_data of tensors that go to the
+// external data file: those are recorded in `large` (copied tensor -> source bytes). This
+// keeps the memory of saving a model over 2 GB at one copy of its weights, not two.
+void copy_without_large_raw(const Message& src, Message& dst, LargeRaw& large) {
+  const auto* d = src.GetDescriptor();
+  // Only these message types can hold a tensor; anything else is copied whole.
+  if (d != onnx::ModelProto::descriptor() && d != onnx::GraphProto::descriptor() &&
+      d != onnx::NodeProto::descriptor() && d != onnx::AttributeProto::descriptor() &&
+      d != onnx::FunctionProto::descriptor() && d != onnx::SparseTensorProto::descriptor() &&
+      d != onnx::TensorProto::descriptor()) {
+    dst.CopyFrom(src);
+    return;
+  }
+  const auto* r = src.GetReflection();
+  const auto* w = dst.GetReflection();
+  std::vector<const FieldDescriptor*> fields;
+  r->ListFields(src, &fields);
+  for (const auto* f : fields) {
+    if (d == onnx::TensorProto::descriptor() && f->number() == onnx::TensorProto::kRawDataFieldNumber) {
+      const auto& raw = static_cast<const onnx::TensorProto&>(src).raw_data();
+      if (raw.size() >= kExternalThreshold) {
+        large[static_cast<onnx::TensorProto*>(&dst)] = &raw;
+        continue;
+      }
+    }
+    if (f->cpp_type() != FieldDescriptor::CPPTYPE_MESSAGE) copy_plain_field(src, dst, f);
+    else if (!f->is_repeated()) copy_without_large_raw(r->GetMessage(src, f), *w->MutableMessage(&dst, f), large);
+    else
+      for (int i = 0; i < r->FieldSize(src, f); ++i)
+        copy_without_large_raw(r->GetRepeatedMessage(src, f, i), *w->AddMessage(&dst, f), large);
+  }
+  w->MutableUnknownFields(&dst)->MergeFrom(r->GetUnknownFields(src));
 }
 
 void parse_or_fail(onnx::ModelProto& m, google::protobuf::io::ZeroCopyInputStream& stream, const std::string& what) {
@@ -87,7 +285,7 @@ void parse_or_fail(onnx::ModelProto& m, google::protobuf::io::ZeroCopyInputStrea
   if (!m.ParseFromCodedStream(&coded) || !coded.ConsumedEntireMessage())
     diag::fail(Error::Kind::kInvalidModel,
                what + " is not a valid ONNX model: protobuf parsing failed (the file is truncated, corrupted, or not "
-                      "an ONNX ModelProto). Fix: re-export or re-download the model; `onnax check` reports details");
+                      "an ONNX ModelProto). Fix: re-export or re-download the model");
   if (!m.has_graph())
     diag::fail(Error::Kind::kInvalidModel,
                what + " parsed as protobuf but has no graph, so it is not an ONNX model. Fix: pass a .onnx model file");
@@ -103,9 +301,17 @@ onnx::ModelProto parse_model(const std::string& bytes) {
 }
 
 onnx::ModelProto load_model(const std::string& path) {
+  std::error_code ec;
+  const auto status = fs::status(path, ec);
+  if (!fs::exists(status))
+    diag::fail(Error::Kind::kIo, "the model file '" + path + "' does not exist. Fix: check the path");
+  if (fs::is_directory(status))
+    diag::fail(Error::Kind::kIo, "'" + path + "' is a directory, not a model file. Fix: pass the path of a .onnx file");
   std::ifstream in(path, std::ios::binary);
-  if (!in || fs::is_directory(path))
-    diag::fail(Error::Kind::kIo, "cannot open '" + path + "' for reading. Fix: check the path");
+  if (!in) diag::fail(Error::Kind::kIo, "cannot open '" + path + "' for reading. Fix: check the file's permissions");
+  if (fs::is_regular_file(status) && fs::file_size(path, ec) == 0 && !ec)
+    diag::fail(Error::Kind::kInvalidModel,
+               "'" + path + "' is empty (0 bytes), so it is not an ONNX model. Fix: re-export or re-download the model");
   onnx::ModelProto m;
   google::protobuf::io::IstreamInputStream stream(&in);
   parse_or_fail(m, stream, "'" + path + "'");
@@ -121,18 +327,21 @@ void save_model(const onnx::ModelProto& model, const std::string& path, bool ext
   const onnx::ModelProto* to_write = &model;
   onnx::ModelProto copy;
   if (external_data || model.ByteSizeLong() > kMaxInlineBytes) {
-    copy = model;
+    LargeRaw large;
+    copy_without_large_raw(model, copy, large);
     const std::string data_name = out_path.filename().string() + ".data";
     const fs::path data_path = out_path.parent_path() / data_name;
     std::ofstream data(data_path, std::ios::binary | std::ios::trunc);
     if (!data) diag::fail(Error::Kind::kIo, "cannot write '" + data_path.string() + "'. Fix: check permissions");
     int64_t offset = 0;
     for_each_tensor(copy, [&](onnx::TensorProto& t) {
-      if (!t.has_raw_data() || t.raw_data().size() < kExternalThreshold) return;
+      const auto it = large.find(&t);
+      if (it == large.end()) return;
       const int64_t pad = (4096 - offset % 4096) % 4096;  // page-aligned for memory mapping
       data.write(std::string(static_cast<size_t>(pad), '\0').data(), pad);
       offset += pad;
-      const std::string& raw = t.raw_data();
+      const std::string& raw = *it->second;
+      large.erase(it);
       data.write(raw.data(), static_cast<std::streamsize>(raw.size()));
       auto add = [&](const char* k, const std::string& v) {
         auto* e = t.add_external_data();
@@ -146,6 +355,7 @@ void save_model(const onnx::ModelProto& model, const std::string& path, bool ext
       t.clear_raw_data();
       t.set_data_location(onnx::TensorProto::EXTERNAL);
     });
+    for (auto& [t, raw] : large) t->set_raw_data(*raw);  // a tensor outside for_each_tensor's reach stays inline
     if (!data) diag::fail(Error::Kind::kIo, "writing '" + data_path.string() + "' failed. Fix: check free disk space");
     to_write = &copy;
   }

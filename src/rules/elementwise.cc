@@ -1,7 +1,10 @@
 // Elementwise operators: one broadcast-aware rule for all of them. Batched operands get
 // size-1 axes after the batch axis so that numpy-style right alignment keeps the batch axis
 // in front of every per-example axis.
+#include <cmath>
+
 #include "rules/batching.h"
+#include "rules/derivative.h"
 
 namespace onnax {
 namespace {
@@ -85,6 +88,301 @@ void register_elementwise_rules(BatchRules& r) {
   r.add("", "PRelu", 1, unidirectional_rule);
   r.add("", "Clip", 11, clip_rule);
   r.add("", "Dropout", 12, dropout_rule);
+}
+
+}  // namespace onnax
+
+// ---------------------------------------------------------------------------------------
+// Derivatives. JVP rules read like the math: t(i) is input i's tangent (possibly a symbolic
+// zero), x(i) its primal, y() the primal output. Non-smooth points follow JAX: relu'(0) = 0,
+// abs'(0) = 0 (sign), max/min split ties evenly, clip passes the tangent strictly inside
+// its bounds.
+namespace onnax {
+namespace {
+
+using D = JvpCtx;
+
+V cast_mask(D& c, V boolean) { return c.b.op1("Cast", {boolean}, {Attr::i("to", c.dtype(0))}); }
+V one(D& c) { return c.scalar(1.0); }
+
+// f'(x) * t for a unary op.
+JvpRule unary(std::function<V(D&)> derivative) {
+  return [derivative](D& c) -> std::vector<V> {
+    if (!c.t(0).valid()) return {V{}};
+    return {c.b.mul(c.t(0), derivative(c))};
+  };
+}
+
+V square(D& c, V v) { return c.b.op1("Mul", {v, v}); }
+
+std::vector<V> max_min_jvp(D& c) {
+  // Each input's tangent weighted by where it attains the result, ties split evenly.
+  V count, acc;
+  std::vector<V> masks;
+  for (size_t i = 0; i < c.xs.size(); ++i) {
+    V m = cast_mask(c, c.b.op1("Equal", {c.x(i), c.y()}));
+    masks.push_back(m);
+    count = count.valid() ? c.b.op1("Add", {count, m}) : m;
+  }
+  for (size_t i = 0; i < c.xs.size(); ++i) acc = c.b.add(acc, c.b.mul(c.t(i), masks[i]));
+  if (!acc.valid()) return {V{}};
+  return {c.like_out(c.b.div(acc, count))};
+}
+
+std::vector<V> gelu_jvp(D& c) {
+  if (!c.t(0).valid()) return {V{}};
+  auto& b = c.b;
+  V x = c.x(0);
+  const bool tanh_approx = c.attr("approximate") && c.attr("approximate")->s() == "tanh";
+  V d;
+  if (tanh_approx) {
+    const double k = std::sqrt(2.0 / M_PI);
+    V x2 = square(c, x);
+    V u = b.op1("Mul", {c.scalar(k), b.op1("Add", {x, b.op1("Mul", {c.scalar(0.044715), b.op1("Mul", {x2, x})})})});
+    V th = b.op1("Tanh", {u});
+    V du = b.op1("Mul", {c.scalar(k), b.op1("Add", {one(c), b.op1("Mul", {c.scalar(3 * 0.044715), x2})})});
+    V left = b.op1("Mul", {c.scalar(0.5), b.op1("Add", {one(c), th})});
+    V right = b.op1("Mul", {b.op1("Mul", {c.scalar(0.5), x}),
+                            b.op1("Mul", {b.op1("Sub", {one(c), square(c, th)}), du})});
+    d = b.op1("Add", {left, right});
+  } else {
+    V cdf = b.op1("Mul", {c.scalar(0.5),
+                          b.op1("Add", {one(c), b.op1("Erf", {b.op1("Mul", {x, c.scalar(M_SQRT1_2)})})})});
+    V pdf = b.op1("Mul", {c.scalar(1.0 / std::sqrt(2.0 * M_PI)),
+                          b.op1("Exp", {b.op1("Mul", {c.scalar(-0.5), square(c, x)})})});
+    d = b.op1("Add", {cdf, b.op1("Mul", {x, pdf})});
+  }
+  return {b.mul(c.t(0), d)};
+}
+
+std::vector<V> clip_jvp(D& c) {
+  auto& b = c.b;
+  V x = c.x(0), lo = c.x(1), hi = c.x(2);
+  V tx;
+  if (c.t(0).valid()) {
+    V inside;
+    if (lo.valid()) inside = b.op1("Greater", {x, lo});
+    if (hi.valid()) {
+      V below = b.op1("Less", {x, hi});
+      inside = inside.valid() ? b.op1("And", {inside, below}) : below;
+    }
+    tx = inside.valid() ? b.mul(c.t(0), cast_mask(c, inside)) : c.t(0);
+  }
+  V t = tx;
+  if (c.t(1).valid()) {
+    V sel = b.op1("Greater", {lo, x});
+    if (hi.valid()) sel = b.op1("And", {sel, b.op1("Less", {lo, hi})});
+    t = b.add(t, c.like_out(b.mul(c.t(1), cast_mask(c, sel))));
+  }
+  if (c.t(2).valid()) t = b.add(t, c.like_out(b.mul(c.t(2), cast_mask(c, b.op1("Less", {hi, x})))));
+  return {t};
+}
+
+std::vector<V> where_jvp(D& c) {
+  auto& b = c.b;
+  if (!c.t(1).valid() && !c.t(2).valid()) return {V{}};
+  V zero = c.b.scalar(0.0, b.facts(c.y()).dtype);
+  V ta = c.t(1).valid() ? c.t(1) : zero;
+  V tb = c.t(2).valid() ? c.t(2) : zero;
+  return {c.like_out(b.op1("Where", {c.x(0), ta, tb}))};
+}
+
+std::vector<V> prelu_jvp(D& c) {
+  auto& b = c.b;
+  V neg = b.op1("Less", {c.x(0), c.scalar(0.0)});
+  V t;
+  if (c.t(0).valid()) t = b.mul(c.t(0), b.op1("Where", {neg, c.x(1), one(c)}));
+  if (c.t(1).valid()) t = b.add(t, b.mul(c.t(1), b.op1("Where", {neg, c.x(0), c.scalar(0.0)})));
+  return {c.like_out(t)};
+}
+
+std::vector<V> pow_jvp(D& c) {
+  auto& b = c.b;
+  V t;
+  if (c.t(0).valid()) {
+    V e = c.x(1);
+    V em1 = b.op1("Sub", {e, b.scalar(1.0, b.facts(e).dtype)});
+    V d = b.op1("Mul", {b.op1("Cast", {e}, {Attr::i("to", c.dtype(0))}), b.op1("Pow", {c.x(0), em1})});
+    t = b.mul(c.t(0), d);
+  }
+  if (c.t(1).valid()) t = b.add(t, b.mul(c.t(1), b.op1("Mul", {b.op1("Log", {c.x(0)}), c.y()})));
+  return {c.like_out(t)};
+}
+
+// Transposes of the linear elementwise ops.
+std::vector<V> add_transpose(TransposeCtx& c) {
+  std::vector<V> out(c.ins.size());
+  for (size_t i = 0; i < c.ins.size(); ++i)
+    if (c.linear(i)) out[i] = unbroadcast_to(c.b, c.ct(), c.in(i));
+  return out;
+}
+std::vector<V> sub_transpose(TransposeCtx& c) {
+  return {c.linear(0) ? unbroadcast_to(c.b, c.ct(), c.in(0)) : V{},
+          c.linear(1) ? unbroadcast_to(c.b, c.b.neg(c.ct()), c.in(1)) : V{}};
+}
+std::vector<V> mul_transpose(TransposeCtx& c) {
+  if (c.linear(0) && c.linear(1)) c.unsupported("both factors are tangents (the product is not linear)");
+  const int i = c.linear(0) ? 0 : 1;
+  std::vector<V> out(2);
+  out[i] = unbroadcast_to(c.b, c.b.op1("Mul", {c.ct(), c.in(1 - i)}), c.in(i));
+  return out;
+}
+std::vector<V> div_transpose(TransposeCtx& c) {
+  if (c.linear(1)) c.unsupported("the divisor is a tangent (the quotient is not linear in it)");
+  return {unbroadcast_to(c.b, c.b.op1("Div", {c.ct(), c.in(1)}), c.in(0)), V{}};
+}
+std::vector<V> where_transpose(TransposeCtx& c) {
+  std::vector<V> out(3);
+  V zero = c.b.scalar(0.0, c.b.facts(c.ct()).dtype ? c.b.facts(c.ct()).dtype : onnx::TensorProto::FLOAT);
+  if (c.linear(1)) out[1] = unbroadcast_to(c.b, c.b.op1("Where", {c.in(0), c.ct(), zero}), c.in(1));
+  if (c.linear(2)) out[2] = unbroadcast_to(c.b, c.b.op1("Where", {c.in(0), zero, c.ct()}), c.in(2));
+  return out;
+}
+std::vector<V> cast_transpose(TransposeCtx& c) {
+  const int32_t to = c.b.facts(c.in(0)).dtype;
+  if (!to) c.unsupported("the dtype of the cast's input is unknown");
+  std::vector<V> out(c.ins.size());
+  out[0] = c.b.op1("Cast", {c.ct()}, {Attr::i("to", to)});
+  return out;
+}
+
+}  // namespace
+
+void register_elementwise_derivatives(DerivativeRules& r) {
+  auto& rr = r;
+  rr.jvp("Neg", [](D& c) -> std::vector<V> { return {c.b.neg(c.t(0))}; });
+  rr.jvp("Add", [](D& c) -> std::vector<V> { return {c.like_out(c.b.add(c.t(0), c.t(1)))}; });
+  rr.jvp("Sub", [](D& c) -> std::vector<V> { return {c.like_out(c.b.sub(c.t(0), c.t(1)))}; });
+  rr.jvp("Mul", [](D& c) -> std::vector<V> {
+    return {c.like_out(c.b.add(c.b.mul(c.t(0), c.x(1)), c.b.mul(c.x(0), c.t(1))))};
+  });
+  rr.jvp("Div", [](D& c) -> std::vector<V> {
+    V t = c.b.div(c.t(0), c.x(1));
+    if (c.t(1).valid()) t = c.b.sub(t, c.b.div(c.b.mul(c.t(1), c.y()), c.x(1)));
+    return {c.like_out(t)};
+  });
+  rr.jvp("Sum", [](D& c) -> std::vector<V> {
+    V t;
+    for (size_t i = 0; i < c.xs.size(); ++i) t = c.b.add(t, c.t(i));
+    return {c.like_out(t)};
+  });
+  rr.jvp("Mean", [](D& c) -> std::vector<V> {
+    V t;
+    for (size_t i = 0; i < c.xs.size(); ++i) t = c.b.add(t, c.t(i));
+    return {c.like_out(c.b.div(t, c.scalar(static_cast<double>(c.xs.size()))))};
+  });
+  rr.jvp("Max", max_min_jvp);
+  rr.jvp("Min", max_min_jvp);
+  rr.jvp("Pow", pow_jvp);
+  rr.jvp("Where", where_jvp);
+  rr.jvp("PRelu", prelu_jvp);
+  rr.jvp("Clip", clip_jvp);
+  rr.jvp("Gelu", gelu_jvp);
+  auto identity = [](D& c) -> std::vector<V> { return {c.t(0)}; };
+  rr.jvp("Identity", identity);
+  rr.jvp("Dropout", [](D& c) -> std::vector<V> { return {c.t(0), V{}}; });
+  rr.jvp("Cast", [](D& c) -> std::vector<V> {
+    if (!c.t(0).valid()) return {V{}};
+    return {c.b.op1("Cast", {c.t(0)}, {Attr::i("to", c.attr_i("to", 1))})};
+  });
+  rr.jvp("CastLike", [](D& c) -> std::vector<V> {
+    if (!c.t(0).valid()) return {V{}};
+    return {c.b.op1("CastLike", {c.t(0), c.x(1)})};
+  });
+  rr.jvp("Exp", unary([](D& c) { return c.y(); }));
+  rr.jvp("Log", [](D& c) -> std::vector<V> { return {c.b.div(c.t(0), c.x(0))}; });
+  rr.jvp("Sqrt", [](D& c) -> std::vector<V> {
+    return {c.b.div(c.t(0), c.b.op1("Mul", {c.scalar(2.0), c.y()}))};
+  });
+  rr.jvp("Reciprocal", unary([](D& c) { return c.b.op1("Neg", {square(c, c.y())}); }));
+  rr.jvp("Sin", unary([](D& c) { return c.b.op1("Cos", {c.x(0)}); }));
+  rr.jvp("Cos", unary([](D& c) { return c.b.op1("Neg", {c.b.op1("Sin", {c.x(0)})}); }));
+  rr.jvp("Tan", unary([](D& c) { return c.b.op1("Add", {one(c), square(c, c.y())}); }));
+  rr.jvp("Tanh", unary([](D& c) { return c.b.op1("Sub", {one(c), square(c, c.y())}); }));
+  rr.jvp("Sigmoid", unary([](D& c) { return c.b.op1("Mul", {c.y(), c.b.op1("Sub", {one(c), c.y()})}); }));
+  rr.jvp("Relu", unary([](D& c) { return cast_mask(c, c.b.op1("Greater", {c.x(0), c.scalar(0.0)})); }));
+  rr.jvp("Abs", unary([](D& c) { return c.b.op1("Sign", {c.x(0)}); }));
+  rr.jvp("LeakyRelu", unary([](D& c) {
+    return c.b.op1("Where", {c.b.op1("Greater", {c.x(0), c.scalar(0.0)}), one(c), c.scalar(c.attr_f("alpha", 0.01f))});
+  }));
+  rr.jvp("Elu", unary([](D& c) {
+    const double a = c.attr_f("alpha", 1.0f);
+    return c.b.op1("Where", {c.b.op1("Greater", {c.x(0), c.scalar(0.0)}), one(c),
+                             c.b.op1("Add", {c.y(), c.scalar(a)})});
+  }));
+  rr.jvp("Selu", unary([](D& c) {
+    const double a = c.attr_f("alpha", 1.67326319217681884765625f), g = c.attr_f("gamma", 1.05070102214813232421875f);
+    return c.b.op1("Where", {c.b.op1("Greater", {c.x(0), c.scalar(0.0)}), c.scalar(g),
+                             c.b.op1("Mul", {c.scalar(g * a), c.b.op1("Exp", {c.x(0)})})});
+  }));
+  rr.jvp("Celu", unary([](D& c) {
+    const double a = c.attr_f("alpha", 1.0f);
+    return c.b.op1("Where", {c.b.op1("Greater", {c.x(0), c.scalar(0.0)}), one(c),
+                             c.b.op1("Exp", {c.b.op1("Div", {c.x(0), c.scalar(a)})})});
+  }));
+  rr.jvp("Softplus", unary([](D& c) { return c.b.op1("Sigmoid", {c.x(0)}); }));
+  rr.jvp("Softsign", unary([](D& c) {
+    V d = c.b.op1("Add", {one(c), c.b.op1("Abs", {c.x(0)})});
+    return c.b.op1("Reciprocal", {square(c, d)});
+  }));
+  rr.jvp("Erf", unary([](D& c) {
+    return c.b.op1("Mul", {c.scalar(2.0 / std::sqrt(M_PI)), c.b.op1("Exp", {c.b.op1("Neg", {square(c, c.x(0))})})});
+  }));
+  rr.jvp("HardSigmoid", unary([](D& c) {
+    const double a = c.attr_f("alpha", 0.2f), bb = c.attr_f("beta", 0.5f);
+    V z = c.b.op1("Add", {c.b.op1("Mul", {c.x(0), c.scalar(a)}), c.scalar(bb)});
+    V in = c.b.op1("And", {c.b.op1("Greater", {z, c.scalar(0.0)}), c.b.op1("Less", {z, one(c)})});
+    return c.b.op1("Mul", {cast_mask(c, in), c.scalar(a)});
+  }));
+  rr.jvp("HardSwish", unary([](D& c) {
+    // x * hardsigmoid(x) with alpha = 1/6, beta = 1/2.
+    V hs = c.b.op1("HardSigmoid", {c.x(0)}, {Attr::f("alpha", 1.0f / 6), Attr::f("beta", 0.5f)});
+    V z = c.b.op1("Add", {c.b.op1("Div", {c.x(0), c.scalar(6.0)}), c.scalar(0.5)});
+    V in = c.b.op1("And", {c.b.op1("Greater", {z, c.scalar(0.0)}), c.b.op1("Less", {z, one(c)})});
+    return c.b.op1("Add", {hs, c.b.op1("Mul", {c.b.op1("Div", {c.x(0), c.scalar(6.0)}), cast_mask(c, in)})});
+  }));
+  rr.jvp("Mish", unary([](D& c) {
+    V th = c.b.op1("Tanh", {c.b.op1("Softplus", {c.x(0)})});
+    V sech2 = c.b.op1("Sub", {one(c), square(c, th)});
+    return c.b.op1("Add", {th, c.b.op1("Mul", {c.x(0), c.b.op1("Mul", {sech2, c.b.op1("Sigmoid", {c.x(0)})})})});
+  }));
+  rr.jvp("ThresholdedRelu", unary([](D& c) {
+    return cast_mask(c, c.b.op1("Greater", {c.x(0), c.scalar(c.attr_f("alpha", 1.0f))}));
+  }));
+  rr.jvp("Shrink", unary([](D& c) {
+    const double l = c.attr_f("lambd", 0.5f);
+    return cast_mask(c, c.b.op1("Or", {c.b.op1("Less", {c.x(0), c.scalar(-l)}), c.b.op1("Greater", {c.x(0), c.scalar(l)})}));
+  }));
+  rr.jvp("Asin", unary([](D& c) {
+    return c.b.op1("Reciprocal", {c.b.op1("Sqrt", {c.b.op1("Sub", {one(c), square(c, c.x(0))})})});
+  }));
+  rr.jvp("Acos", unary([](D& c) {
+    return c.b.op1("Neg", {c.b.op1("Reciprocal", {c.b.op1("Sqrt", {c.b.op1("Sub", {one(c), square(c, c.x(0))})})})});
+  }));
+  rr.jvp("Atan", unary([](D& c) { return c.b.op1("Reciprocal", {c.b.op1("Add", {one(c), square(c, c.x(0))})}); }));
+  rr.jvp("Sinh", unary([](D& c) { return c.b.op1("Cosh", {c.x(0)}); }));
+  rr.jvp("Cosh", unary([](D& c) { return c.b.op1("Sinh", {c.x(0)}); }));
+  rr.jvp("Asinh", unary([](D& c) {
+    return c.b.op1("Reciprocal", {c.b.op1("Sqrt", {c.b.op1("Add", {square(c, c.x(0)), one(c)})})});
+  }));
+  rr.jvp("Acosh", unary([](D& c) {
+    return c.b.op1("Reciprocal", {c.b.op1("Sqrt", {c.b.op1("Sub", {square(c, c.x(0)), one(c)})})});
+  }));
+  rr.jvp("Atanh", unary([](D& c) { return c.b.op1("Reciprocal", {c.b.op1("Sub", {one(c), square(c, c.x(0))})}); }));
+  for (const char* op : {"Floor", "Ceil", "Round", "Sign", "Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual",
+                         "IsNaN", "IsInf", "Not", "And", "Or", "Xor"})
+    r.zero(op);
+
+  r.transpose("Add", add_transpose);
+  r.transpose("Sum", add_transpose);
+  r.transpose("Sub", sub_transpose);
+  r.transpose("Neg", [](TransposeCtx& c) -> std::vector<V> { return {c.b.neg(c.ct())}; });
+  r.transpose("Mul", mul_transpose);
+  r.transpose("Div", div_transpose);
+  r.transpose("Where", where_transpose);
+  r.transpose("Identity", [](TransposeCtx& c) -> std::vector<V> { return {c.ct()}; });
+  r.transpose("Cast", cast_transpose);
+  r.transpose("CastLike", cast_transpose);
 }
 
 }  // namespace onnax

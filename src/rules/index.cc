@@ -1,5 +1,6 @@
 // Gather/Scatter family.
 #include "rules/batching.h"
+#include "rules/derivative.h"
 
 namespace onnax {
 namespace {
@@ -83,6 +84,76 @@ void register_index_rules(BatchRules& r) {
   r.add("", "ScatterElements", 16, elements_rule);
   r.add("", "GatherND", 13, gathernd_rule);
   r.add("", "ScatterND", 16, scatternd_rule);
+}
+
+}  // namespace onnax
+
+// ---------------------------------------------------------------------------------------
+// Derivatives: gathers are linear in the data; scatters are linear in data and updates.
+namespace onnax {
+namespace {
+
+using D = JvpCtx;
+
+std::vector<V> gather_jvp(D& c) {
+  if (!c.t(0).valid()) return {V{}};
+  std::vector<V> ins = c.xs;
+  ins[0] = c.t(0);
+  return {c.same_op(ins)};
+}
+
+// ScatterElements/ScatterND without reduction: out = data with updates written at indices.
+std::vector<V> scatter_jvp(D& c) {
+  if (!c.attr("reduction") || c.attr("reduction")->s() == "none") {
+    if (!c.t(0).valid() && !c.t(2).valid()) return {V{}};
+    auto zeros = [&](int i) { return c.b.expand(c.b.scalar(0.0, c.b.facts(c.y()).dtype), c.b.shape_of(c.x(i))); };
+    V td = c.t(0).valid() ? c.t(0) : zeros(0);
+    V tu = c.t(2).valid() ? c.t(2) : zeros(2);
+    return {c.same_op({td, c.x(1), tu})};
+  }
+  if (c.attr("reduction")->s() == "add") {
+    V td = c.t(0), tu = c.t(2);
+    if (!td.valid() && !tu.valid()) return {V{}};
+    if (!td.valid()) td = c.b.expand(c.b.scalar(0.0, c.b.facts(c.y()).dtype), c.b.shape_of(c.x(0)));
+    if (!tu.valid()) tu = c.b.expand(c.b.scalar(0.0, c.b.facts(c.y()).dtype), c.b.shape_of(c.x(2)));
+    return {c.same_op({td, c.x(1), tu})};
+  }
+  c.unsupported("reduction '" + c.attr("reduction")->s() + "' is not differentiable here", "use reduction none or add");
+}
+
+// Transpose of a scatter linear in data and updates: the data's cotangent is the output's
+// with the written positions cleared (reduction none) or kept (add); the updates' cotangent
+// gathers the output's at the indices.
+std::vector<V> scatter_transpose(TransposeCtx& c, const char* gather_op) {
+  auto& b = c.b;
+  const bool add = c.attr("reduction") && c.attr("reduction")->s() == "add";
+  std::vector<V> out(3);
+  Attrs gather_attrs;
+  if (std::string(gather_op) == "GatherElements") gather_attrs.push_back(Attr::i("axis", c.attr_i("axis", 0)));
+  if (c.linear(0)) {
+    if (add) {
+      out[0] = c.ct();
+    } else {
+      // Write zeros at the scattered positions: scatter a zero-filled copy of the updates.
+      V upd_zero = b.op1("Mul", {b.op1(gather_op, {c.ct(), c.in(1)}, gather_attrs), b.scalar(0.0, b.facts(c.ct()).dtype)});
+      out[0] = b.clone(c.node, {c.ct(), c.in(1), upd_zero})[0];
+    }
+  }
+  if (c.linear(2)) out[2] = b.op1(gather_op, {c.ct(), c.in(1)}, gather_attrs);
+  return out;
+}
+
+}  // namespace
+
+void register_index_derivatives(DerivativeRules& r) {
+  for (const char* op : {"Gather", "GatherElements", "GatherND"}) {
+    r.jvp(op, gather_jvp);
+    r.transpose(op, [](TransposeCtx& c) { return selection_transpose(c, 0); });
+  }
+  r.jvp("ScatterElements", scatter_jvp);
+  r.jvp("ScatterND", scatter_jvp);
+  r.transpose("ScatterElements", [](TransposeCtx& c) { return scatter_transpose(c, "GatherElements"); });
+  r.transpose("ScatterND", [](TransposeCtx& c) { return scatter_transpose(c, "GatherND"); });
 }
 
 }  // namespace onnax

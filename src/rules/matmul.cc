@@ -1,7 +1,10 @@
 // MatMul, Gemm and Einsum.
+#include <algorithm>
+#include <map>
 #include <set>
 
 #include "rules/batching.h"
+#include "rules/derivative.h"
 
 namespace onnax {
 namespace {
@@ -120,6 +123,150 @@ void register_matmul_rules(BatchRules& r) {
   r.add("", "MatMul", 13, matmul_rule);
   r.add("", "Gemm", 13, gemm_rule);
   r.add("", "Einsum", 12, einsum_rule);
+}
+
+}  // namespace onnax
+
+// ---------------------------------------------------------------------------------------
+// Derivatives.
+namespace onnax {
+namespace {
+
+using D = JvpCtx;
+
+// Swaps the last two axes of a value of rank >= 2.
+V swap_last(Builder& b, V v) {
+  const int64_t r = b.rank(v);
+  std::vector<int64_t> perm;
+  for (int64_t i = 0; i < r - 2; ++i) perm.push_back(i);
+  perm.push_back(r - 1);
+  perm.push_back(r - 2);
+  return b.transpose(v, perm);
+}
+
+std::vector<V> matmul_transpose(TransposeCtx& c) {
+  auto& b = c.b;
+  if (c.linear(0) && c.linear(1)) c.unsupported("both operands are tangents (the product is not linear)");
+  V a = c.in(0), m = c.in(1), ct = c.ct();
+  const int64_t ra = c.rank(a), rb = c.rank(m);
+  // Treat 1-D operands as matrices, as MatMul does, and restore the cotangent's axes.
+  V a2 = ra == 1 ? b.unsqueeze(a, {0}) : a;
+  V m2 = rb == 1 ? b.unsqueeze(m, {1}) : m;
+  if (ra == 1 && rb == 1) ct = b.unsqueeze(ct, {0, 1});
+  else if (ra == 1) ct = b.unsqueeze(ct, {-2});
+  else if (rb == 1) ct = b.unsqueeze(ct, {-1});
+  std::vector<V> out(2);
+  if (c.linear(0)) {
+    V g = b.op1("MatMul", {ct, swap_last(b, m2)});
+    if (ra == 1) g = b.squeeze(g, {-2});
+    out[0] = unbroadcast_to(b, g, a);
+  } else {
+    V g = b.op1("MatMul", {swap_last(b, a2), ct});
+    if (rb == 1) g = b.squeeze(g, {-1});
+    out[1] = unbroadcast_to(b, g, m);
+  }
+  return out;
+}
+
+std::vector<V> gemm_jvp(D& c) {
+  auto& b = c.b;
+  auto op = [&](V v, const char* trans) { return v.valid() && c.attr_i(trans, 0) ? b.transpose(v, {1, 0}) : v; };
+  V a = op(c.x(0), "transA"), m = op(c.x(1), "transB");
+  V ta = op(c.t(0), "transA"), tm = op(c.t(1), "transB");
+  V t;
+  if (ta.valid()) t = b.op1("MatMul", {ta, m});
+  if (tm.valid()) t = b.add(t, b.op1("MatMul", {a, tm}));
+  const double alpha = c.attr_f("alpha", 1.0f), beta = c.attr_f("beta", 1.0f);
+  if (t.valid() && alpha != 1.0) t = b.op1("Mul", {t, c.scalar(alpha)});
+  if (c.t(2).valid()) t = b.add(t, c.like_out(beta != 1.0 ? b.op1("Mul", {c.t(2), c.scalar(beta)}) : c.t(2)));
+  return {c.like_out(t)};
+}
+
+// Einsum: linear in each operand; the transpose for operand i is another Einsum mapping the
+// output's subscripts (and the other operands') back to operand i's.
+struct EinsumTerms {
+  std::vector<std::string> in;
+  std::string out;
+};
+
+EinsumTerms parse_einsum(std::string eq) {
+  eq.erase(std::remove(eq.begin(), eq.end(), ' '), eq.end());
+  EinsumTerms t;
+  const auto arrow = eq.find("->");
+  std::string lhs = eq.substr(0, arrow);
+  size_t start = 0;
+  for (;;) {
+    auto comma = lhs.find(',', start);
+    t.in.push_back(lhs.substr(start, comma == std::string::npos ? std::string::npos : comma - start));
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  if (arrow != std::string::npos) {
+    t.out = eq.substr(arrow + 2);
+  } else {
+    std::map<char, int> count;
+    for (const auto& term : t.in)
+      for (char ch : term)
+        if (std::isalpha(static_cast<unsigned char>(ch))) ++count[ch];
+    if (lhs.find("...") != std::string::npos) t.out = "...";
+    for (auto& [ch, n] : count)
+      if (n == 1) t.out += ch;
+  }
+  return t;
+}
+
+std::vector<V> einsum_transpose(TransposeCtx& c) {
+  auto& b = c.b;
+  const EinsumTerms terms = parse_einsum(c.attr("equation")->s());
+  std::vector<V> out(c.ins.size());
+  for (size_t i = 0; i < c.ins.size(); ++i) {
+    if (!c.linear(i)) continue;
+    const std::string& target = terms.in[i];
+    std::set<char> seen;
+    for (char ch : target) {
+      if (ch == '.') continue;
+      if (!seen.insert(ch).second)
+        c.unsupported("operand " + std::to_string(i) + " repeats a subscript (a diagonal), which has no Einsum transpose");
+    }
+    std::set<char> available(terms.out.begin(), terms.out.end());
+    std::string lhs = terms.out;
+    std::vector<V> operands{c.ct()};
+    for (size_t j = 0; j < c.ins.size(); ++j) {
+      if (j == i) continue;
+      lhs += "," + terms.in[j];
+      operands.push_back(c.in(j));
+      available.insert(terms.in[j].begin(), terms.in[j].end());
+    }
+    for (char ch : target)
+      if (ch != '.' && !available.count(ch))
+        c.unsupported("operand " + std::to_string(i) + "'s subscript '" + std::string(1, ch) +
+                      "' is summed away by itself, which this transpose does not broadcast back");
+    out[i] = b.op1("Einsum", operands, {Attr::s("equation", lhs + "->" + target)});
+  }
+  return out;
+}
+
+}  // namespace
+
+void register_matmul_derivatives(DerivativeRules& r) {
+  r.jvp("MatMul", [](D& c) -> std::vector<V> {
+    V t = c.b.add(c.t(0).valid() ? c.b.op1("MatMul", {c.t(0), c.x(1)}) : V{},
+                  c.t(1).valid() ? c.b.op1("MatMul", {c.x(0), c.t(1)}) : V{});
+    return {c.like_out(t)};
+  });
+  r.transpose("MatMul", matmul_transpose);
+  r.jvp("Gemm", gemm_jvp);
+  r.jvp("Einsum", [](D& c) -> std::vector<V> {
+    V t;
+    for (size_t i = 0; i < c.xs.size(); ++i) {
+      if (!c.t(i).valid()) continue;
+      std::vector<V> ins = c.xs;
+      ins[i] = c.t(i);
+      t = c.b.add(t, c.same_op(ins));
+    }
+    return {t};
+  });
+  r.transpose("Einsum", einsum_transpose);
 }
 
 }  // namespace onnax

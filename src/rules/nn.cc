@@ -1,6 +1,9 @@
 // Convolution, pooling and normalisation. These ops already carry a leading batch dim N, so
 // the vmap axis is merged into it: (B, N, ...) -> (B*N, ...) -> op -> (B, N', ...).
+#include <climits>
+
 #include "rules/batching.h"
+#include "rules/derivative.h"
 
 namespace onnax {
 namespace {
@@ -172,6 +175,125 @@ void register_nn_rules(BatchRules& r) {
   r.add("", "LayerNormalization", 17, trailing_norm_rule);
   r.add("", "RMSNormalization", 23, trailing_norm_rule);
   r.add("", "Resize", 18, resize_rule);
+}
+
+}  // namespace onnax
+
+// ---------------------------------------------------------------------------------------
+// Derivatives of normalisation, pooling and convolution.
+namespace onnax {
+namespace {
+
+using D = JvpCtx;
+
+// A per-channel parameter (C) shaped to broadcast against (N, C, spatial...) of rank r.
+V per_channel(Builder& b, V p, int64_t r) {
+  std::vector<int64_t> axes;
+  for (int64_t k = 1; k < r - 1; ++k) axes.push_back(k);
+  return b.unsqueeze(p, axes);
+}
+
+std::vector<V> batchnorm_jvp(D& c) {
+  if (c.attr_i("training_mode", 0))
+    c.unsupported("training_mode=1 is not differentiable yet", "differentiate the model in inference mode");
+  auto& b = c.b;
+  const int64_t r = c.rank(0);
+  V scale = per_channel(b, c.x(1), r), mean = per_channel(b, c.x(3), r), var = per_channel(b, c.x(4), r);
+  V inv = b.op1("Reciprocal", {b.op1("Sqrt", {b.op1("Add", {var, c.scalar(c.attr_f("epsilon", 1e-5f))})})});
+  V xc = b.op1("Sub", {c.x(0), mean});
+  V xhat = b.op1("Mul", {xc, inv});
+  V t;
+  if (c.t(0).valid()) t = b.mul(c.t(0), b.op1("Mul", {scale, inv}));
+  if (c.t(1).valid()) t = b.add(t, b.mul(per_channel(b, c.t(1), r), xhat));
+  if (c.t(2).valid()) t = b.add(t, c.like_out(per_channel(b, c.t(2), r)));
+  if (c.t(3).valid()) t = b.add(t, c.like_out(b.mul(per_channel(b, c.t(3), r), b.op1("Neg", {b.op1("Mul", {scale, inv})}))));
+  if (c.t(4).valid()) {
+    // d inv / d var = -inv^3 / 2
+    V dinv = b.op1("Mul", {c.scalar(-0.5), b.op1("Mul", {inv, b.op1("Mul", {inv, inv})})});
+    t = b.add(t, c.like_out(b.mul(per_channel(b, c.t(4), r), b.op1("Mul", {b.op1("Mul", {xc, scale}), dinv}))));
+  }
+  std::vector<V> out(c.ys.size());
+  out[0] = c.like_out(t);
+  return out;
+}
+
+std::vector<V> layernorm_jvp(D& c) {
+  auto& b = c.b;
+  const int64_t r = c.rank(0);
+  int64_t axis = c.attr_i("axis", -1);
+  if (axis < 0) axis += r;
+  std::vector<int64_t> axes;
+  for (int64_t k = axis; k < r; ++k) axes.push_back(k);
+  V ax = b.i64s(axes);
+  auto mean = [&](V v) { return b.op1("ReduceMean", {v, ax}, {Attr::i("keepdims", 1)}); };
+  V mu = mean(c.x(0));
+  V xc = b.op1("Sub", {c.x(0), mu});
+  V var = mean(b.op1("Mul", {xc, xc}));
+  V inv = b.op1("Reciprocal", {b.op1("Sqrt", {b.op1("Add", {var, c.scalar(c.attr_f("epsilon", 1e-5f))})})});
+  V xhat = b.op1("Mul", {xc, inv});
+  std::vector<V> out(c.ys.size());
+  V t_xhat, t_mu, t_inv;
+  if (c.t(0).valid()) {
+    t_mu = mean(c.t(0));
+    V tc = b.op1("Sub", {c.t(0), t_mu});
+    V proj = mean(b.op1("Mul", {tc, xhat}));
+    t_xhat = b.op1("Mul", {inv, b.op1("Sub", {tc, b.op1("Mul", {xhat, proj})})});
+    // d inv = -inv^3 * mean(xc * tc)
+    t_inv = b.op1("Mul", {b.op1("Neg", {b.op1("Mul", {inv, b.op1("Mul", {inv, inv})})}), mean(b.op1("Mul", {xc, tc}))});
+  }
+  V t = b.mul(t_xhat, c.x(1));
+  if (c.t(1).valid()) t = b.add(t, c.like_out(b.mul(xhat, c.t(1))));
+  if (c.t(2).valid()) t = b.add(t, c.like_out(c.t(2)));
+  out[0] = t.valid() ? c.like_out(t) : t;
+  if (out.size() > 1) out[1] = t_mu;
+  if (out.size() > 2) out[2] = t_inv;
+  return out;
+}
+
+std::vector<V> global_average_transpose(TransposeCtx& c) {
+  auto& b = c.b;
+  V shape = tangent_shape(c, c.in(0));
+  const int32_t dt = b.facts(c.ct()).dtype;
+  V spatial = b.op1("Cast", {b.op1("ReduceProd", {b.op1("Slice", {shape, b.i64s({2}), b.i64s({INT64_MAX})})},
+                                       {Attr::i("keepdims", 0)})},
+                    {Attr::i("to", dt)});
+  return {b.op1("Div", {b.expand(c.ct(), shape), spatial})};
+}
+
+std::vector<V> maxpool_jvp(D& c) {
+  if (!c.t(0).valid()) return std::vector<V>(c.ys.size());
+  auto& b = c.b;
+  // The primal's argmax positions (flat over the whole input) select the tangent.
+  V idx = c.ys.size() > 1 && c.ys[1].valid() ? c.ys[1] : b.clone(c.node, {c.x(0)}, {}, {}, 2)[1];
+  if (c.attr_i("storage_order", 0))
+    c.unsupported("storage_order=1 (column-major indices)", "use the default storage_order=0");
+  V flat = b.reshape(c.t(0), b.i64s({-1}));
+  V picked = b.op1("Gather", {flat, b.reshape(idx, b.i64s({-1}))}, {Attr::i("axis", 0)});
+  std::vector<V> out(c.ys.size());
+  out[0] = b.reshape(picked, b.shape_of(c.y()));
+  return out;
+}
+
+std::vector<V> conv_jvp(D& c) {
+  auto& b = c.b;
+  V t;
+  if (c.t(0).valid()) t = b.clone(c.node, {c.t(0), c.x(1)})[0];
+  if (c.t(1).valid()) t = b.add(t, b.clone(c.node, {c.x(0), c.t(1)})[0]);
+  if (c.has(2) && c.t(2).valid()) t = b.add(t, c.like_out(per_channel(b, c.t(2), c.rank(0))));
+  return {c.like_out(t)};
+}
+
+}  // namespace
+
+void register_nn_derivatives(DerivativeRules& r) {
+  r.jvp("BatchNormalization", batchnorm_jvp);
+  r.jvp("LayerNormalization", layernorm_jvp);
+  r.jvp("GlobalAveragePool", [](D& c) -> std::vector<V> {
+    return {c.t(0).valid() ? c.same_op({c.t(0)}) : V{}};
+  });
+  r.transpose("GlobalAveragePool", global_average_transpose);
+  r.jvp("MaxPool", maxpool_jvp);
+  r.jvp("Conv", conv_jvp);
 }
 
 }  // namespace onnax

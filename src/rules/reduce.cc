@@ -1,5 +1,9 @@
 // Reductions and axis-wise ops: the batch axis stays in front, per-example axes shift by one.
+#include <algorithm>
+#include <optional>
+
 #include "rules/batching.h"
+#include "rules/derivative.h"
 
 namespace onnax {
 namespace {
@@ -78,6 +82,167 @@ void register_reduce_rules(BatchRules& r) {
   for (const char* op : {"Softmax", "LogSoftmax", "Hardmax", "ArgMax", "ArgMin", "TopK", "LpNormalization"})
     r.add("", op, 11, axis_attr_rule);
   r.add("", "CumSum", 11, cumsum_rule);
+}
+
+}  // namespace onnax
+
+// ---------------------------------------------------------------------------------------
+// Derivatives of reductions and axis-wise ops.
+namespace onnax {
+namespace {
+
+using D = JvpCtx;
+
+// The reduced axes, normalised against the input rank (all axes when none are given), or
+// nothing when they are only known at run time.
+std::optional<std::vector<int64_t>> reduced_axes(const onnx::NodeProto& node, Builder& b, V x, V axes_in) {
+  const int64_t r = b.rank(x);
+  std::vector<int64_t> axes;
+  if (axes_in.valid()) {
+    const auto* k = b.known_i64(axes_in);
+    if (!k) return std::nullopt;
+    axes = *k;
+  } else {
+    for (const auto& a : node.attribute())
+      if (a.name() == "axes") axes.assign(a.ints().begin(), a.ints().end());
+  }
+  if (r < 0) return axes.empty() ? std::nullopt : std::optional<std::vector<int64_t>>(axes);
+  if (axes.empty())
+    for (int64_t i = 0; i < r; ++i) axes.push_back(i);
+  for (auto& a : axes)
+    if (a < 0) a += r;
+  std::sort(axes.begin(), axes.end());
+  return axes;
+}
+
+// y with the reduced axes kept (size 1), for broadcasting against x.
+V keep_dims(D& c, V y) {
+  if (c.attr_i("keepdims", 1)) return y;
+  auto axes = reduced_axes(c.node, c.b, c.x(0), c.x(1));
+  if (!axes) c.unsupported("the reduced axes are computed at run time", "use constant axes");
+  return c.b.unsqueeze(y, *axes);
+}
+
+V reduce_sum_like(D& c, V t) {
+  if (!t.valid()) return t;
+  std::vector<V> ins{t};
+  if (c.has(1)) ins.push_back(c.x(1));
+  Attrs attrs{Attr::i("keepdims", c.attr_i("keepdims", 1))};
+  if (c.attr("noop_with_empty_axes")) attrs.push_back(Attr::i("noop_with_empty_axes", c.attr_i("noop_with_empty_axes", 0)));
+  return c.b.op1("ReduceSum", ins, attrs);
+}
+
+std::vector<V> linear_same_op(D& c) {
+  std::vector<V> ins = c.xs;
+  ins[0] = c.t(0);
+  if (!ins[0].valid()) return {V{}};
+  return c.same_op_all(ins);
+}
+
+// ReduceSum / ReduceMean transpose: put the reduced axes back and broadcast.
+std::vector<V> reduce_transpose(TransposeCtx& c, bool mean) {
+  auto& b = c.b;
+  V ct = c.ct();
+  const bool noop = c.attr_i("noop_with_empty_axes", 0) != 0;
+  V axes_in = c.in(1);
+  const auto* k = axes_in.valid() ? b.known_i64(axes_in) : nullptr;
+  if (noop && (!axes_in.valid() || (k && k->empty()))) return {ct};
+  if (!c.attr_i("keepdims", 1)) {
+    if (axes_in.valid() && !(k && k->empty())) {
+      ct = b.op1("Unsqueeze", {ct, axes_in});
+    } else {
+      const int64_t r = c.rank(c.in(0));
+      std::vector<int64_t> all;
+      for (int64_t i = 0; i < r; ++i) all.push_back(i);
+      ct = b.unsqueeze(ct, all);
+    }
+  }
+  V shape = tangent_shape(c, c.in(0));
+  V out = b.expand(ct, shape);
+  if (mean) {
+    const int32_t dt = b.facts(c.ct()).dtype;
+    V n_out = b.op1("Cast", {b.op1("Size", {c.ct()})}, {Attr::i("to", dt)});
+    V n_in = b.op1("Cast", {b.op1("ReduceProd", {shape}, {Attr::i("keepdims", 0)})}, {Attr::i("to", dt)});
+    out = b.op1("Mul", {out, b.op1("Div", {n_out, n_in})});
+  }
+  std::vector<V> res(c.ins.size());
+  res[0] = out;
+  return res;
+}
+
+std::vector<V> softmax_jvp(D& c) {
+  if (!c.t(0).valid()) return {V{}};
+  auto& b = c.b;
+  const int64_t axis = c.attr_i("axis", -1);
+  V yt = b.op1("Mul", {c.y(), c.t(0)});
+  V s = b.op1("ReduceSum", {yt, b.i64s({axis})}, {Attr::i("keepdims", 1)});
+  return {b.op1("Mul", {c.y(), b.op1("Sub", {c.t(0), s})})};
+}
+
+std::vector<V> log_softmax_jvp(D& c) {
+  if (!c.t(0).valid()) return {V{}};
+  auto& b = c.b;
+  const int64_t axis = c.attr_i("axis", -1);
+  V p = b.op1("Exp", {c.y()});
+  V s = b.op1("ReduceSum", {b.op1("Mul", {p, c.t(0)}), b.i64s({axis})}, {Attr::i("keepdims", 1)});
+  return {b.op1("Sub", {c.t(0), s})};
+}
+
+}  // namespace
+
+void register_reduce_derivatives(DerivativeRules& r) {
+  r.jvp("ReduceSum", linear_same_op);
+  r.jvp("ReduceMean", linear_same_op);
+  r.transpose("ReduceSum", [](TransposeCtx& c) { return reduce_transpose(c, false); });
+  r.transpose("ReduceMean", [](TransposeCtx& c) { return reduce_transpose(c, true); });
+  r.jvp("ReduceSumSquare", [](D& c) -> std::vector<V> {
+    if (!c.t(0).valid()) return {V{}};
+    return {reduce_sum_like(c, c.b.op1("Mul", {c.b.op1("Mul", {c.scalar(2.0), c.x(0)}), c.t(0)}))};
+  });
+  r.jvp("ReduceL2", [](D& c) -> std::vector<V> {
+    if (!c.t(0).valid()) return {V{}};
+    V s = reduce_sum_like(c, c.b.op1("Mul", {c.x(0), c.t(0)}));
+    return {c.b.op1("Div", {s, c.y()})};
+  });
+  r.jvp("ReduceL1", [](D& c) -> std::vector<V> {
+    if (!c.t(0).valid()) return {V{}};
+    return {reduce_sum_like(c, c.b.op1("Mul", {c.b.op1("Sign", {c.x(0)}), c.t(0)}))};
+  });
+  r.jvp("ReduceLogSumExp", [](D& c) -> std::vector<V> {
+    if (!c.t(0).valid()) return {V{}};
+    V w = c.b.op1("Exp", {c.b.op1("Sub", {c.x(0), keep_dims(c, c.y())})});
+    return {reduce_sum_like(c, c.b.op1("Mul", {w, c.t(0)}))};
+  });
+  r.jvp("ReduceLogSum", [](D& c) -> std::vector<V> {
+    if (!c.t(0).valid()) return {V{}};
+    return {c.b.op1("Div", {reduce_sum_like(c, c.t(0)), c.b.op1("Exp", {c.y()})})};
+  });
+  auto extremum = [](D& c) -> std::vector<V> {
+    if (!c.t(0).valid()) return {V{}};
+    // Ties share the tangent evenly, as in JAX.
+    V mask = c.b.op1("Cast", {c.b.op1("Equal", {c.x(0), keep_dims(c, c.y())})}, {Attr::i("to", c.dtype(0))});
+    return {c.b.op1("Div", {reduce_sum_like(c, c.b.op1("Mul", {c.t(0), mask})), reduce_sum_like(c, mask)})};
+  };
+  r.jvp("ReduceMax", extremum);
+  r.jvp("ReduceMin", extremum);
+  r.jvp("ReduceProd", [](D& c) -> std::vector<V> {
+    if (!c.t(0).valid()) return {V{}};
+    // d prod = sum(prod / x * t); exact away from zeros of x.
+    V w = c.b.op1("Div", {keep_dims(c, c.y()), c.x(0)});
+    return {reduce_sum_like(c, c.b.op1("Mul", {w, c.t(0)}))};
+  });
+  r.jvp("Softmax", softmax_jvp);
+  r.jvp("LogSoftmax", log_softmax_jvp);
+  r.jvp("CumSum", linear_same_op);
+  r.transpose("CumSum", [](TransposeCtx& c) -> std::vector<V> {
+    V out = c.b.clone(c.node, {c.ct(), c.in(1)}, {Attr::i("reverse", c.attr_i("reverse", 0) ? 0 : 1)})[0];
+    return {out, V{}};
+  });
+  r.jvp("TopK", [](D& c) -> std::vector<V> {
+    if (!c.t(0).valid()) return {V{}, V{}};
+    return {c.b.op1("GatherElements", {c.t(0), c.y(1)}, {Attr::i("axis", c.attr_i("axis", -1))}), V{}};
+  });
+  for (const char* op : {"ArgMax", "ArgMin", "Hardmax"}) r.zero(op);
 }
 
 }  // namespace onnax

@@ -3,6 +3,7 @@
 
 #include "diagnostics/error.h"
 #include "rules/batching.h"
+#include "rules/derivative.h"
 
 namespace onnax {
 namespace {
@@ -212,6 +213,126 @@ void register_shape_rules(BatchRules& r) {
   r.add("", "Trilu", 14, trilu_rule);
   r.add("", "Compress", 11, compress_rule);
   r.add("", "OneHot", 11, onehot_rule);
+}
+
+}  // namespace onnax
+
+// ---------------------------------------------------------------------------------------
+// Derivatives: shape ops are linear in their data input.
+namespace onnax {
+namespace {
+
+using D = JvpCtx;
+
+// JVP of an op linear in input 0 (other inputs are shapes/indices): the op on the tangent.
+std::vector<V> data_linear(D& c) {
+  if (!c.t(0).valid()) return std::vector<V>(c.ys.size());
+  std::vector<V> ins = c.xs;
+  ins[0] = c.t(0);
+  return c.same_op_all(ins);
+}
+
+// Transposes that restore the input's shape from a reshaped cotangent.
+std::vector<V> reshape_back(TransposeCtx& c) {
+  std::vector<V> out(c.ins.size());
+  out[0] = c.b.reshape(c.ct(), tangent_shape(c, c.in(0)));
+  return out;
+}
+
+std::vector<V> transpose_transpose(TransposeCtx& c) {
+  std::vector<int64_t> perm = c.attr_ints("perm");
+  if (perm.empty())
+    for (int64_t k = c.rank(c.ct()) - 1; k >= 0; --k) perm.push_back(k);
+  std::vector<int64_t> inverse(perm.size());
+  for (size_t i = 0; i < perm.size(); ++i) inverse[perm[i]] = static_cast<int64_t>(i);
+  return {c.b.transpose(c.ct(), inverse)};
+}
+
+std::vector<V> concat_jvp(D& c) {
+  bool any = false;
+  for (V t : c.ts) any = any || t.valid();
+  if (!any) return {V{}};
+  std::vector<V> ins;
+  for (size_t i = 0; i < c.xs.size(); ++i)
+    ins.push_back(c.t(i).valid() ? c.t(i)
+                                 : c.b.expand(c.b.scalar(0.0, c.b.facts(c.y()).dtype), c.b.shape_of(c.x(i))));
+  return {c.same_op(ins)};
+}
+
+std::vector<V> concat_transpose(TransposeCtx& c) {
+  auto& b = c.b;
+  const int64_t axis = c.attr_i("axis", 0);
+  std::vector<V> sizes;
+  for (V in : c.ins) {
+    V w = b.tangent(in) ? b.witness(in) : in;
+    if (!w.valid()) c.unsupported("an input's shape is unknown at run time");
+    sizes.push_back(b.op1("Gather", {b.shape_of(w), b.i64s({axis})}, {Attr::i("axis", 0)}));
+  }
+  V split = b.concat(sizes, 0);
+  std::vector<V> parts = b.op("Split", {c.ct(), split}, {Attr::i("axis", axis)}, static_cast<int>(c.ins.size()));
+  std::vector<V> out(c.ins.size());
+  for (size_t i = 0; i < c.ins.size(); ++i)
+    if (c.linear(i)) out[i] = parts[i];
+  return out;
+}
+
+std::vector<V> split_transpose(TransposeCtx& c) {
+  auto& b = c.b;
+  const int64_t axis = c.attr_i("axis", 0);
+  std::vector<V> parts;
+  for (size_t k = 0; k < c.cts.size(); ++k) {
+    if (c.cts[k].valid()) {
+      parts.push_back(c.cts[k]);
+      continue;
+    }
+    c.unsupported("a Split output without a cotangent needs its shape, which is unknown here");
+  }
+  std::vector<V> out(c.ins.size());
+  out[0] = b.op1("Concat", parts, {Attr::i("axis", axis)});
+  return out;
+}
+
+std::vector<V> pad_transpose(TransposeCtx& c) {
+  const auto* mode = c.attr("mode");
+  if (mode && mode->s() != "constant") return selection_transpose(c, 0);
+  // Cropping is padding by negative amounts.
+  std::vector<V> ins{c.ct(), c.b.op1("Neg", {c.in(1)})};
+  if (c.in(3).valid()) {
+    ins.push_back(V{});
+    ins.push_back(c.in(3));
+  }
+  std::vector<V> out(c.ins.size());
+  out[0] = c.b.clone(c.node, ins)[0];
+  return out;
+}
+
+}  // namespace
+
+void register_shape_derivatives(DerivativeRules& r) {
+  for (const char* op : {"Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Expand", "Slice", "Tile", "Split",
+                         "Trilu", "DepthToSpace", "SpaceToDepth", "Compress"})
+    r.jvp(op, data_linear);
+  r.jvp("Pad", [](D& c) -> std::vector<V> {
+    if (c.t(2).valid()) c.unsupported("the padding value is differentiated", "pad with a constant value");
+    return data_linear(c);
+  });
+  r.jvp("Concat", concat_jvp);
+  for (const char* op : {"Reshape", "Flatten", "Squeeze", "Unsqueeze"}) r.transpose(op, reshape_back);
+  r.transpose("Transpose", transpose_transpose);
+  r.transpose("Expand", [](TransposeCtx& c) -> std::vector<V> { return {unbroadcast_to(c.b, c.ct(), c.in(0)), V{}}; });
+  for (const char* op : {"Slice", "Tile", "DepthToSpace", "SpaceToDepth", "Compress"})
+    r.transpose(op, [](TransposeCtx& c) { return selection_transpose(c, 0); });
+  r.transpose("Trilu", [](TransposeCtx& c) -> std::vector<V> {
+    std::vector<V> ins = c.ins;
+    ins[0] = c.ct();
+    std::vector<V> out(c.ins.size());
+    out[0] = c.b.clone(c.node, ins)[0];
+    return out;
+  });
+  r.transpose("Pad", pad_transpose);
+  r.transpose("Concat", concat_transpose);
+  r.transpose("Split", split_transpose);
+  for (const char* op : {"Shape", "Size", "ConstantOfShape", "Range", "NonZero", "OneHot", "EyeLike"}) r.zero(op);
 }
 
 }  // namespace onnax

@@ -1308,6 +1308,152 @@ def _attention_cases() -> None:
     add("Attention-gqa-all_batched", m, 0, 0, rtol=tol, atol=tol)
     m = single("Attention", ["q", "k", "v"], [q, k, v], opset=23, softcap=2.0)
     add("Attention-softcap", m, (0, 0, None), 0, rtol=tol, atol=tol)
+    _attention_merge_cases(tol)
+
+
+def _bool_mask(shape: Sequence[int]) -> Gen:
+    """A random bool mask whose first key is always attended (no fully masked rows)."""
+
+    def gen(rng: np.random.Generator) -> np.ndarray:
+        rest = rng.random((*shape[:-1], shape[-1] - 1)) < 0.6
+        return np.concatenate([np.ones((*shape[:-1], 1), bool), rest], axis=-1)
+
+    return gen
+
+
+def _attention_merge_cases(tol: float) -> None:
+    """Per-example batch N > 1, so merging the vmap axis into N is exercised for real."""
+    q, k, v = ("q", F, [2, 2, 3, 4]), ("k", F, [2, 2, 5, 4]), ("v", F, [2, 2, 5, 4])
+    qkv = ["q", "k", "v"]
+    m = single("Attention", qkv, [q, k, v], opset=23)
+    add("Attention-n2-all_batched", m, 0, 0, rtol=tol, atol=tol)
+    add("Attention-n2-k_batched_only", m, (None, 0, None), 0, rtol=tol, atol=tol)
+    m = single("Attention", qkv, [q, k, v], opset=24, is_causal=1, softcap=3.0)
+    add("Attention-opset24-n2-causal-softcap", m, (1, None, 0), 0, rtol=tol, atol=tol)
+
+    # Masks of every rank ONNX Runtime takes (2-4; it wants the full q and kv lengths, no
+    # broadcasting or padding of those two dims), batched and shared, bool and float.
+    mask_shapes = {
+        "2d": [3, 5],
+        "3d": [2, 3, 5],
+        "3d_h1": [1, 3, 5],
+        "4d": [2, 2, 3, 5],
+        "4d_n1": [1, 2, 3, 5],
+    }
+    mask_axes = {
+        "batched": ((0, None, 0, 0), 0),
+        "shared": ((0, 0, 0, None), 0),
+        "only_batched": (3 * (None,) + (0,), 1),
+    }
+    for label, shape in mask_shapes.items():
+        for dtype, dname in ((F, "float"), (B, "bool")):
+            gens = {"mask": _bool_mask(shape)} if dtype == B else {}
+            m = single("Attention", [*qkv, "mask"], [q, k, v, ("mask", dtype, shape)], opset=23)
+            for how, (in_axes, out_axes) in mask_axes.items():
+                add(
+                    f"Attention-n2-{dname}_mask{label}_{how}",
+                    m,
+                    in_axes,
+                    out_axes,
+                    gens=gens,
+                    rtol=tol,
+                    atol=tol,
+                )
+    m = single("Attention", [*qkv, "mask"], [q, k, v, ("mask", F, [2, 1, 3, 5])], opset=23, is_causal=1)
+    add("Attention-n2-mask4d_h1_causal_batched", m, (0, 0, 0, 0), 0, rtol=tol, atol=tol)
+
+    # KV cache inside the operator: past_key/past_value in, present_key/present_value out.
+    past = [("pk", F, [2, 2, 4, 4]), ("pv", F, [2, 2, 4, 4])]
+    outs = ("y", "present_key", "present_value")
+    m = single("Attention", [*qkv, "", "pk", "pv"], [q, k, v, *past], outs, opset=23, is_causal=1)
+    add("Attention-past-causal-all_batched", m, 0, 0, rtol=tol, atol=tol)
+    add("Attention-past-causal-past_batched_only", m, (None, None, None, 0, 0), (0, 1, 2), rtol=tol, atol=tol)
+    add("Attention-past-causal-qkv_batched_past_shared", m, (0, 0, 0, None, None), 0, rtol=tol, atol=tol)
+    m = single(
+        "Attention",
+        [*qkv, "mask", "pk", "pv"],
+        [q, k, v, ("mask", B, [2, 3, 9]), *past],
+        outs,
+        opset=24,
+    )
+    add(
+        "Attention-opset24-past-bool_mask3d-batched",
+        m,
+        (0, 0, 0, 0, None, 0),
+        0,
+        gens={"mask": _bool_mask([2, 3, 9])},
+        rtol=tol,
+        atol=tol,
+    )
+
+    # qk_matmul_output in each mode, with a batched float mask.
+    for mode in (0, 1, 2, 3):
+        m = make_model(
+            [node("Attention", [*qkv, "mask"], ["y", "", "", "qk"], qk_matmul_output_mode=mode, softcap=4.0)],
+            [q, k, v, ("mask", F, [2, 1, 3, 5])],
+            ["y", "qk"],
+            opset=23,
+        )
+        add(f"Attention-qk_matmul_output-mode{mode}", m, (0, None, 0, 0), (0, 2), rtol=tol, atol=tol)
+    m = single(
+        "Attention",
+        [*qkv, "", "pk", "pv"],
+        [q, k, v, *past],
+        ("y", "present_key", "present_value", "qk"),
+        opset=24,
+        qk_matmul_output_mode=3,
+    )
+    add("Attention-opset24-past-all_outputs", m, 0, 0, rtol=tol, atol=tol)
+
+    # nonpad_kv_seqlen (opset 24): the external-cache padding mask, per row of N.
+    nonpad = ("nonpad", I64, [2])
+    m = single("Attention", [*qkv, "", "", "", "nonpad"], [q, k, v, nonpad], opset=24)
+    gens = {"nonpad": ints(1, 6, [2])}
+    add("Attention-opset24-nonpad-all_batched", m, 0, 0, gens=gens, rtol=tol, atol=tol)
+    add("Attention-opset24-nonpad-only_batched", m, (None, None, None, 0), 0, gens=gens, rtol=tol, atol=tol)
+    add("Attention-opset24-nonpad-shared", m, (0, 0, 0, None), 0, gens=gens, rtol=tol, atol=tol)
+    m = single(
+        "Attention",
+        [*qkv, "mask", "", "", "nonpad"],
+        [q, k, v, ("mask", F, [3, 5]), nonpad],
+        opset=24,
+        is_causal=1,
+    )
+    add(
+        "Attention-opset24-nonpad-causal-mask_batched",
+        m,
+        (0, 0, 0, 0, 0),
+        0,
+        gens={"nonpad": ints(3, 6, [2])},
+        rtol=tol,
+        atol=tol,
+    )
+
+    # 3-D inputs (batch, seq, hidden) with GQA heads, a batched mask and the cache.
+    q3, k3, v3 = ("q", F, [2, 3, 8]), ("k", F, [2, 5, 4]), ("v", F, [2, 5, 6])
+    m = single(
+        "Attention",
+        [*qkv, "mask", "pk", "pv"],
+        [q3, k3, v3, ("mask", F, [2, 1, 3, 7]), ("pk", F, [2, 1, 2, 4]), ("pv", F, [2, 1, 2, 6])],
+        outs,
+        opset=23,
+        q_num_heads=2,
+        kv_num_heads=1,
+        scale=0.5,
+    )
+    add("Attention-3d-gqa-past-mask-all_batched", m, 0, 0, rtol=tol, atol=tol)
+    add("Attention-3d-gqa-past-mask-q_in1_mask_shared", m, (1, 0, 0, None, 0, None), 0, rtol=tol, atol=tol)
+    m = single(
+        "Attention",
+        [*qkv, "", "", "", "nonpad"],
+        [q3, k3, v3, nonpad],
+        opset=24,
+        q_num_heads=2,
+        kv_num_heads=1,
+        is_causal=1,
+    )
+    gens = {"nonpad": ints(3, 6, [2])}
+    add("Attention-opset24-3d-nonpad-causal", m, (0, None, None, 0), 0, gens=gens, rtol=tol, atol=tol)
 
 
 _attention_cases()
@@ -1646,6 +1792,10 @@ NESTED_IDS = [
     "BatchNormalization-x_batched-in0",
     "LayerNormalization-3outputs-all_batched",
     "Graph-mlp-in0",
+    "Attention-n2-float_mask3d_batched",
+    "Attention-past-causal-all_batched",
+    "Attention-opset24-past-all_outputs",
+    "Attention-3d-gqa-past-mask-q_in1_mask_shared",
 ]
 _BY_ID = {c.id: c for c in CASES}
 
@@ -1744,6 +1894,12 @@ EMPTY_BATCH_IDS = [
     "BatchNormalization-x_batched-in0",
     "LayerNormalization-axisneg1-in0",
     "Attention-opset23-4d-all_batched",
+    "Attention-n2-bool_mask4d_batched",
+    "Attention-n2-float_mask2d_only_batched",
+    "Attention-opset24-past-all_outputs",
+    "Attention-opset24-nonpad-all_batched",
+    "Attention-opset24-past-bool_mask3d-batched",
+    "Attention-3d-gqa-past-mask-all_batched",
 ]
 
 

@@ -1,0 +1,203 @@
+#include "rules/derivative.h"
+
+#include "diagnostics/error.h"
+
+namespace onnax {
+
+namespace {
+std::string where(const onnx::NodeProto& node) {
+  return node.name().empty() ? "output '" + (node.output_size() ? node.output(0) : "") + "'"
+                             : "node '" + node.name() + "'";
+}
+const onnx::AttributeProto* find_attr(const onnx::NodeProto& node, const std::string& name) {
+  for (const auto& a : node.attribute())
+    if (a.name() == name) return &a;
+  return nullptr;
+}
+}  // namespace
+
+int64_t JvpCtx::rank(int i) const {
+  int64_t r = b.rank(xs[i]);
+  if (r < 0)
+    unsupported("the rank of input " + std::to_string(i) + " '" + node.input(i) + "' is unknown and this rule needs it",
+                "declare the shape of '" + node.input(i) + "' (value_info) so its rank is known");
+  return r;
+}
+const onnx::AttributeProto* JvpCtx::attr(const std::string& name) const { return find_attr(node, name); }
+int64_t JvpCtx::attr_i(const std::string& name, int64_t fallback) const {
+  const auto* a = attr(name);
+  return a ? a->i() : fallback;
+}
+float JvpCtx::attr_f(const std::string& name, float fallback) const {
+  const auto* a = attr(name);
+  return a ? a->f() : fallback;
+}
+std::vector<int64_t> JvpCtx::attr_ints(const std::string& name) const {
+  const auto* a = attr(name);
+  return a ? std::vector<int64_t>(a->ints().begin(), a->ints().end()) : std::vector<int64_t>{};
+}
+
+static bool same_shape(const Facts& a, const Facts& b) {
+  if (!a.has_shape || !b.has_shape || a.rank() != b.rank()) return false;
+  for (size_t i = 0; i < a.dims.size(); ++i) {
+    const Dim& x = a.dims[i];
+    const Dim& y = b.dims[i];
+    if (x.known() && y.known() && x.value == y.value) continue;
+    if (!x.known() && !y.known() && !x.param.empty() && x.param == y.param) continue;
+    return false;
+  }
+  return true;
+}
+
+V JvpCtx::like_out(V t, int k) const {
+  if (!t.valid()) return t;
+  if (same_shape(b.facts(t), b.facts(ys[k]))) return t;
+  return b.expand(t, b.shape_of(ys[k]));
+}
+
+void JvpCtx::unsupported(const std::string& what, const std::string& fix) const {
+  const std::string domain = node.domain().empty() ? "ai.onnx" : node.domain();
+  diag::fail(Error::Kind::kUnsupported, "jvp: cannot differentiate " + domain + "::" + node.op_type() + " (opset " +
+                                            std::to_string(opset) + ") at " + where(node) + ": " + what +
+                                            ". Fix: " + fix);
+}
+
+const onnx::AttributeProto* TransposeCtx::attr(const std::string& name) const { return find_attr(node, name); }
+int64_t TransposeCtx::attr_i(const std::string& name, int64_t fallback) const {
+  const auto* a = attr(name);
+  return a ? a->i() : fallback;
+}
+std::vector<int64_t> TransposeCtx::attr_ints(const std::string& name) const {
+  const auto* a = attr(name);
+  return a ? std::vector<int64_t>(a->ints().begin(), a->ints().end()) : std::vector<int64_t>{};
+}
+int64_t TransposeCtx::rank(V v) const {
+  int64_t r = b.rank(v);
+  if (r < 0) unsupported("a rank needed to transpose it is unknown");
+  return r;
+}
+void TransposeCtx::unsupported(const std::string& what) const {
+  const std::string domain = node.domain().empty() ? "ai.onnx" : node.domain();
+  diag::fail(Error::Kind::kUnsupported,
+             "vjp: cannot transpose the linear " + domain + "::" + node.op_type() + " (opset " + std::to_string(opset) +
+                 ") emitted for " + where(node) + ": " + what +
+                 ". Fix: declare static shapes for the values around it (value_info), or use jvp (forward mode)");
+}
+
+V unbroadcast(Builder& b, V ct, V target, V witness) {
+  if (!ct.valid()) return ct;
+  const Facts& cf = b.facts(ct);
+  const Facts& tf = b.facts(target);
+  if (!cf.has_shape || !tf.has_shape) {
+    if (same_shape(cf, tf)) return ct;
+    if (!witness.valid())
+      diag::fail(Error::Kind::kUnsupported,
+                 "vjp: cannot sum a broadcast cotangent back to its operand's shape because their ranks are unknown. "
+                 "Fix: declare the shapes of the model's inputs and intermediate values (value_info)");
+  }
+  const int64_t R = cf.rank(), r = tf.rank();
+  V out = ct;
+  if (cf.has_shape && tf.has_shape && R > r) {
+    std::vector<int64_t> lead;
+    for (int64_t i = 0; i < R - r; ++i) lead.push_back(i);
+    out = b.op1("ReduceSum", {out, b.i64s(lead)}, {Attr::i("keepdims", 0)});
+    Facts f = cf;
+    f.dims.erase(f.dims.begin(), f.dims.begin() + (R - r));
+    b.set_facts(out, f);
+  }
+  if (!tf.has_shape) return out;
+  std::vector<int64_t> axes;
+  bool ambiguous = false;
+  for (int64_t i = 0; i < r; ++i) {
+    const Dim& td = tf.dims[i];
+    const Dim* cd = cf.has_shape ? &cf.dims[R - r + i] : nullptr;
+    const bool cd_one = cd && cd->known() && cd->value == 1;
+    if (td.known()) {
+      if (td.value == 1 && !cd_one) axes.push_back(i);
+    } else if (!(cd && !cd->known() && !td.param.empty() && cd->param == td.param)) {
+      // A symbolic target dim could be a broadcast 1 at run time.
+      if (!(cd && cd->known() && cd->value != 1)) ambiguous = true;
+    }
+  }
+  if (ambiguous && witness.valid()) {
+    // Sum over every axis where the operand has size 1 (a no-op where ct has size 1 too).
+    V ones = b.op1("Equal", {b.shape_of(witness), b.i64(1)});
+    V idx = b.op1("Range", {b.i64(0), b.i64(r), b.i64(1)});
+    V sum_axes = b.op1("Compress", {idx, ones}, {Attr::i("axis", 0)});
+    V res = b.op1("ReduceSum", {out, sum_axes}, {Attr::i("keepdims", 1), Attr::i("noop_with_empty_axes", 1)});
+    b.set_facts(res, tf);
+    return res;
+  }
+  if (axes.empty()) return out;
+  V res = b.op1("ReduceSum", {out, b.i64s(axes)}, {Attr::i("keepdims", 1)});
+  b.set_facts(res, tf);
+  return res;
+}
+
+V tangent_shape(TransposeCtx& c, V t) {
+  V w = c.b.witness(t);
+  if (w.valid()) return c.b.shape_of(w);
+  const Facts& f = c.b.facts(t);
+  std::vector<int64_t> dims;
+  bool known = f.has_shape;
+  for (const auto& d : f.dims) {
+    known = known && d.known();
+    dims.push_back(d.value);
+  }
+  if (!known) c.unsupported("the shape of its tangent input is not known statically and has no primal twin");
+  return c.b.i64s(dims);
+}
+
+std::vector<V> selection_transpose(TransposeCtx& c, int i) {
+  auto& b = c.b;
+  V shape = tangent_shape(c, c.in(i));
+  V size = b.op1("ReduceProd", {shape}, {Attr::i("keepdims", 1)});
+  V iota = b.op1("Range", {b.i64(0), b.op1("Squeeze", {size, b.i64s({0})}), b.i64(1)});
+  V positions_in = b.reshape(iota, shape);
+  std::vector<V> ins = c.ins;
+  ins[i] = positions_in;
+  V positions = b.clone(c.node, ins)[0];
+  const int32_t dt = b.facts(c.ct()).dtype;
+  V zeros = b.expand(b.scalar(0.0, dt), size);
+  V flat_pos = b.reshape(positions, b.i64s({-1}));
+  V flat_ct = b.reshape(c.ct(), b.i64s({-1}));
+  V summed = b.op1("ScatterElements", {zeros, flat_pos, flat_ct}, {Attr::i("axis", 0), Attr::s("reduction", "add")});
+  std::vector<V> out(c.ins.size());
+  out[i] = b.reshape(summed, shape);
+  return out;
+}
+
+const JvpRule* DerivativeRules::find_jvp(const std::string& op) const {
+  auto it = jvp_.find(op);
+  return it == jvp_.end() ? nullptr : &it->second;
+}
+const TransposeRule* DerivativeRules::find_transpose(const std::string& op) const {
+  auto it = transpose_.find(op);
+  return it == transpose_.end() ? nullptr : &it->second;
+}
+std::vector<std::string> DerivativeRules::jvp_ops() const {
+  std::vector<std::string> out;
+  for (const auto& [k, v] : jvp_) out.push_back(k);
+  return out;
+}
+std::vector<std::string> DerivativeRules::transpose_ops() const {
+  std::vector<std::string> out;
+  for (const auto& [k, v] : transpose_) out.push_back(k);
+  return out;
+}
+
+const DerivativeRules& DerivativeRules::instance() {
+  static const DerivativeRules rules = [] {
+    DerivativeRules r;
+    register_elementwise_derivatives(r);
+    register_reduce_derivatives(r);
+    register_matmul_derivatives(r);
+    register_shape_derivatives(r);
+    register_index_derivatives(r);
+    register_nn_derivatives(r);
+    return r;
+  }();
+  return rules;
+}
+
+}  // namespace onnax

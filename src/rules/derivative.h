@@ -1,0 +1,120 @@
+// Derivative rules: JVP rules (forward mode) for every differentiable op, and transpose rules
+// for the linear ops that JVP rules emit on tangents. Reverse mode is linearize-then-
+// transpose, so vjp/grad need no per-op backward rules (DESIGN.md section 3).
+#pragma once
+
+#include <onnx/defs/schema.h>
+#include <onnx/onnx_pb.h>
+
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "emit/builder.h"
+#include "facts/facts.h"
+
+namespace onnax {
+
+// Inputs to a JVP rule. Tangents t(i) may be symbolic zeros (invalid V); the Builder's
+// add/mul/... treat them as such, so rules read like the math.
+class JvpCtx {
+ public:
+  Builder& b;
+  const onnx::NodeProto& node;
+  int64_t opset;
+  std::vector<V> xs;  // primal inputs (invalid = absent)
+  std::vector<V> ys;  // primal outputs (already computed)
+  std::vector<V> ts;  // input tangents (invalid = zero)
+
+  V x(int i) const { return i < static_cast<int>(xs.size()) ? xs[i] : V{}; }
+  V y(int i = 0) const { return ys[i]; }
+  V t(int i) const { return i < static_cast<int>(ts.size()) ? ts[i] : V{}; }
+  bool has(int i) const { return x(i).valid(); }
+  int32_t dtype(int i) const { return b.facts(xs[i]).dtype; }
+  int64_t rank(int i) const;
+
+  const onnx::AttributeProto* attr(const std::string& name) const;
+  int64_t attr_i(const std::string& name, int64_t fallback) const;
+  float attr_f(const std::string& name, float fallback) const;
+  std::vector<int64_t> attr_ints(const std::string& name) const;
+
+  V scalar(double v) const { return b.scalar(v, dtype(0)); }
+  // Tangent `t` broadcast to primal output k's shape (tangents always have their primal's
+  // shape; a tangent of a broadcast operand must be expanded).
+  V like_out(V t, int k = 0) const;
+  // Re-emits the node itself on new inputs (for ops linear in some inputs).
+  V same_op(const std::vector<V>& inputs) const { return b.clone(node, inputs)[0]; }
+  std::vector<V> same_op_all(const std::vector<V>& inputs) const { return b.clone(node, inputs); }
+
+  [[noreturn]] void unsupported(const std::string& what, const std::string& fix) const;
+};
+
+using JvpRule = std::function<std::vector<V>(JvpCtx&)>;
+
+// Inputs to a transpose rule: a linear node from the tape, the cotangents of its outputs
+// (invalid = zero) and which of its inputs are tangents. Returns cotangents for the inputs
+// (only tangent inputs' entries are used).
+class TransposeCtx {
+ public:
+  Builder& b;
+  const onnx::NodeProto& node;
+  int64_t opset;
+  std::vector<V> ins;     // inputs (tangent or primal)
+  std::vector<bool> lin;  // which inputs are tangents
+  std::vector<V> cts;     // output cotangents
+
+  V in(int i) const { return i < static_cast<int>(ins.size()) ? ins[i] : V{}; }
+  bool linear(int i) const { return i < static_cast<int>(lin.size()) && lin[i]; }
+  V ct(int k = 0) const { return cts[k]; }
+  const onnx::AttributeProto* attr(const std::string& name) const;
+  int64_t attr_i(const std::string& name, int64_t fallback) const;
+  std::vector<int64_t> attr_ints(const std::string& name) const;
+  int64_t rank(V v) const;
+  [[noreturn]] void unsupported(const std::string& what) const;
+};
+
+using TransposeRule = std::function<std::vector<V>(TransposeCtx&)>;
+
+// Sums `ct` down to the shape of `target` (numpy broadcasting in reverse), deciding axes from
+// static facts where possible and from `witness` (a primal value of target's shape) at run
+// time otherwise.
+V unbroadcast(Builder& b, V ct, V target, V witness = V{});
+// unbroadcast with the target tangent's recorded witness.
+inline V unbroadcast_to(Builder& b, V ct, V target) { return unbroadcast(b, ct, target, b.witness(target)); }
+
+// The run-time shape (1-D int64) of tangent `t`: from its witness, else from fully static
+// facts; fails with a diagnostic naming `who` otherwise.
+V tangent_shape(TransposeCtx& c, V t);
+// Transpose of any linear op that copies elements of its single tangent input `i` (Gather,
+// Slice, Tile, Pad, ...): apply the op to an index tensor to learn where each output element
+// came from, then scatter-add the cotangent there.
+std::vector<V> selection_transpose(TransposeCtx& c, int i = 0);
+
+class DerivativeRules {
+ public:
+  static const DerivativeRules& instance();
+  void jvp(const std::string& op, JvpRule rule) { jvp_[op] = std::move(rule); }
+  void transpose(const std::string& op, TransposeRule rule) { transpose_[op] = std::move(rule); }
+  // Ops whose outputs carry no derivative (integer/bool results, piecewise constant).
+  void zero(const std::string& op) { zero_[op] = true; }
+  const JvpRule* find_jvp(const std::string& op) const;
+  const TransposeRule* find_transpose(const std::string& op) const;
+  bool is_zero(const std::string& op) const { return zero_.count(op) != 0; }
+  std::vector<std::string> jvp_ops() const;
+  std::vector<std::string> transpose_ops() const;
+
+ private:
+  std::map<std::string, JvpRule> jvp_;
+  std::map<std::string, TransposeRule> transpose_;
+  std::map<std::string, bool> zero_;
+};
+
+void register_elementwise_derivatives(DerivativeRules& r);
+void register_reduce_derivatives(DerivativeRules& r);
+void register_matmul_derivatives(DerivativeRules& r);
+void register_shape_derivatives(DerivativeRules& r);
+void register_index_derivatives(DerivativeRules& r);
+void register_nn_derivatives(DerivativeRules& r);
+
+}  // namespace onnax

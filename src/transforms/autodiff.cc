@@ -1,0 +1,409 @@
+// jvp, vjp and grad: generic interpreters over the derivative rules. Forward mode runs the
+// JVP rules next to the primal nodes. Reverse mode runs the same JVP rules, but the nodes
+// that are linear in tangents go to a tape, which is then transposed node by node
+// (linearize + transpose), accumulating cotangents where a value fans out.
+#include <onnx/defs/schema.h>
+#include <onnax/onnax.h>
+
+#include <set>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "diagnostics/error.h"
+#include "emit/builder.h"
+#include "rules/derivative.h"
+#include "transforms/prepare.h"
+#include "transforms/provenance.h"
+
+namespace onnax {
+namespace {
+
+enum class Mode { kJvp, kVjp, kGrad };
+
+const char* mode_name(Mode m) { return m == Mode::kJvp ? "jvp" : m == Mode::kVjp ? "vjp" : "grad"; }
+
+bool differentiable_dtype(int32_t dt) { return dt == onnx::TensorProto::FLOAT || dt == onnx::TensorProto::DOUBLE; }
+
+std::string quoted_names(const std::vector<std::string>& names) {
+  std::vector<std::string> q;
+  for (const auto& n : names) q.push_back("'" + n + "'");
+  return "[" + diag::join(q) + "]";
+}
+
+struct Resolved {
+  std::vector<std::string> inputs;
+  std::vector<std::string> outputs;
+};
+
+Resolved resolve(const Prepared& p, const onnx::ModelProto& source, Mode mode, const Selection& sel) {
+  const std::string m = mode_name(mode);
+  const auto& g = p.model.graph();
+  std::vector<std::string> runtime, float_runtime, float_inits, outputs, float_outputs;
+  for (const auto* vi : p.runtime_inputs) {
+    runtime.push_back(vi->name());
+    if (differentiable_dtype(p.facts.get(vi->name()).dtype)) float_runtime.push_back(vi->name());
+  }
+  for (const auto& t : g.initializer())
+    if (differentiable_dtype(t.data_type())) float_inits.push_back(t.name());
+  for (const auto& o : g.output()) {
+    outputs.push_back(o.name());
+    if (differentiable_dtype(p.facts.get(o.name()).dtype)) float_outputs.push_back(o.name());
+  }
+  Resolved r;
+  if (sel.inputs) {
+    std::set<std::string> seen;
+    for (const auto& name : *sel.inputs) {
+      const bool is_runtime = std::find(runtime.begin(), runtime.end(), name) != runtime.end();
+      const bool is_init = p.initializer_names.count(name) != 0;
+      if (!is_runtime && !is_init)
+        diag::fail(Error::Kind::kSelection,
+                   m + ": inputs selects '" + name + "', which is neither a graph input nor an initializer; " +
+                       "available inputs: " + quoted_names(runtime) + ", initializers: " + quoted_names(float_inits) +
+                       ". Fix: select one of these names");
+      const int32_t dt = p.facts.get(name).dtype;
+      if (!differentiable_dtype(dt))
+        diag::fail(Error::Kind::kSelection, m + ": inputs selects '" + name + "' of dtype " + diag::dtype_name(dt) +
+                                                "; derivatives are defined for float32/float64 only. Fix: select one "
+                                                "of the float inputs " + quoted_names(float_runtime) +
+                                                " or initializers " + quoted_names(float_inits));
+      if (!seen.insert(name).second)
+        diag::fail(Error::Kind::kSelection, m + ": inputs selects '" + name + "' twice. Fix: select each name once");
+      r.inputs.push_back(name);
+    }
+  } else {
+    r.inputs = float_runtime;
+  }
+  if (r.inputs.empty())
+    diag::fail(Error::Kind::kSelection, m + ": no input to differentiate with respect to: the model has no float32/"
+                                            "float64 runtime inputs " + quoted_names(runtime) +
+                                            ". Fix: select initializers explicitly, e.g. inputs=" +
+                                            quoted_names(float_inits));
+  if (sel.outputs) {
+    std::set<std::string> seen;
+    for (const auto& name : *sel.outputs) {
+      if (std::find(outputs.begin(), outputs.end(), name) == outputs.end())
+        diag::fail(Error::Kind::kSelection, m + ": outputs selects '" + name + "', which is not a graph output; " +
+                                                "available outputs: " + quoted_names(outputs) +
+                                                ". Fix: select one of these names");
+      const int32_t dt = p.facts.get(name).dtype;
+      if (!differentiable_dtype(dt))
+        diag::fail(Error::Kind::kSelection, m + ": output '" + name + "' has dtype " + diag::dtype_name(dt) +
+                                                "; derivatives are defined for float32/float64 only. Fix: select one "
+                                                "of " + quoted_names(float_outputs));
+      if (!seen.insert(name).second)
+        diag::fail(Error::Kind::kSelection, m + ": outputs selects '" + name + "' twice. Fix: select each name once");
+      r.outputs.push_back(name);
+    }
+  } else {
+    std::vector<std::string> generated = provenance::derivative_outputs(source);
+    if (mode == Mode::kJvp)
+      for (const auto& n : generated)
+        if (std::find(float_outputs.begin(), float_outputs.end(), n) != float_outputs.end()) r.outputs.push_back(n);
+    if (r.outputs.empty()) r.outputs = float_outputs;
+  }
+  if (r.outputs.empty())
+    diag::fail(Error::Kind::kSelection, m + ": the model has no float32/float64 output to differentiate; outputs: " +
+                                            quoted_names(outputs) + ". Fix: add a float output");
+  if (mode == Mode::kGrad) {
+    const Facts f = p.facts.get(r.outputs[0]);
+    if (f.rank() != 0)
+      diag::fail(Error::Kind::kSelection,
+                 "grad: output '" + r.outputs[0] + "' has shape " + f.shape_string() +
+                     "; grad needs a rank-0 (scalar) loss. Fix: reduce it to a scalar (ReduceSum/ReduceMean) or use "
+                     "vjp with an explicit cotangent");
+  }
+  return r;
+}
+
+// Values that lie on some path to the selected outputs (only those need derivatives).
+std::unordered_set<std::string> needed_values(const onnx::GraphProto& g, const std::vector<std::string>& outputs) {
+  std::unordered_set<std::string> needed(outputs.begin(), outputs.end());
+  for (int i = g.node_size() - 1; i >= 0; --i) {
+    const auto& n = g.node(i);
+    bool useful = false;
+    for (const auto& o : n.output()) useful = useful || needed.count(o);
+    if (!useful) continue;
+    for (const auto& in : n.input())
+      if (!in.empty()) needed.insert(in);
+    for (const auto& r : outer_scope_reads(n)) needed.insert(r);
+  }
+  return needed;
+}
+
+onnx::ValueInfoProto value_info_like(const std::string& name, const Facts& f) {
+  onnx::ValueInfoProto vi;
+  vi.set_name(name);
+  write_type(f, vi.mutable_type());
+  return vi;
+}
+
+onnx::ModelProto differentiate(const onnx::ModelProto& source, Mode mode, const Selection& sel) {
+  const std::string m = mode_name(mode);
+  Prepared p = prepare(source, m);
+  const Resolved r = resolve(p, source, mode, sel);
+  std::unordered_map<std::string, int> opsets;
+  for (const auto& o : p.model.opset_import())
+    opsets[o.domain() == "ai.onnx" ? std::string() : o.domain()] = static_cast<int>(o.version());
+  opsets[""] = static_cast<int>(p.opset);
+
+  onnx::GraphProto* src = p.model.release_graph();
+  onnx::GraphProto out;
+  out.set_name(src->name());
+  out.set_doc_string(src->doc_string());
+  Builder b(out, p.value_names, p.node_names, p.opset);
+  b.enable_inference(opsets);
+
+  std::unordered_map<std::string, V> primal;   // source value name -> value
+  std::unordered_map<std::string, V> tangent;  // source value name -> tangent (absent = zero)
+  auto facts = [&](const std::string& n) { return p.facts.get(n); };
+  for (const auto& t : src->initializer()) {
+    primal[t.name()] = b.existing(t.name(), facts(t.name()));
+    b.register_data(t.name(), &t);
+  }
+  for (const auto& vi : src->input())
+    if (!primal.count(vi.name())) primal[vi.name()] = b.existing(vi.name(), facts(vi.name()));
+
+  // Seeds: one tangent per selected input.
+  std::vector<onnx::ValueInfoProto> new_inputs;
+  std::vector<V> seeds;
+  for (const auto& name : r.inputs) {
+    const Facts f = facts(name);
+    const std::string tname = p.value_names.fresh(name + "_tangent");
+    V t = b.existing(tname, f);
+    b.mark_tangent(t);
+    b.set_witness(t, primal.at(name));
+    if (mode == Mode::kJvp) new_inputs.push_back(value_info_like(tname, f));
+    tangent[name] = t;
+    seeds.push_back(t);
+  }
+
+  std::vector<Builder::TapeNode> tape;
+  if (mode != Mode::kJvp) b.set_tape(&tape);
+  const std::unordered_set<std::string> needed = needed_values(*src, r.outputs);
+  const DerivativeRules& rules = DerivativeRules::instance();
+  std::unordered_map<std::string, std::string> origin;  // active value -> selected input it depends on
+  for (const auto& name : r.inputs) origin[name] = name;
+
+  for (int ni = 0; ni < src->node_size(); ++ni) {
+    const onnx::NodeProto& node = src->node(ni);
+    onnx::NodeProto copy = node;
+    b.copy_node(std::move(copy));
+    std::vector<V> ys;
+    for (const auto& o : node.output()) {
+      if (o.empty()) {
+        ys.push_back(V{});
+        continue;
+      }
+      V v = b.existing(o, facts(o));
+      primal[o] = v;
+      ys.push_back(v);
+    }
+    if (node.op_type() == "Constant" && node.domain().empty())
+      for (const auto& a : node.attribute())
+        if (a.name() == "value" && a.has_t()) b.register_data(node.output(0), &a.t());
+
+    bool active = false, useful = false;
+    std::string from;
+    for (const auto& in : node.input())
+      if (!in.empty() && tangent.count(in)) {
+        active = true;
+        from = origin[in];
+      }
+    for (const auto& rd : outer_scope_reads(node))
+      if (tangent.count(rd)) {
+        active = true;
+        from = origin[rd];
+      }
+    for (const auto& o : node.output()) useful = useful || needed.count(o);
+    if (!active || !useful) continue;
+    bool float_out = false;
+    for (const auto& o : node.output()) float_out = float_out || (!o.empty() && differentiable_dtype(facts(o).dtype));
+    if (!float_out) continue;  // integer/bool results carry no derivative
+    const std::string domain = node.domain() == "ai.onnx" ? "" : node.domain();
+    if (rules.is_zero(node.op_type()) && domain.empty()) continue;
+    const std::string where = node.name().empty() ? "output '" + node.output(0) + "'" : "node '" + node.name() + "'";
+    const std::string label = (domain.empty() ? "ai.onnx" : domain) + "::" + node.op_type() + " (opset " +
+                              std::to_string(p.opset) + ") at " + where;
+    const JvpRule* rule = domain.empty() ? rules.find_jvp(node.op_type()) : nullptr;
+    if (!rule) {
+      std::string why = node.op_type().rfind("Random", 0) == 0 || node.op_type() == "Bernoulli"
+                            ? "random operators have no derivative"
+                        : node.attribute_size() && !outer_scope_reads(node).empty() ? "control flow is not differentiable yet"
+                        : node.op_type() == "If" || node.op_type() == "Loop" || node.op_type() == "Scan"
+                            ? "control flow is not differentiable yet"
+                            : "no derivative rule for this operator yet";
+      diag::fail(Error::Kind::kUnsupported,
+                 m + ": cannot differentiate " + label + ": " + why + "; it lies on the path from input '" + from +
+                     "' to the selected outputs " + quoted_names(r.outputs) +
+                     ". Fix: select inputs/outputs that avoid it, or compute it outside the differentiated model");
+    }
+    JvpCtx ctx{b, node, p.opset, {}, ys, {}};
+    for (const auto& in : node.input()) {
+      ctx.xs.push_back(in.empty() ? V{} : primal.at(in));
+      auto it = in.empty() ? tangent.end() : tangent.find(in);
+      ctx.ts.push_back(it == tangent.end() ? V{} : it->second);
+    }
+    b.set_origin(node.output(0) + "_tangent");
+    std::vector<V> touts = (*rule)(ctx);
+    for (int k = 0; k < node.output_size() && k < static_cast<int>(touts.size()); ++k) {
+      const std::string& o = node.output(k);
+      if (o.empty() || !touts[k].valid() || !differentiable_dtype(facts(o).dtype)) continue;
+      tangent[o] = touts[k];
+      origin[o] = from;
+      if (!b.witness(touts[k]).valid()) b.set_witness(touts[k], ys[k]);
+    }
+  }
+
+  std::vector<onnx::ValueInfoProto> new_outputs;
+  std::vector<std::string> derivative_names;
+  // Derivative outputs take their readable names: a value this transform computed is renamed
+  // (in one pass at the end); a primal value, a graph input, or a value already renamed gets
+  // an Identity instead.
+  std::unordered_set<std::string> fixed_names;
+  for (const auto& [n, v] : primal) fixed_names.insert(n);
+  for (const auto& vi : new_inputs) fixed_names.insert(vi.name());
+  std::set<int> renamed;
+  std::vector<std::pair<V, std::string>> renames;
+  auto emit_named = [&](V v, const std::string& name) {
+    if (!fixed_names.count(b.name(v)) && !renamed.count(v.id)) {
+      renamed.insert(v.id);
+      renames.emplace_back(v, name);
+      return;
+    }
+    b.op_named("Identity", {v}, {}, name);
+  };
+  auto zeros_like = [&](const std::string& name) {
+    V x = primal.at(name);
+    return b.expand(b.scalar(0.0, facts(name).dtype), b.shape_of(x));
+  };
+
+  if (mode == Mode::kJvp) {
+    for (const auto& o : r.outputs) {
+      const std::string tname = p.value_names.fresh(o + "_tangent");
+      b.set_origin(tname);
+      auto it = tangent.find(o);
+      emit_named(it == tangent.end() ? zeros_like(o) : it->second, tname);
+      new_outputs.push_back(value_info_like(tname, facts(o)));
+      derivative_names.push_back(tname);
+    }
+  } else {
+    // Transpose the tape: cotangents flow from the selected outputs back to the seeds.
+    b.set_tape(nullptr);
+    b.forbid_tangent_inputs(true);
+    std::unordered_map<int, V> ct;
+    auto accumulate = [&](V t, V c) {
+      if (!t.valid() || !c.valid()) return;
+      auto it = ct.find(t.id);
+      ct[t.id] = it == ct.end() ? c : b.add(it->second, c);
+    };
+    for (const auto& o : r.outputs) {
+      V seed;
+      if (mode == Mode::kGrad) {
+        seed = b.scalar(1.0, facts(o).dtype);
+      } else {
+        const std::string cname = p.value_names.fresh(o + "_cotangent");
+        seed = b.existing(cname, facts(o));
+        new_inputs.push_back(value_info_like(cname, facts(o)));
+        fixed_names.insert(cname);
+      }
+      auto it = tangent.find(o);
+      if (it != tangent.end()) accumulate(it->second, seed);
+    }
+    for (size_t k = tape.size(); k-- > 0;) {
+      Builder::TapeNode& tn = tape[k];
+      std::vector<V> cts;
+      bool any = false;
+      for (V o : tn.outputs) {
+        auto it = o.valid() ? ct.find(o.id) : ct.end();
+        cts.push_back(it == ct.end() ? V{} : it->second);
+        any = any || it != ct.end();
+      }
+      if (!any) continue;
+      const TransposeRule* rule = rules.find_transpose(tn.node.op_type());
+      if (!rule)
+        diag::fail(Error::Kind::kUnsupported, std::string("vjp: onnax internal error: no transpose rule for the linear ") +
+                                                  tn.node.op_type() + " emitted while differentiating '" +
+                                                  tn.node.name() + "'. Fix: please report this with the model");
+      TransposeCtx tctx{b, tn.node, p.opset, tn.inputs, {}, cts};
+      for (V in : tn.inputs) tctx.lin.push_back(b.tangent(in));
+      // Cotangent nodes are named after the source value whose tangent the tape node computed.
+      std::string base = tn.origin;
+      if (base.size() > 8 && base.compare(base.size() - 8, 8, "_tangent") == 0) base.resize(base.size() - 8);
+      b.set_origin(base + "_ct");
+      std::vector<V> in_cts = (*rule)(tctx);
+      for (size_t i = 0; i < tn.inputs.size() && i < in_cts.size(); ++i)
+        if (tctx.lin[i]) accumulate(tn.inputs[i], in_cts[i]);
+    }
+    for (size_t i = 0; i < r.inputs.size(); ++i) {
+      const std::string& name = r.inputs[i];
+      const std::string oname = p.value_names.fresh(name + (mode == Mode::kGrad ? "_grad" : "_cotangent"));
+      b.set_origin(oname);
+      auto it = ct.find(seeds[i].id);
+      V c = it == ct.end() ? zeros_like(name) : it->second;
+      emit_named(c, oname);
+      new_outputs.push_back(value_info_like(oname, facts(name)));
+      derivative_names.push_back(oname);
+    }
+  }
+
+  b.rename_all(renames);
+  for (const auto& vi : src->input()) *out.add_input() = vi;
+  for (auto& vi : new_inputs) *out.add_input() = std::move(vi);
+  for (const auto& o : src->output()) {
+    onnx::ValueInfoProto vi = o;
+    const Facts f = facts(o.name());
+    if (f.dtype && (!o.has_type() || o.type().has_tensor_type())) write_type(f, vi.mutable_type());
+    *out.add_output() = vi;
+  }
+  for (auto& vi : new_outputs) *out.add_output() = std::move(vi);
+  out.mutable_initializer()->Swap(src->mutable_initializer());
+  out.mutable_sparse_initializer()->Swap(src->mutable_sparse_initializer());
+  for (const auto& vi : source.graph().value_info()) *out.add_value_info() = vi;
+  delete src;
+  onnx::ModelProto result = std::move(p.model);
+  *result.mutable_graph() = std::move(out);
+
+  std::vector<std::string> qi, qo;
+  for (const auto& n : r.inputs) qi.push_back(provenance::quote(n));
+  for (const auto& n : r.outputs) qo.push_back(provenance::quote(n));
+  provenance::record_step(result, "{\"transform\": " + provenance::quote(m) + ", \"inputs\": " + provenance::list(qi) +
+                                      ", \"outputs\": " + provenance::list(qo) + "}");
+  provenance::set_derivative_outputs(result, derivative_names);
+  return result;
+}
+
+}  // namespace
+
+onnx::ModelProto jvp(const onnx::ModelProto& model, const Selection& selection) {
+  return differentiate(model, Mode::kJvp, selection);
+}
+
+onnx::ModelProto vjp(const onnx::ModelProto& model, const Selection& selection) {
+  return differentiate(model, Mode::kVjp, selection);
+}
+
+onnx::ModelProto grad(const onnx::ModelProto& model, const std::optional<std::vector<std::string>>& inputs,
+                      const std::optional<std::string>& output) {
+  Selection s;
+  s.inputs = inputs;
+  if (output) s.outputs = std::vector<std::string>{*output};
+  else {
+    // The only rank-0 float output, when there is exactly one.
+    Prepared p = prepare(model, "grad");
+    std::vector<std::string> scalars, all;
+    for (const auto& o : p.model.graph().output()) {
+      all.push_back(o.name());
+      const Facts f = p.facts.get(o.name());
+      if (f.rank() == 0 && differentiable_dtype(f.dtype)) scalars.push_back(o.name());
+    }
+    if (scalars.size() != 1)
+      diag::fail(Error::Kind::kSelection,
+                 "grad: no output was selected and the model has " + std::to_string(scalars.size()) +
+                     " rank-0 float outputs " + quoted_names(scalars) + " (outputs: " + quoted_names(all) +
+                     "). Fix: pass output=<name of the scalar loss>");
+    s.outputs = scalars;
+  }
+  return differentiate(model, Mode::kGrad, s);
+}
+
+}  // namespace onnax

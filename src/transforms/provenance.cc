@@ -1,0 +1,81 @@
+#include "transforms/provenance.h"
+
+#include <onnax/onnax.h>
+
+namespace onnax::provenance {
+namespace {
+
+onnx::StringStringEntryProto* find(onnx::ModelProto& m, const std::string& key) {
+  for (auto& e : *m.mutable_metadata_props())
+    if (e.key() == key) return &e;
+  return nullptr;
+}
+
+// Parses a JSON array of strings as written by list(quote(...)).
+std::vector<std::string> parse_string_list(const std::string& s) {
+  std::vector<std::string> out;
+  size_t i = 0;
+  while ((i = s.find('"', i)) != std::string::npos) {
+    std::string item;
+    for (++i; i < s.size() && s[i] != '"'; ++i) {
+      if (s[i] == '\\' && i + 1 < s.size()) ++i;
+      item += s[i];
+    }
+    out.push_back(item);
+    ++i;
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string quote(const std::string& s) {
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\') out += '\\';
+    out += c;
+  }
+  return out + "\"";
+}
+
+std::string list(const std::vector<std::string>& items) {
+  std::string out = "[";
+  for (size_t i = 0; i < items.size(); ++i) out += (i ? ", " : "") + items[i];
+  return out + "]";
+}
+
+void record_step(onnx::ModelProto& model, const std::string& step_json) {
+  std::string step = step_json;
+  step.insert(step.size() - 1, ", \"onnax_version\": " + quote(version()));
+  auto* e = find(model, kTransformsKey);
+  if (!e) {
+    e = model.add_metadata_props();
+    e->set_key(kTransformsKey);
+    e->set_value("[" + step + "]");
+    return;
+  }
+  std::string v = e->value();
+  const auto close = v.rfind(']');
+  if (close == std::string::npos) v = "[" + step + "]";
+  else v.insert(close, (v.find('{') == std::string::npos ? "" : ", ") + step);
+  e->set_value(v);
+}
+
+std::vector<std::string> derivative_outputs(const onnx::ModelProto& model) {
+  for (const auto& e : model.metadata_props())
+    if (e.key() == kDerivativeOutputsKey) return parse_string_list(e.value());
+  return {};
+}
+
+void set_derivative_outputs(onnx::ModelProto& model, const std::vector<std::string>& names) {
+  std::vector<std::string> quoted;
+  for (const auto& n : names) quoted.push_back(quote(n));
+  auto* e = find(model, kDerivativeOutputsKey);
+  if (!e) {
+    e = model.add_metadata_props();
+    e->set_key(kDerivativeOutputsKey);
+  }
+  e->set_value(list(quoted));
+}
+
+}  // namespace onnax::provenance

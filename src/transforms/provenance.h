@@ -1,0 +1,25 @@
+// What onnax records in a model's metadata_props: the transform chain that produced it (so a
+// generated file is self-describing) and which outputs are generated derivatives (so
+// jvp(grad(f)) knows to differentiate the gradient by default, also after save/load).
+#pragma once
+
+#include <onnx/onnx_pb.h>
+
+#include <string>
+#include <vector>
+
+namespace onnax::provenance {
+
+inline constexpr const char* kTransformsKey = "onnax.transforms";
+inline constexpr const char* kDerivativeOutputsKey = "onnax.derivative_outputs";
+
+// Appends one step (a JSON object) to the recorded chain, with the onnax version.
+void record_step(onnx::ModelProto& model, const std::string& step_json);
+std::vector<std::string> derivative_outputs(const onnx::ModelProto& model);
+void set_derivative_outputs(onnx::ModelProto& model, const std::vector<std::string>& names);
+
+// JSON helpers for steps.
+std::string quote(const std::string& s);
+std::string list(const std::vector<std::string>& quoted_items);
+
+}  // namespace onnax::provenance

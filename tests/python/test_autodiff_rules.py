@@ -1,0 +1,1231 @@
+"""Per-operator numerical tests for ``onnax.jvp``, ``onnax.vjp`` and ``onnax.grad``.
+
+Every case is a small DOUBLE model (usually one node) plus input generators that keep away from
+non-smooth points. For each case:
+
+* ``test_jvp``: ``jvp`` output vs float64 central finite differences;
+* ``test_vjp_dot``: the dot-product test ``<u, J v> == <J^T u, v>``;
+* ``test_grad``: ``grad`` of a weighted sum of the outputs vs FD, coordinate by coordinate;
+* ``test_jvp_f32`` / ``test_grad_f32``: the FLOAT variant vs the float64 FD oracle.
+
+Then Hessian-vector products, per-example gradients (``vmap(grad(f))``), the non-smooth
+conventions (JAX's), and compositions (``jvp(jvp)``, ``grad(grad)``, ``vmap`` of derivative
+graphs, serialization round trips).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import onnx
+import pytest
+from ad_oracle import (
+    TOL64,
+    ADGen,
+    as_double,
+    as_float,
+    avoiding,
+    check_grad,
+    check_hvp,
+    check_jvp,
+    check_per_example_grad,
+    check_vjp_dot,
+    check_vmap_of,
+    distinct,
+    fixed,
+    normal,
+    run,
+    scalarize,
+    to_proto,
+    uniform,
+)
+from onnx import TensorProto
+from vmap_oracle import make_model, node
+
+pytest.importorskip("onnax")
+
+F = TensorProto.FLOAT
+D = TensorProto.DOUBLE
+I64 = TensorProto.INT64
+B = TensorProto.BOOL
+
+
+@dataclass
+class Case:
+    id: str
+    model: onnx.ModelProto
+    gens: Mapping[str, ADGen] = field(default_factory=dict)
+    inputs: Sequence[str] | None = None
+    outputs: Sequence[str] | None = None
+    # "both": DOUBLE model plus a FLOAT variant; "native": only the model as built
+    variants: str = "both"
+    # float-only ops (Celu): the FD oracle runs the FLOAT model itself
+    float_only: bool = False
+
+
+CASES: list[Case] = []
+
+
+def In(name: str, shape: Sequence[Any], elem: int = D) -> tuple[str, int, list[Any]]:
+    return (name, elem, list(shape))
+
+
+def build(
+    nodes: Sequence[onnx.NodeProto],
+    inputs: Sequence[tuple[str, int, list[Any]]],
+    outputs: Sequence[str] = ("y",),
+    inits: Mapping[str, Any] | None = None,
+    opset: int = 18,
+) -> onnx.ModelProto:
+    seen: dict[str, int] = {}
+    for n in nodes:
+        count = seen.get(n.name, 0)
+        seen[n.name] = count + 1
+        if count:
+            n.name = f"{n.name}_{count}"
+    return make_model(nodes, inputs, outputs, initializers=inits, opset=opset)
+
+
+def add(
+    case_id: str,
+    model: onnx.ModelProto,
+    gens: Mapping[str, ADGen] | None = None,
+    *,
+    inputs: Sequence[str] | None = None,
+    outputs: Sequence[str] | None = None,
+    variants: str = "both",
+    float_only: bool = False,
+) -> None:
+    assert all(c.id != case_id for c in CASES), f"duplicate case id {case_id}"
+    CASES.append(Case(case_id, model, dict(gens or {}), inputs, outputs, variants, float_only))
+
+
+def unary(op: str, gen: ADGen | None = None, opset: int = 18, shape: Sequence[int] = (3, 4), **attrs: Any):
+    m = build([node(op, ["x"], ["y"], **attrs)], [In("x", shape)], opset=opset)
+    return m, {"x": gen or normal(shape)}
+
+
+def i64(values: Any) -> np.ndarray:
+    return np.asarray(values, dtype=np.int64)
+
+
+def f64(values: Any) -> np.ndarray:
+    return np.asarray(values, dtype=np.float64)
+
+
+# --------------------------------------------------------------------------------------------
+# Elementwise unary math and activations
+
+S = (3, 4)
+for _op, _gen, _attrs in [
+    ("Neg", normal(S), {}),
+    ("Abs", avoiding(S, [0.0]), {}),
+    ("Exp", normal(S), {}),
+    ("Log", uniform(S, 0.2, 3.0), {}),
+    ("Sqrt", uniform(S, 0.2, 3.0), {}),
+    ("Reciprocal", avoiding(S, [0.0], gap=0.3), {}),
+    ("Sin", normal(S), {}),
+    ("Cos", normal(S), {}),
+    ("Tan", uniform(S, -1.2, 1.2), {}),
+    ("Tanh", normal(S), {}),
+    ("Sigmoid", normal(S), {}),
+    ("Relu", avoiding(S, [0.0]), {}),
+    ("LeakyRelu", avoiding(S, [0.0]), {"alpha": 0.1}),
+    ("Elu", avoiding(S, [0.0]), {"alpha": 0.7}),
+    ("Selu", avoiding(S, [0.0]), {}),
+    ("Softplus", normal(S, 2.0), {}),
+    ("Softsign", avoiding(S, [0.0]), {}),
+    ("Erf", normal(S), {}),
+    ("HardSigmoid", avoiding(S, [-4.0 / 3.0, 2.0], -3.0, 3.0), {"alpha": 0.3, "beta": 0.4}),
+    ("HardSwish", avoiding(S, [-3.0, 3.0], -4.5, 4.5), {}),
+    ("Mish", normal(S, 2.0), {}),
+    ("ThresholdedRelu", avoiding(S, [0.5], -2.0, 2.0), {"alpha": 0.5}),
+    ("Shrink", avoiding(S, [-0.6, 0.6], -2.0, 2.0), {"bias": 0.2, "lambd": 0.6}),
+    ("Asin", uniform(S, -0.9, 0.9), {}),
+    ("Acos", uniform(S, -0.9, 0.9), {}),
+    ("Atan", normal(S, 2.0), {}),
+    ("Sinh", normal(S), {}),
+    ("Cosh", normal(S), {}),
+    ("Asinh", normal(S, 2.0), {}),
+    ("Acosh", uniform(S, 1.2, 3.0), {}),
+    ("Atanh", uniform(S, -0.9, 0.9), {}),
+    ("Identity", normal(S), {}),
+    ("Softmax", normal(S), {}),
+    ("LogSoftmax", normal(S), {}),
+]:
+    _m, _g = unary(_op, _gen, **_attrs)
+    add(f"unary-{_op}", _m, _g)
+
+for _approx in ("none", "tanh"):
+    _m, _g = unary("Gelu", normal(S, 2.0), opset=20, approximate=_approx)
+    add(f"unary-Gelu-{_approx}-opset20", _m, _g)
+
+# Celu is FLOAT-only in ONNX: FD in float32 with a larger step.
+add(
+    "unary-Celu-float",
+    build([node("Celu", ["x"], ["y"], alpha=1.5)], [In("x", S, F)]),
+    {"x": avoiding(S, [0.0])},
+    variants="native",
+    float_only=True,
+)
+
+# A few at newer opsets (ORT up to 26)
+for _opset in (21, 23, 24, 26):
+    add(
+        f"composite-tanh-mul-matmul-opset{_opset}",
+        build(
+            [
+                node("Tanh", ["x"], ["t"]),
+                node("Mul", ["t", "x"], ["m"]),
+                node("MatMul", ["m", "w"], ["y"]),
+            ],
+            [In("x", (3, 4)), In("w", (4, 2))],
+            opset=_opset,
+        ),
+    )
+    add(
+        f"unary-Relu-opset{_opset}",
+        unary("Relu", avoiding(S, [0.0]), opset=_opset)[0],
+        {"x": avoiding(S, [0.0])},
+    )
+# ... and on the reference evaluator (27, 28)
+for _opset in (27, 28):
+    add(
+        f"composite-sigmoid-div-opset{_opset}",
+        build(
+            [node("Sigmoid", ["x"], ["s"]), node("Div", ["s", "b"], ["y"])],
+            [In("x", (2, 3)), In("b", (3,))],
+            opset=_opset,
+        ),
+        {"b": avoiding((3,), [0.0], gap=0.5)},
+    )
+
+# --------------------------------------------------------------------------------------------
+# Elementwise binary with broadcasting
+
+for _op in ("Add", "Sub", "Mul", "Div", "Pow", "Max", "Min"):
+    for _bshape in ((3, 4), (4,), (3, 1), ()):
+        _gens: dict[str, ADGen] = {"a": normal((3, 4)), "b": normal(_bshape)}
+        if _op == "Div":
+            _gens["b"] = avoiding(_bshape, [0.0], gap=0.4)
+        if _op == "Pow":
+            _gens = {"a": uniform((3, 4), 0.5, 2.0), "b": uniform(_bshape, -1.5, 2.0)}
+        _tag = "x".join(map(str, _bshape)) or "scalar"
+        add(
+            f"binary-{_op}-3x4-{_tag}",
+            build([node(_op, ["a", "b"], ["y"])], [In("a", (3, 4)), In("b", _bshape)]),
+            _gens,
+        )
+    # broadcast on the left operand too
+    add(
+        f"binary-{_op}-3x1-1x4",
+        build([node(_op, ["a", "b"], ["y"])], [In("a", (3, 1)), In("b", (1, 4))]),
+        {"a": uniform((3, 1), 0.5, 2.0), "b": avoiding((1, 4), [0.0], gap=0.4)}
+        if _op in ("Pow", "Div")
+        else {},
+    )
+
+add(
+    "binary-Pow-const-exponent",
+    build([node("Pow", ["x", "e"], ["y"])], [In("x", S)], inits={"e": f64(3.0)}),
+)
+add(
+    "binary-Pow-int-exponent",
+    build([node("Pow", ["x", "e"], ["y"])], [In("x", S)], inits={"e": i64(2)}),
+)
+add(
+    "binary-Pow-same-input",
+    build([node("Pow", ["x", "x"], ["y"])], [In("x", S)]),
+    {"x": uniform(S, 0.3, 2.0)},
+)
+for _sshape in ((4,), (3, 1), (1,)):
+    add(
+        f"PRelu-slope-{'x'.join(map(str, _sshape))}",
+        build([node("PRelu", ["x", "slope"], ["y"])], [In("x", S), In("slope", _sshape)]),
+        {"x": avoiding(S, [0.0])},
+    )
+for _op in ("Sum", "Mean", "Max", "Min"):
+    add(
+        f"variadic-{_op}-3-inputs",
+        build(
+            [node(_op, ["a", "b", "c"], ["y"])],
+            [In("a", (3, 4)), In("b", (4,)), In("c", (3, 1))],
+        ),
+    )
+    add(f"variadic-{_op}-1-input", build([node(_op, ["a"], ["y"])], [In("a", (3, 4))]))
+add(
+    "Where-broadcast",
+    build(
+        [node("Where", ["c", "a", "b"], ["y"])],
+        [In("a", (3, 4)), In("b", (4,))],
+        inits={"c": np.array([[True, False, True, False]] * 2 + [[False, False, True, True]])},
+    ),
+)
+add(
+    "Where-runtime-condition",
+    build([node("Where", ["c", "a", "b"], ["y"])], [In("c", (3, 1), B), In("a", (3, 4)), In("b", (3, 4))]),
+    {"c": fixed(np.array([[True], [False], [True]]))},
+)
+add(
+    "Clip-const-bounds",
+    build([node("Clip", ["x", "lo", "hi"], ["y"])], [In("x", S)], inits={"lo": f64(-0.5), "hi": f64(0.7)}),
+    {"x": avoiding(S, [-0.5, 0.7])},
+)
+add(
+    "Clip-runtime-bounds",
+    build([node("Clip", ["x", "lo", "hi"], ["y"])], [In("x", S), In("lo", ()), In("hi", ())]),
+    {"x": avoiding(S, [-0.5, 0.7]), "lo": fixed(-0.5), "hi": fixed(0.7)},
+)
+add(
+    "Clip-min-only",
+    build([node("Clip", ["x", "lo"], ["y"])], [In("x", S)], inits={"lo": f64(0.1)}),
+    {"x": avoiding(S, [0.1])},
+)
+add("Clip-no-bounds", build([node("Clip", ["x"], ["y"])], [In("x", S)]))
+add(
+    "Cast-float-to-double",
+    build(
+        [node("Cast", ["x"], ["c"], to=D), node("Mul", ["c", "c"], ["y"])],
+        [In("x", S, F)],
+    ),
+    variants="native",
+)
+add(
+    "Cast-double-to-float",
+    build([node("Cast", ["x"], ["c"], to=F), node("Sin", ["c"], ["y"])], [In("x", S, D)]),
+    variants="native",
+)
+add("Dropout-inference", build([node("Dropout", ["x"], ["y"])], [In("x", S)]))
+add(
+    "Dropout-training-false-with-mask",
+    build(
+        [node("Dropout", ["x", "r", "t"], ["y", "mask"])],
+        [In("x", S)],
+        outputs=("y", "mask"),
+        inits={"r": f64(0.5), "t": np.asarray(False)},
+    ),
+)
+
+# --------------------------------------------------------------------------------------------
+# Reductions
+
+S3 = (2, 3, 4)
+_reduce_gens: dict[str, ADGen] = {
+    "ReduceSum": normal(S3),
+    "ReduceMean": normal(S3),
+    "ReduceSumSquare": normal(S3),
+    "ReduceL1": avoiding(S3, [0.0]),
+    "ReduceL2": normal(S3),
+    "ReduceLogSum": uniform(S3, 0.2, 2.0),
+    "ReduceLogSumExp": normal(S3),
+    "ReduceMax": distinct(S3),
+    "ReduceMin": distinct(S3),
+    "ReduceProd": avoiding(S3, [0.0], -1.5, 1.5, gap=0.4),
+}
+for _op, _gen in _reduce_gens.items():
+    for _axes, _keep in (([1], 1), ([0, 2], 0), ([-1], 0), (None, 0), (None, 1)):
+        _tag = ("axes" + "_".join(map(str, _axes))) if _axes is not None else "all"
+        _inits = {"axes": i64(_axes)} if _axes is not None else None
+        _ins = ["x", "axes"] if _axes is not None else ["x"]
+        add(
+            f"{_op}-{_tag}-keepdims{_keep}",
+            build([node(_op, _ins, ["y"], keepdims=_keep)], [In("x", S3)], inits=_inits),
+            {"x": _gen},
+        )
+
+for _op in ("Softmax", "LogSoftmax"):
+    for _axis in (0, 1, -1):
+        add(f"{_op}-axis{_axis}", build([node(_op, ["x"], ["y"], axis=_axis)], [In("x", S3)]))
+
+for _excl in (0, 1):
+    for _rev in (0, 1):
+        add(
+            f"CumSum-exclusive{_excl}-reverse{_rev}",
+            build(
+                [node("CumSum", ["x", "ax"], ["y"], exclusive=_excl, reverse=_rev)],
+                [In("x", S3)],
+                inits={"ax": i64(1)},
+            ),
+        )
+for _largest in (1, 0):
+    for _axis in (-1, 0):
+        add(
+            f"TopK-largest{_largest}-axis{_axis}",
+            build(
+                [node("TopK", ["x", "k"], ["values", "indices"], axis=_axis, largest=_largest)],
+                [In("x", (3, 4))],
+                outputs=("values", "indices"),
+                inits={"k": i64([2])},
+            ),
+            {"x": distinct((3, 4))},
+        )
+
+# --------------------------------------------------------------------------------------------
+# MatMul, Gemm, Einsum
+
+for _a, _b in [
+    ((3, 4), (4, 5)),
+    ((4,), (4, 5)),
+    ((3, 4), (4,)),
+    ((4,), (4,)),
+    ((2, 3, 4), (4, 5)),
+    ((3, 4), (2, 4, 5)),
+    ((2, 1, 3, 4), (3, 4, 2)),
+]:
+    _tag = f"{'x'.join(map(str, _a))}-{'x'.join(map(str, _b))}"
+    add(f"MatMul-{_tag}", build([node("MatMul", ["a", "b"], ["y"])], [In("a", _a), In("b", _b)]))
+
+for _ta in (0, 1):
+    for _tb in (0, 1):
+        _ashape = (4, 3) if _ta else (3, 4)
+        _bshape = (5, 4) if _tb else (4, 5)
+        add(
+            f"Gemm-transA{_ta}-transB{_tb}",
+            build(
+                [node("Gemm", ["a", "b", "c"], ["y"], transA=_ta, transB=_tb, alpha=0.7, beta=1.3)],
+                [In("a", _ashape), In("b", _bshape), In("c", (3, 5))],
+            ),
+        )
+for _cshape in ((5,), (3, 1), (), (1, 5)):
+    add(
+        f"Gemm-C-{'x'.join(map(str, _cshape)) or 'scalar'}",
+        build(
+            [node("Gemm", ["a", "b", "c"], ["y"], beta=0.5)],
+            [In("a", (3, 4)), In("b", (4, 5)), In("c", _cshape)],
+        ),
+    )
+add("Gemm-no-C", build([node("Gemm", ["a", "b"], ["y"], alpha=2.0)], [In("a", (3, 4)), In("b", (4, 5))]))
+
+for _eq, _shapes in [
+    ("ij,jk->ik", [(3, 4), (4, 5)]),
+    ("bij,bjk->bik", [(2, 3, 4), (2, 4, 2)]),
+    ("ij->ji", [(3, 4)]),
+    ("ij->", [(3, 4)]),
+    ("i,j->ij", [(3,), (4,)]),
+    ("ij,ij->i", [(3, 4), (3, 4)]),
+    ("ij,jk,kl->il", [(2, 3), (3, 4), (4, 2)]),
+    ("ii->i", [(3, 3)]),
+]:
+    _names = [f"e{k}" for k in range(len(_shapes))]
+    add(
+        f"Einsum-{_eq.replace(',', '_').replace('->', '-to-') or 'x'}",
+        build(
+            [node("Einsum", _names, ["y"], equation=_eq)],
+            [In(n, s) for n, s in zip(_names, _shapes, strict=True)],
+        ),
+    )
+
+# --------------------------------------------------------------------------------------------
+# Shape ops
+
+add("Reshape-4x3", build([node("Reshape", ["x", "s"], ["y"])], [In("x", S)], inits={"s": i64([4, 3])}))
+add("Reshape-minus1", build([node("Reshape", ["x", "s"], ["y"])], [In("x", S3)], inits={"s": i64([-1])}))
+add(
+    "Reshape-zero-copies-dim",
+    build([node("Reshape", ["x", "s"], ["y"])], [In("x", S3)], inits={"s": i64([0, 2, -1])}),
+)
+add("Transpose-perm", build([node("Transpose", ["x"], ["y"], perm=[2, 0, 1])], [In("x", S3)]))
+add("Transpose-default", build([node("Transpose", ["x"], ["y"])], [In("x", S3)]))
+add(
+    "Squeeze-axes",
+    build([node("Squeeze", ["x", "a"], ["y"])], [In("x", (3, 1, 4, 1))], inits={"a": i64([1, -1])}),
+)
+add("Squeeze-all", build([node("Squeeze", ["x"], ["y"])], [In("x", (3, 1, 4, 1))]))
+add(
+    "Unsqueeze-axes",
+    build([node("Unsqueeze", ["x", "a"], ["y"])], [In("x", S)], inits={"a": i64([0, -1])}),
+)
+for _axis in (0, 1, 2, -1):
+    add(f"Flatten-axis{_axis}", build([node("Flatten", ["x"], ["y"], axis=_axis)], [In("x", S3)]))
+add(
+    "Expand-3x1-to-2x3x4",
+    build([node("Expand", ["x", "s"], ["y"])], [In("x", (3, 1))], inits={"s": i64([2, 3, 4])}),
+)
+add(
+    "Expand-same-rank",
+    build([node("Expand", ["x", "s"], ["y"])], [In("x", (1, 4))], inits={"s": i64([3, 1])}),
+)
+for _axis in (0, 1, -1):
+    add(
+        f"Concat-axis{_axis}",
+        build(
+            [node("Concat", ["a", "b", "c"], ["y"], axis=_axis)],
+            [In("a", (2, 3)), In("b", (2, 3)), In("c", (2, 3))],
+        ),
+    )
+add(
+    "Concat-same-input-twice",
+    build([node("Concat", ["a", "a"], ["y"], axis=0)], [In("a", (2, 3))]),
+)
+add(
+    "Split-sizes",
+    build(
+        [node("Split", ["x", "sp"], ["y0", "y1"], axis=1)],
+        [In("x", (3, 4))],
+        outputs=("y0", "y1"),
+        inits={"sp": i64([1, 3])},
+    ),
+)
+add(
+    "Split-num-outputs",
+    build(
+        [node("Split", ["x"], ["y0", "y1", "y2"], axis=0, num_outputs=3)],
+        [In("x", (3, 4))],
+        ("y0", "y1", "y2"),
+    ),
+)
+add(
+    "Split-select-one-output",
+    build([node("Split", ["x"], ["y0", "y1"], axis=1, num_outputs=2)], [In("x", (3, 4))], ("y0", "y1")),
+    outputs=["y1"],
+)
+for _tag, _st, _en, _ax, _sp in [
+    ("basic", [1], [3], [1], None),
+    ("steps2", [0, 0], [3, 4], [0, 1], [2, 2]),
+    ("negative-steps", [-1], [-100], [1], [-1]),
+    ("negative-starts", [-2, 0], [10, -1], [0, 2], [1, 2]),
+    ("reverse-stride2", [3], [0], [2], [-2]),
+]:
+    _inits = {"st": i64(_st), "en": i64(_en), "ax": i64(_ax)}
+    _ins = ["x", "st", "en", "ax"]
+    if _sp is not None:
+        _inits["sp"] = i64(_sp)
+        _ins.append("sp")
+    add(f"Slice-{_tag}", build([node("Slice", _ins, ["y"])], [In("x", S3)], inits=_inits))
+add("Tile", build([node("Tile", ["x", "r"], ["y"])], [In("x", (2, 3))], inits={"r": i64([2, 3])}))
+add(
+    "Pad-constant-runtime-value",
+    build(
+        [node("Pad", ["x", "p", "cv"], ["y"], mode="constant")],
+        [In("x", (2, 3)), In("cv", ())],
+        inits={"p": i64([1, 0, 2, 1])},
+    ),
+)
+add(
+    "Pad-constant-default",
+    build([node("Pad", ["x", "p"], ["y"])], [In("x", (2, 3))], inits={"p": i64([0, 2, 1, 0])}),
+)
+for _mode in ("reflect", "edge"):
+    add(
+        f"Pad-{_mode}",
+        build(
+            [node("Pad", ["x", "p"], ["y"], mode=_mode)],
+            [In("x", (3, 4))],
+            inits={"p": i64([1, 2, 2, 1])},
+        ),
+    )
+add(
+    "Pad-axes",
+    build(
+        [node("Pad", ["x", "p", "", "ax"], ["y"], mode="edge")],
+        [In("x", S3)],
+        inits={"p": i64([1, 2]), "ax": i64([-1])},
+    ),
+)
+
+# --------------------------------------------------------------------------------------------
+# Gather / Scatter
+
+add(
+    "Gather-axis0-repeats",
+    build([node("Gather", ["x", "i"], ["y"], axis=0)], [In("x", (3, 4))], inits={"i": i64([2, 0, 2, -1])}),
+)
+add(
+    "Gather-axis1-2d-indices",
+    build([node("Gather", ["x", "i"], ["y"], axis=1)], [In("x", S3)], inits={"i": i64([[0, 3], [3, 1]])}),
+)
+add(
+    "Gather-scalar-index",
+    build([node("Gather", ["x", "i"], ["y"], axis=1)], [In("x", (3, 4))], inits={"i": i64(2)}),
+)
+add(
+    "GatherElements-axis1",
+    build(
+        [node("GatherElements", ["x", "i"], ["y"], axis=1)],
+        [In("x", (3, 4))],
+        inits={"i": i64([[0, 0, 3], [1, 2, 1], [3, -1, 0]])},
+    ),
+)
+add(
+    "GatherND",
+    build(
+        [node("GatherND", ["x", "i"], ["y"])],
+        [In("x", S3)],
+        inits={"i": i64([[0, 1], [1, 2], [0, 1]])},
+    ),
+)
+add(
+    "GatherND-batch-dims",
+    build(
+        [node("GatherND", ["x", "i"], ["y"], batch_dims=1)],
+        [In("x", S3)],
+        inits={"i": i64([[[2], [0]], [[1], [1]]])},
+    ),
+)
+add(
+    "ScatterElements-none",
+    build(
+        [node("ScatterElements", ["x", "i", "u"], ["y"], axis=1)],
+        [In("x", (3, 4)), In("u", (3, 2))],
+        inits={"i": i64([[0, 2], [3, 1], [1, 0]])},
+    ),
+)
+add(
+    "ScatterElements-add-duplicates",
+    build(
+        [node("ScatterElements", ["x", "i", "u"], ["y"], axis=0, reduction="add")],
+        [In("x", (3, 4)), In("u", (2, 4))],
+        inits={"i": i64([[0, 2, 2, 1], [0, 2, 1, 1]])},
+    ),
+)
+add(
+    "ScatterND-none",
+    build(
+        [node("ScatterND", ["x", "i", "u"], ["y"])],
+        [In("x", S3), In("u", (2, 4))],
+        inits={"i": i64([[0, 2], [1, 0]])},
+    ),
+)
+add(
+    "ScatterND-add-duplicates",
+    build(
+        [node("ScatterND", ["x", "i", "u"], ["y"], reduction="add")],
+        [In("x", (4, 3)), In("u", (3, 3))],
+        inits={"i": i64([[1], [3], [1]])},
+    ),
+)
+
+# --------------------------------------------------------------------------------------------
+# Normalization, pooling, convolution
+
+_C = 3
+add(
+    "BatchNormalization-inference",
+    build(
+        [node("BatchNormalization", ["x", "s", "b", "m", "v"], ["y"], epsilon=1e-3)],
+        [In("x", (2, _C, 2, 2)), In("s", (_C,)), In("b", (_C,)), In("m", (_C,)), In("v", (_C,))],
+    ),
+    {"v": uniform((_C,), 0.5, 2.0)},
+)
+add(
+    "BatchNormalization-2d-input",
+    build(
+        [node("BatchNormalization", ["x", "s", "b", "m", "v"], ["y"])],
+        [In("x", (4, _C)), In("s", (_C,)), In("b", (_C,)), In("m", (_C,)), In("v", (_C,))],
+    ),
+    {"v": uniform((_C,), 0.5, 2.0)},
+)
+add(
+    "LayerNormalization-last-axis",
+    build(
+        [node("LayerNormalization", ["x", "s", "b"], ["y"], axis=-1, epsilon=1e-3)],
+        [In("x", S3), In("s", (4,)), In("b", (4,))],
+    ),
+)
+add(
+    "LayerNormalization-axis1",
+    build(
+        [node("LayerNormalization", ["x", "s", "b"], ["y"], axis=1)],
+        [In("x", S3), In("s", (3, 4)), In("b", (3, 4))],
+    ),
+)
+add(
+    "LayerNormalization-no-bias",
+    build([node("LayerNormalization", ["x", "s"], ["y"], axis=-1)], [In("x", S3), In("s", (4,))]),
+)
+add("GlobalAveragePool", build([node("GlobalAveragePool", ["x"], ["y"])], [In("x", (1, 2, 3, 3))]))
+add(
+    "MaxPool-2x2-stride2",
+    build([node("MaxPool", ["x"], ["y"], kernel_shape=[2, 2], strides=[2, 2])], [In("x", (1, 2, 4, 4))]),
+    {"x": distinct((1, 2, 4, 4))},
+)
+add(
+    "MaxPool-overlapping-pads",
+    build(
+        [node("MaxPool", ["x"], ["y"], kernel_shape=[3, 3], strides=[1, 1], pads=[1, 1, 1, 1])],
+        [In("x", (1, 1, 4, 4))],
+    ),
+    {"x": distinct((1, 1, 4, 4))},
+)
+add(
+    "AveragePool-3x3-pads",
+    build(
+        [node("AveragePool", ["x"], ["y"], kernel_shape=[3, 3], pads=[1, 1, 1, 1], count_include_pad=0)],
+        [In("x", (1, 2, 4, 4))],
+    ),
+)
+for _tag, _xs, _ws, _attrs in [
+    ("basic", (1, 2, 5, 5), (3, 2, 3, 3), {}),
+    ("strides2-pads1", (2, 2, 5, 5), (3, 2, 3, 3), {"strides": [2, 2], "pads": [1, 1, 1, 1]}),
+    ("dilations2", (1, 2, 6, 6), (2, 2, 2, 2), {"dilations": [2, 2]}),
+    ("group2", (1, 4, 4, 4), (4, 2, 3, 3), {"group": 2, "pads": [1, 0, 1, 0]}),
+    ("1d", (2, 2, 7), (3, 2, 3), {"strides": [2]}),
+]:
+    add(
+        f"Conv-{_tag}",
+        build(
+            [node("Conv", ["x", "w", "b"], ["y"], **_attrs)],
+            [In("x", _xs), In("w", _ws), In("b", (_ws[0],))],
+        ),
+    )
+add(
+    "Conv-no-bias",
+    build(
+        [node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])], [In("x", (1, 2, 4, 4)), In("w", (2, 2, 3, 3))]
+    ),
+)
+
+# --------------------------------------------------------------------------------------------
+# Small composite models
+
+
+def mlp(act: str = "Relu", batch: Any = 3, loss: str = "ReduceMean", params_as_inits: bool = False):
+    """h = act(x @ W1 + b1); y = h @ W2 + b2; loss = ReduceMean((y - t)^2)."""
+    rng = np.random.default_rng(7)
+    params = {
+        "W1": rng.standard_normal((4, 5)),
+        "b1": rng.standard_normal(5) * 0.1,
+        "W2": rng.standard_normal((5, 2)),
+        "b2": rng.standard_normal(2) * 0.1,
+    }
+    xshape = [4] if batch is None else [batch, 4]
+    tshape = [2] if batch is None else [batch, 2]
+    nodes = [
+        node("MatMul", ["x", "W1"], ["xw"]),
+        node("Add", ["xw", "b1"], ["pre"]),
+        node(act, ["pre"], ["h"]),
+        node("MatMul", ["h", "W2"], ["hw"]),
+        node("Add", ["hw", "b2"], ["pred"]),
+        node("Sub", ["pred", "t"], ["err"]),
+        node("Mul", ["err", "err"], ["sq"]),
+        node(loss, ["sq"], ["loss"], keepdims=0),
+    ]
+    ins = [In("x", xshape), In("t", tshape)]
+    inits = None
+    if params_as_inits:
+        inits = {k: f64(v) for k, v in params.items()}
+    else:
+        ins += [In(k, list(v.shape)) for k, v in params.items()]
+    return build(nodes, ins, outputs=("loss",), inits=inits)
+
+
+def mlp_gens(batch: int | None = 3) -> dict[str, ADGen]:
+    xshape = (4,) if batch is None else (batch, 4)
+    tshape = (2,) if batch is None else (batch, 2)
+    return {"x": normal(xshape), "t": normal(tshape)}
+
+
+def softmax_xent(onehot: bool = True):
+    """loss = -mean(sum(labels * LogSoftmax(x @ W + b)))."""
+    nodes = [
+        node("MatMul", ["x", "W"], ["xw"]),
+        node("Add", ["xw", "b"], ["logits"]),
+        node("LogSoftmax", ["logits"], ["logp"], axis=-1),
+    ]
+    ins = [In("x", (3, 4)), In("W", (4, 5)), In("b", (5,))]
+    inits: dict[str, Any] = {}
+    if onehot:
+        ins.append(In("labels", (3, 5)))
+        nodes += [node("Mul", ["labels", "logp"], ["picked"])]
+    else:
+        ins.append(In("labels", (3,), I64))
+        inits["one"] = i64([1])
+        nodes += [
+            node("Unsqueeze", ["labels", "one"], ["lab2"]),
+            node("GatherElements", ["logp", "lab2"], ["picked"], axis=1),
+        ]
+    nodes += [
+        node("ReduceSum", ["picked"], ["total"], keepdims=0),
+        node("Neg", ["total"], ["nt"]),
+        node("Div", ["nt", "n"], ["loss"]),
+    ]
+    inits["n"] = f64(3.0)
+    return build(nodes, ins, outputs=("loss",), inits=inits)
+
+
+def xent_gens(onehot: bool = True) -> dict[str, ADGen]:
+    labels = np.array([1, 4, 0])
+    if onehot:
+        return {"labels": fixed(np.eye(5)[labels])}
+    return {"labels": fixed(labels.astype(np.int64))}
+
+
+def fan_out():
+    """y = x * x + sin(x) * x (x used four times); loss = sum(y * w)."""
+    return build(
+        [
+            node("Mul", ["x", "x"], ["xx"]),
+            node("Sin", ["x"], ["sx"]),
+            node("Mul", ["sx", "x"], ["sxx"]),
+            node("Add", ["xx", "sxx"], ["y"]),
+            node("Mul", ["y", "w"], ["yw"]),
+            node("ReduceSum", ["yw"], ["loss"], keepdims=0),
+        ],
+        [In("x", (3, 4)), In("w", (4,))],
+        outputs=("y", "loss"),
+    )
+
+
+def int_side_path(symbolic: bool = False):
+    """Shape -> Gather -> Concat -> Reshape of a float path (with a symbolic batch dim)."""
+    return build(
+        [
+            node("Shape", ["x"], ["shp"]),
+            node("Gather", ["shp", "zero"], ["n"], axis=0),
+            node("Concat", ["n", "m1"], ["newshape"], axis=0),
+            node("Tanh", ["x"], ["tx"]),
+            node("Mul", ["tx", "x"], ["txx"]),
+            node("Reshape", ["txx", "newshape"], ["y"]),
+            node("ReduceSumSquare", ["y"], ["loss"], keepdims=0),
+        ],
+        [In("x", ["N", 2, 3] if symbolic else [2, 2, 3])],
+        outputs=("y", "loss"),
+        inits={"zero": i64([0]), "m1": i64([-1])},
+    )
+
+
+def tanh_mlp_hvp():
+    return mlp(act="Tanh")
+
+
+def layernorm_loss():
+    return build(
+        [
+            node("LayerNormalization", ["x", "s", "b"], ["ln"], axis=-1),
+            node("Tanh", ["ln"], ["t"]),
+            node("ReduceSumSquare", ["t"], ["loss"], keepdims=0),
+        ],
+        [In("x", (2, 4)), In("s", (4,)), In("b", (4,))],
+        outputs=("loss",),
+    )
+
+
+def conv_loss():
+    return build(
+        [
+            node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+            node("Sigmoid", ["c"], ["s"]),
+            node("ReduceMean", ["s"], ["loss"], keepdims=0),
+        ],
+        [In("x", (1, 2, 3, 3)), In("w", (2, 2, 3, 3))],
+        outputs=("loss",),
+    )
+
+
+add("composite-mlp-relu", mlp(), mlp_gens())
+add("composite-mlp-relu-example", mlp(batch=None), mlp_gens(None))
+add(
+    "composite-mlp-params-as-initializers",
+    mlp(params_as_inits=True),
+    mlp_gens(),
+    inputs=["W1", "b1", "W2", "b2"],
+)
+add("composite-softmax-xent-onehot", softmax_xent(True), xent_gens(True))
+add("composite-softmax-xent-int-labels", softmax_xent(False), xent_gens(False))
+add("composite-fan-out", fan_out())
+add(
+    "composite-unused-input",
+    build([node("Mul", ["x", "x"], ["y"])], [In("x", (3,)), In("z", (2,))]),
+)
+add("composite-int-side-path", int_side_path())
+add("composite-symbolic-batch", int_side_path(symbolic=True), {"x": normal((3, 2, 3))})
+add(
+    "composite-symbolic-dims-matmul",
+    build(
+        [node("MatMul", ["x", "w"], ["h"]), node("Sigmoid", ["h"], ["y"])],
+        [In("x", ["N", 4]), In("w", [4, "K"])],
+    ),
+    {"x": normal((5, 4)), "w": normal((4, 2))},
+)
+add(
+    "composite-initializer-and-input",
+    build(
+        [node("MatMul", ["x", "W"], ["h"]), node("Tanh", ["h"], ["y"])],
+        [In("x", (3, 4))],
+        inits={"W": np.random.default_rng(3).standard_normal((4, 2))},
+    ),
+    inputs=["x", "W"],
+)
+add("composite-layernorm-loss", layernorm_loss())
+add("composite-conv-loss", conv_loss())
+
+
+# --------------------------------------------------------------------------------------------
+# Parametrized per-case tests
+
+IDS = [c.id for c in CASES]
+BOTH = [c for c in CASES if c.variants == "both"]
+
+
+def _oracle(case: Case) -> onnx.ModelProto | None:
+    return case.model if case.float_only else None
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_jvp(case: Case) -> None:
+    check_jvp(case.model, case.inputs, case.outputs, gens=case.gens, oracle_model=_oracle(case))
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_vjp_dot(case: Case) -> None:
+    check_vjp_dot(case.model, case.inputs, case.outputs, gens=case.gens)
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_grad(case: Case) -> None:
+    if case.outputs is not None:
+        pytest.skip("covered by the full-output grad of the same model")
+    loss_model = scalarize(case.model, case.gens)
+    oracle = scalarize(case.model, case.gens) if case.float_only else None
+    check_grad(loss_model, case.inputs, "ad_loss", gens=case.gens, oracle_model=oracle)
+
+
+@pytest.mark.parametrize("case", BOTH, ids=[c.id for c in BOTH])
+def test_jvp_f32(case: Case) -> None:
+    check_jvp(as_float(case.model), case.inputs, case.outputs, gens=case.gens, oracle_model=case.model)
+
+
+@pytest.mark.parametrize("case", BOTH, ids=[c.id for c in BOTH])
+def test_grad_f32(case: Case) -> None:
+    if case.outputs is not None:
+        pytest.skip("covered by test_grad")
+    loss_model = scalarize(case.model, case.gens)
+    check_grad(as_float(loss_model), case.inputs, "ad_loss", gens=case.gens, oracle_model=loss_model)
+
+
+def test_unused_input_gradient_is_zero() -> None:
+    import onnax
+
+    case = next(c for c in CASES if c.id == "composite-unused-input")
+    gm = to_proto(onnax.grad(scalarize(case.model), ["x", "z"], "ad_loss"))
+    out = run(gm, {"x": np.ones(3), "z": np.ones(2)})
+    names = [o.name for o in gm.graph.output]
+    np.testing.assert_array_equal(out[names[-1]], np.zeros(2))
+    assert out[names[-1]].dtype == np.float64
+
+
+# --------------------------------------------------------------------------------------------
+# Hessian-vector products (twice-differentiable composites)
+
+HVP_CASES = [
+    ("tanh-mlp-W1", tanh_mlp_hvp(), mlp_gens(), ["W1"], None),
+    ("tanh-mlp-all-params", tanh_mlp_hvp(), mlp_gens(), ["W1", "b1", "W2", "b2"], ["W1", "b1", "W2", "b2"]),
+    ("tanh-mlp-x-and-W2", tanh_mlp_hvp(), mlp_gens(), ["x"], ["x", "W2"]),
+    ("softmax-xent-W", softmax_xent(True), xent_gens(True), ["W"], ["W", "b"]),
+    ("softmax-xent-int-labels-W", softmax_xent(False), xent_gens(False), ["W", "b"], ["W", "b"]),
+    ("fan-out-x", fan_out(), {}, ["x"], ["x"]),
+    ("layernorm-x-s", layernorm_loss(), {}, ["x", "s"], None),
+    ("conv-w", conv_loss(), {}, ["w"], ["x", "w"]),
+    ("int-side-path-x", int_side_path(), {}, ["x"], None),
+    (
+        "mlp-initializer-params",
+        mlp(act="Tanh", params_as_inits=True),
+        mlp_gens(),
+        ["W1", "W2"],
+        ["W1", "b1", "W2"],
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("model", "gens", "wrt", "inputs"),
+    [c[1:] for c in HVP_CASES],
+    ids=[c[0] for c in HVP_CASES],
+)
+def test_hvp(
+    model: onnx.ModelProto, gens: Mapping[str, ADGen], wrt: list[str], inputs: list[str] | None
+) -> None:
+    output = "loss"
+    check_hvp(model, wrt, inputs, output, gens=gens)
+
+
+@pytest.mark.parametrize(
+    ("model", "gens", "wrt", "inputs"),
+    [c[1:] for c in HVP_CASES[:3]],
+    ids=[c[0] for c in HVP_CASES[:3]],
+)
+def test_hvp_f32(
+    model: onnx.ModelProto, gens: Mapping[str, ADGen], wrt: list[str], inputs: list[str] | None
+) -> None:
+    check_hvp(as_float(model), wrt, inputs, "loss", gens=gens)
+
+
+# --------------------------------------------------------------------------------------------
+# Per-example gradients: vmap(grad(f)) vs a loop of grad(f)
+
+
+def test_per_example_grad_mlp_single_example_model() -> None:
+    m = mlp(act="Relu", batch=None)
+    check_per_example_grad(m, (0, 0, None, None, None, None), gens=mlp_gens(None))
+
+
+def test_per_example_grad_mlp_params_only() -> None:
+    m = mlp(act="Tanh", batch=None)
+    check_per_example_grad(m, (0, 0, None, None, None, None), inputs=["W1", "b2"], gens=mlp_gens(None))
+
+
+def test_per_example_grad_mlp_minibatch_per_example() -> None:
+    m = mlp(act="Relu", batch=3)
+    check_per_example_grad(
+        m, (0, 0, None, None, None, None), inputs=["W1", "b1", "W2", "b2"], gens=mlp_gens(3)
+    )
+
+
+def test_per_example_grad_mlp_initializer_params() -> None:
+    m = mlp(act="Relu", batch=None, params_as_inits=True)
+    check_per_example_grad(m, (0, 0), inputs=["W1", "b1", "W2", "b2"], gens=mlp_gens(None))
+
+
+def test_per_example_grad_softmax_xent() -> None:
+    m = softmax_xent(True)
+    check_per_example_grad(m, (0, None, None, 0), inputs=["W", "b"], gens=xent_gens(True))
+
+
+def test_per_example_grad_softmax_xent_int_labels() -> None:
+    m = softmax_xent(False)
+    check_per_example_grad(m, (0, None, None, 0), inputs=["W", "b"], gens=xent_gens(False))
+
+
+def test_per_example_grad_batched_param() -> None:
+    m = mlp(act="Tanh", batch=None)
+    check_per_example_grad(m, (0, 0, 0, None, None, 0), gens=mlp_gens(None))
+
+
+# --------------------------------------------------------------------------------------------
+# Non-smooth conventions (JAX): relu'(0)=0, abs'(0)=0, Max/Min ties split, Clip inside bounds
+
+
+def _jvp_at(
+    model: onnx.ModelProto, feeds: dict[str, np.ndarray], tangents: dict[str, np.ndarray]
+) -> np.ndarray:
+    import onnax
+
+    jm = to_proto(onnax.jvp(model))
+    ins = [v.name for v in jm.graph.input]
+    full = dict(feeds)
+    for name, t in tangents.items():
+        full[f"{name}_tangent" if f"{name}_tangent" in ins else name] = t
+    out = run(jm, full)
+    return out[jm.graph.output[-1].name]
+
+
+def _grad_at(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    import onnax
+
+    gm = to_proto(onnax.grad(model))
+    out = run(gm, feeds)
+    n = len(model.graph.output)
+    return [out[o.name] for o in gm.graph.output[n:]]
+
+
+X0 = f64([-1.0, 0.0, 2.0])
+
+
+@pytest.mark.parametrize(
+    ("op", "expected"),
+    [
+        ("Relu", [0.0, 0.0, 1.0]),
+        ("Abs", [-1.0, 0.0, 1.0]),
+    ],
+)
+def test_convention_at_zero(op: str, expected: list[float]) -> None:
+    m = build([node(op, ["x"], ["y"])], [In("x", (3,))])
+    np.testing.assert_array_equal(_jvp_at(m, {"x": X0}, {"x": np.ones(3)}), expected)
+    loss = build(
+        [node(op, ["x"], ["y"]), node("ReduceSum", ["y"], ["l"], keepdims=0)], [In("x", (3,))], ("l",)
+    )
+    np.testing.assert_array_equal(_grad_at(loss, {"x": X0})[0], expected)
+
+
+@pytest.mark.parametrize("op", ["Max", "Min"])
+def test_convention_ties_split_evenly(op: str) -> None:
+    m = build([node(op, ["a", "b"], ["y"])], [In("a", (3,)), In("b", (3,))])
+    a = f64([1.0, 2.0, 3.0])
+    b = f64([1.0, 5.0, -3.0])
+    ta = f64([1.0, 1.0, 1.0])
+    tb = f64([3.0, 10.0, 10.0])
+    got = _jvp_at(m, {"a": a, "b": b}, {"a": ta, "b": tb})
+    pick_a = a > b if op == "Max" else a < b
+    expected = np.where(a == b, (ta + tb) / 2, np.where(pick_a, ta, tb))
+    np.testing.assert_allclose(got, expected, rtol=0, atol=1e-15)
+    loss = build(
+        [node(op, ["a", "b"], ["y"]), node("ReduceSum", ["y"], ["l"], keepdims=0)],
+        [In("a", (3,)), In("b", (3,))],
+        ("l",),
+    )
+    ga, gb = _grad_at(loss, {"a": a, "b": b})
+    np.testing.assert_allclose(ga, np.where(a == b, 0.5, pick_a.astype(float)), atol=1e-15)
+    np.testing.assert_allclose(gb, np.where(a == b, 0.5, (~pick_a & (a != b)).astype(float)), atol=1e-15)
+
+
+def test_convention_max_same_input_twice() -> None:
+    m = build([node("Max", ["a", "a"], ["y"])], [In("a", (3,))])
+    got = _jvp_at(m, {"a": f64([1.0, -2.0, 0.5])}, {"a": f64([1.0, 2.0, 3.0])})
+    np.testing.assert_allclose(got, [1.0, 2.0, 3.0], atol=1e-15)
+
+
+def test_convention_clip_strictly_inside() -> None:
+    m = build(
+        [node("Clip", ["x", "lo", "hi"], ["y"])],
+        [In("x", (5,))],
+        inits={"lo": f64(-1.0), "hi": f64(1.0)},
+    )
+    x = f64([-2.0, -1.0, 0.0, 1.0, 2.0])
+    got = _jvp_at(m, {"x": x}, {"x": np.ones(5)})
+    np.testing.assert_array_equal(got, [0.0, 0.0, 1.0, 0.0, 0.0])
+
+
+# --------------------------------------------------------------------------------------------
+# Compositions
+
+
+def smooth_vector_fn() -> onnx.ModelProto:
+    """y = sin(x) * x^2 (elementwise), x: [3]."""
+    return build(
+        [node("Sin", ["x"], ["s"]), node("Mul", ["x", "x"], ["xx"]), node("Mul", ["s", "xx"], ["y"])],
+        [In("x", (3,))],
+    )
+
+
+def smooth_scalar_fn(shape: Sequence[int] = ()) -> onnx.ModelProto:
+    """loss = sum(x^3 * sin(x))."""
+    return build(
+        [
+            node("Mul", ["x", "x"], ["x2"]),
+            node("Mul", ["x2", "x"], ["x3"]),
+            node("Sin", ["x"], ["s"]),
+            node("Mul", ["x3", "s"], ["p"]),
+            node("ReduceSum", ["p"], ["loss"], keepdims=0),
+        ],
+        [In("x", shape)],
+        outputs=("loss",),
+    )
+
+
+def test_jvp_of_jvp_second_derivative() -> None:
+    import onnax
+
+    f = smooth_vector_fn()
+    j1 = to_proto(onnax.jvp(f, inputs=["x"]))
+    # jvp(jvp(f)) w.r.t. the primal x: f''(x)[v, w], checked against FD of jvp(f).
+    check_jvp(j1, inputs=["x"], outputs=[j1.graph.output[-1].name])
+    # default outputs of a jvp of a derivative graph are the generated derivatives
+    j2 = to_proto(onnax.jvp(j1, inputs=["x"]))
+    assert len(j2.graph.output) == len(j1.graph.output) + 1, [o.name for o in j2.graph.output]
+    check_jvp(j1, inputs=["x"])
+
+
+def test_jvp_of_jvp_wrt_both_primal_and_tangent() -> None:
+    import onnax
+
+    j1 = to_proto(onnax.jvp(smooth_vector_fn(), inputs=["x"]))
+    check_jvp(j1)
+
+
+@pytest.mark.parametrize("shape", [(), (1,), (3,)], ids=["scalar", "vec1", "vec3"])
+def test_grad_of_grad(shape: tuple[int, ...]) -> None:
+    import onnax
+
+    g1 = to_proto(onnax.grad(smooth_scalar_fn(shape), inputs=["x"]))
+    gname = g1.graph.output[-1].name
+    if shape == ():
+        # second derivative of a scalar function of a scalar: grad of the gradient output
+        check_grad(g1, inputs=["x"], output=gname)
+    else:
+        # d/dx <c, grad f(x)> = H c
+        check_grad(scalarize(g1), inputs=["x"], output="ad_loss")
+
+
+def test_vmap_of_jvp() -> None:
+    import onnax
+
+    jm = to_proto(onnax.jvp(smooth_vector_fn()))
+    check_vmap_of(jm, 0)
+
+
+def test_vmap_of_jvp_shared_tangent() -> None:
+    import onnax
+
+    m = build(
+        [node("MatMul", ["x", "w"], ["h"]), node("Tanh", ["h"], ["y"])],
+        [In("x", (4,)), In("w", (4, 2))],
+    )
+    jm = to_proto(onnax.jvp(m, inputs=["w"]))
+    check_vmap_of(jm, (0, None, None))
+
+
+def test_vmap_of_vjp() -> None:
+    import onnax
+
+    m = build(
+        [node("MatMul", ["x", "w"], ["h"]), node("Tanh", ["h"], ["y"])],
+        [In("x", (4,)), In("w", (4, 2))],
+    )
+    vm = to_proto(onnax.vjp(m))
+    check_vmap_of(vm, (0, None, 0))
+
+
+def test_vmap_of_jvp_of_grad() -> None:
+    import onnax
+
+    m = mlp(act="Tanh", batch=None)
+    gm = to_proto(onnax.grad(m, inputs=["W1"]))
+    hm = to_proto(onnax.jvp(gm, inputs=["W1"]))
+    # x, t batched; params shared; W1 tangent shared
+    check_vmap_of(hm, (0, 0, None, None, None, None, None), gens=mlp_gens(None))
+
+
+def test_jvp_of_grad_after_save_load_bytes() -> None:
+    m = mlp(act="Tanh")
+    check_hvp(m, ["W1"], ["W1", "b2"], "loss", gens=mlp_gens(), reload=True)
+
+
+def test_jvp_of_grad_after_onnx_ir_roundtrip(tmp_path: Any) -> None:
+    import onnax
+    import onnx_ir as ir
+
+    m = mlp(act="Tanh")
+    gm = onnax.grad(ir.serde.deserialize_model(m), inputs=["W2"])
+    path = tmp_path / "grad.onnx"
+    ir.save(gm, str(path))
+    reloaded = ir.load(str(path))
+    hm = onnax.jvp(reloaded, inputs=["W2"])
+    assert isinstance(hm, ir.Model)
+    hp = to_proto(hm)
+    gp = onnx.load(str(path))
+    # HVP vs FD of the reloaded gradient graph
+    rng = np.random.default_rng(0)
+    feeds = {k: g(rng, np.dtype(np.float64)) for k, g in mlp_gens().items()}
+    for name in ("W1", "b1", "W2", "b2"):
+        vi = next(v for v in gp.graph.input if v.name == name)
+        feeds[name] = rng.standard_normal([d.dim_value for d in vi.type.tensor_type.shape.dim])
+    tname = [v.name for v in hp.graph.input][-1]
+    v = rng.standard_normal(feeds["W2"].shape)
+    got = run(hp, {**feeds, tname: v})
+    gname = gp.graph.output[-1].name
+    eps = 1e-5
+    plus = run(gp, {**feeds, "W2": feeds["W2"] + eps * v})[gname]
+    minus = run(gp, {**feeds, "W2": feeds["W2"] - eps * v})[gname]
+    np.testing.assert_allclose(
+        got[hp.graph.output[-1].name], (plus - minus) / (2 * eps), rtol=1e-5, atol=1e-7
+    )
+
+
+def test_jvp_of_vjp() -> None:
+    import onnax
+
+    m = build(
+        [node("MatMul", ["x", "w"], ["h"]), node("Tanh", ["h"], ["y"])],
+        [In("x", (2, 4)), In("w", (4, 3))],
+    )
+    vm = to_proto(onnax.vjp(m, inputs=["w"]))
+    check_jvp(vm, inputs=["w"], tol=TOL64)
+
+
+def test_double_variant_is_what_we_think() -> None:
+    # guard for the oracle itself: the FLOAT variant round-trips to the same DOUBLE model
+    m = mlp()
+    assert as_double(as_float(m)).SerializeToString() == m.SerializeToString()
