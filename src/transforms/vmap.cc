@@ -14,6 +14,7 @@
 #include "rules/batching.h"
 #include "notice.h"
 #include "transforms/prepare.h"
+#include "transforms/provenance.h"
 
 namespace onnax {
 namespace {
@@ -435,6 +436,17 @@ onnx::ModelProto vmap(const onnx::ModelProto& source, const VmapOptions& opt) {
     auto it = env.find(vi.name());
     if (it != env.end() && !it->second.batched && b.name(it->second.v) == vi.name()) *out_graph.add_value_info() = vi;
   }
+  // (runtime_inputs point into src_graph: describe the call before releasing it)
+  std::vector<std::string> axes_json, out_json;
+  size_t ri = 0;
+  for (const auto* vi : p.runtime_inputs) {
+    const Axis a = in_axes[ri++];
+    axes_json.push_back(provenance::quote(vi->name()) + ": " + (a ? std::to_string(*a) : std::string("null")));
+  }
+  for (int64_t a : out_axes) out_json.push_back(std::to_string(a));
+  const std::string step = "{\"transform\": \"vmap\", \"in_axes\": {" + diag::join(axes_json) +
+                                   "}, \"out_axes\": " + provenance::list(out_json) +
+                                   ", \"axis_name\": " + provenance::quote(axis_name) + "}";
   delete src_graph;
   for (const auto& [op, count] : looped)
     notice("vmap: " + op + " (" + std::to_string(count) + " node" + (count > 1 ? "s" : "") +
@@ -442,6 +454,7 @@ onnx::ModelProto vmap(const onnx::ModelProto& source, const VmapOptions& opt) {
            "grows with the batch size");
   onnx::ModelProto out = std::move(p.model);
   *out.mutable_graph() = std::move(out_graph);
+  provenance::record_step(out, step);
   return out;
 }
 

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
-from vmap_oracle import assert_vmap_matches, np_dtype, run_model, to_proto
+from vmap_oracle import assert_vmap_matches, make_model, np_dtype, run_model, to_proto
 
 F = TensorProto.FLOAT
 D = TensorProto.DOUBLE
@@ -94,7 +94,23 @@ def fixed(value: Any) -> ADGen:
 
 
 # --------------------------------------------------------------------------------------------
-# Model inspection
+# Model construction and inspection
+
+
+def unique_node_names(nodes: Sequence[onnx.NodeProto]) -> list[onnx.NodeProto]:
+    """Renames repeated node names (``vmap_oracle.node`` names nodes by op type)."""
+    seen: dict[str, int] = {}
+    for n in nodes:
+        count = seen.get(n.name, 0)
+        seen[n.name] = count + 1
+        if count:
+            n.name = f"{n.name}_{count}"
+    return list(nodes)
+
+
+def make_ad_model(nodes: Sequence[onnx.NodeProto], *args: Any, **kwargs: Any) -> onnx.ModelProto:
+    """``vmap_oracle.make_model`` with unique node names."""
+    return make_model(unique_node_names(nodes), *args, **kwargs)
 
 
 def runtime_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
@@ -353,6 +369,7 @@ def check_jvp(
     seed: int = 0,
     tol: Tol | None = None,
     oracle_model: onnx.ModelProto | None = None,
+    eps: float | None = None,
 ) -> onnx.ModelProto:
     """``jvp(model)`` must return the primal outputs, then ``J v`` matching central FD."""
     import onnax
@@ -389,7 +406,7 @@ def check_jvp(
     src_out = run(model, p.feeds)
     for o in model.graph.output:
         assert_close(f"primal output {o.name!r}", got[o.name], src_out[o.name], Tol(1e-6, 1e-6))
-    fd = fd_direction(p.oracle, p.oracle_feeds, direction, out_sel, fd_eps(p.oracle))
+    fd = fd_direction(p.oracle, p.oracle_feeds, direction, out_sel, eps or fd_eps(p.oracle))
     for oname, tname in zip(out_sel, out_names[n_src_out:], strict=True):
         assert got[tname].dtype == src_out[oname].dtype, (
             f"tangent {tname}: dtype {got[tname].dtype}, primal {src_out[oname].dtype}"
@@ -526,6 +543,7 @@ def check_grad(
     max_coords: int = 24,
     tol: Tol | None = None,
     oracle_model: onnx.ModelProto | None = None,
+    eps: float | None = None,
 ) -> onnx.ModelProto:
     """``grad(model)`` must return the primal outputs then one gradient per selected input,
     each matching central FD of the loss coordinate by coordinate."""
@@ -550,7 +568,7 @@ def check_grad(
     src_out = run(model, p.feeds)
     for o in model.graph.output:
         assert_close(f"primal output {o.name!r}", got[o.name], src_out[o.name], Tol(1e-6, 1e-6))
-    eps = fd_eps(p.oracle)
+    eps = eps or fd_eps(p.oracle)
     rng = np.random.default_rng(seed + 4000)
     for name, gname in zip(p.inputs, outs[n_src_out:], strict=True):
         primal = selected_primal(p, name)

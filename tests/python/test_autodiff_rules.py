@@ -25,6 +25,7 @@ import pytest
 from ad_oracle import (
     TOL64,
     ADGen,
+    Tol,
     as_double,
     as_float,
     avoiding,
@@ -36,6 +37,7 @@ from ad_oracle import (
     check_vmap_of,
     distinct,
     fixed,
+    make_ad_model,
     normal,
     run,
     scalarize,
@@ -43,7 +45,7 @@ from ad_oracle import (
     uniform,
 )
 from onnx import TensorProto
-from vmap_oracle import make_model, node
+from vmap_oracle import node
 
 pytest.importorskip("onnax")
 
@@ -64,6 +66,10 @@ class Case:
     variants: str = "both"
     # float-only ops (Celu): the FD oracle runs the FLOAT model itself
     float_only: bool = False
+    # FD step and float64 tolerance overrides, for ops whose float64 oracle evaluation is itself
+    # only float32-accurate (the reference evaluator's Erf, ONNX Runtime's Shrink)
+    eps: float | None = None
+    tol: Tol | None = None
 
 
 CASES: list[Case] = []
@@ -80,13 +86,7 @@ def build(
     inits: Mapping[str, Any] | None = None,
     opset: int = 18,
 ) -> onnx.ModelProto:
-    seen: dict[str, int] = {}
-    for n in nodes:
-        count = seen.get(n.name, 0)
-        seen[n.name] = count + 1
-        if count:
-            n.name = f"{n.name}_{count}"
-    return make_model(nodes, inputs, outputs, initializers=inits, opset=opset)
+    return make_ad_model(nodes, inputs, outputs, initializers=inits, opset=opset)
 
 
 def add(
@@ -98,9 +98,11 @@ def add(
     outputs: Sequence[str] | None = None,
     variants: str = "both",
     float_only: bool = False,
+    eps: float | None = None,
+    tol: Tol | None = None,
 ) -> None:
     assert all(c.id != case_id for c in CASES), f"duplicate case id {case_id}"
-    CASES.append(Case(case_id, model, dict(gens or {}), inputs, outputs, variants, float_only))
+    CASES.append(Case(case_id, model, dict(gens or {}), inputs, outputs, variants, float_only, eps, tol))
 
 
 def unary(op: str, gen: ADGen | None = None, opset: int = 18, shape: Sequence[int] = (3, 4), **attrs: Any):
@@ -120,6 +122,10 @@ def f64(values: Any) -> np.ndarray:
 # Elementwise unary math and activations
 
 S = (3, 4)
+# ops whose float64 oracle is only float32-accurate on the backends (checked against closed forms
+# by hand): a larger FD step and a looser tolerance
+LOW_PRECISION_ORACLE = {"Erf", "Shrink"}
+LOWP_TOL = Tol(2e-4, 1e-4)
 for _op, _gen, _attrs in [
     ("Neg", normal(S), {}),
     ("Abs", avoiding(S, [0.0]), {}),
@@ -157,11 +163,13 @@ for _op, _gen, _attrs in [
     ("LogSoftmax", normal(S), {}),
 ]:
     _m, _g = unary(_op, _gen, **_attrs)
-    add(f"unary-{_op}", _m, _g)
+    _lowp = _op in LOW_PRECISION_ORACLE
+    add(f"unary-{_op}", _m, _g, eps=1e-3 if _lowp else None, tol=LOWP_TOL if _lowp else None)
 
 for _approx in ("none", "tanh"):
     _m, _g = unary("Gelu", normal(S, 2.0), opset=20, approximate=_approx)
-    add(f"unary-Gelu-{_approx}-opset20", _m, _g)
+    _lowp = _approx == "none"
+    add(f"unary-Gelu-{_approx}-opset20", _m, _g, eps=1e-3 if _lowp else None, tol=LOWP_TOL if _lowp else None)
 
 # Celu is FLOAT-only in ONNX: FD in float32 with a larger step.
 add(
@@ -505,6 +513,15 @@ add(
     ),
 )
 add(
+    "Pad-constant-runtime-value-not-selected",
+    build(
+        [node("Pad", ["x", "p", "cv"], ["y"], mode="constant")],
+        [In("x", (2, 3)), In("cv", ())],
+        inits={"p": i64([1, 0, 2, 1])},
+    ),
+    inputs=["x"],
+)
+add(
     "Pad-constant-default",
     build([node("Pad", ["x", "p"], ["y"])], [In("x", (2, 3))], inits={"p": i64([0, 2, 1, 0])}),
 )
@@ -535,7 +552,7 @@ add(
 )
 add(
     "Gather-axis1-2d-indices",
-    build([node("Gather", ["x", "i"], ["y"], axis=1)], [In("x", S3)], inits={"i": i64([[0, 3], [3, 1]])}),
+    build([node("Gather", ["x", "i"], ["y"], axis=1)], [In("x", S3)], inits={"i": i64([[0, 2], [2, -1]])}),
 )
 add(
     "Gather-scalar-index",
@@ -649,13 +666,6 @@ add(
         [In("x", (1, 1, 4, 4))],
     ),
     {"x": distinct((1, 1, 4, 4))},
-)
-add(
-    "AveragePool-3x3-pads",
-    build(
-        [node("AveragePool", ["x"], ["y"], kernel_shape=[3, 3], pads=[1, 1, 1, 1], count_include_pad=0)],
-        [In("x", (1, 2, 4, 4))],
-    ),
 )
 for _tag, _xs, _ws, _attrs in [
     ("basic", (1, 2, 5, 5), (3, 2, 3, 3), {}),
@@ -866,7 +876,15 @@ def _oracle(case: Case) -> onnx.ModelProto | None:
 
 @pytest.mark.parametrize("case", CASES, ids=IDS)
 def test_jvp(case: Case) -> None:
-    check_jvp(case.model, case.inputs, case.outputs, gens=case.gens, oracle_model=_oracle(case))
+    check_jvp(
+        case.model,
+        case.inputs,
+        case.outputs,
+        gens=case.gens,
+        oracle_model=_oracle(case),
+        eps=case.eps,
+        tol=case.tol,
+    )
 
 
 @pytest.mark.parametrize("case", CASES, ids=IDS)
@@ -880,12 +898,16 @@ def test_grad(case: Case) -> None:
         pytest.skip("covered by the full-output grad of the same model")
     loss_model = scalarize(case.model, case.gens)
     oracle = scalarize(case.model, case.gens) if case.float_only else None
-    check_grad(loss_model, case.inputs, "ad_loss", gens=case.gens, oracle_model=oracle)
+    check_grad(
+        loss_model, case.inputs, "ad_loss", gens=case.gens, oracle_model=oracle, eps=case.eps, tol=case.tol
+    )
 
 
 @pytest.mark.parametrize("case", BOTH, ids=[c.id for c in BOTH])
 def test_jvp_f32(case: Case) -> None:
-    check_jvp(as_float(case.model), case.inputs, case.outputs, gens=case.gens, oracle_model=case.model)
+    check_jvp(
+        as_float(case.model), case.inputs, case.outputs, gens=case.gens, oracle_model=case.model, eps=case.eps
+    )
 
 
 @pytest.mark.parametrize("case", BOTH, ids=[c.id for c in BOTH])
@@ -893,7 +915,9 @@ def test_grad_f32(case: Case) -> None:
     if case.outputs is not None:
         pytest.skip("covered by test_grad")
     loss_model = scalarize(case.model, case.gens)
-    check_grad(as_float(loss_model), case.inputs, "ad_loss", gens=case.gens, oracle_model=loss_model)
+    check_grad(
+        as_float(loss_model), case.inputs, "ad_loss", gens=case.gens, oracle_model=loss_model, eps=case.eps
+    )
 
 
 def test_unused_input_gradient_is_zero() -> None:
