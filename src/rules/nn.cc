@@ -1,5 +1,6 @@
 // Convolution, pooling and normalisation. These ops already carry a leading batch dim N, so
 // the vmap axis is merged into it: (B, N, ...) -> (B*N, ...) -> op -> (B, N', ...).
+#include <algorithm>
 #include <climits>
 
 #include "rules/batching.h"
@@ -283,9 +284,91 @@ std::vector<V> conv_jvp(D& c) {
   return {c.like_out(t)};
 }
 
+// Explicit [begin..., end...] pads of a Conv whose auto_pad is NOTSET or VALID.
+std::vector<int64_t> conv_pads(TransposeCtx& c, int64_t spatial) {
+  const auto* ap = c.attr("auto_pad");
+  const std::string mode = ap ? ap->s() : "NOTSET";
+  if (mode == "VALID") return std::vector<int64_t>(2 * spatial, 0);
+  if (mode != "NOTSET" && !mode.empty())
+    c.unsupported("auto_pad=" + mode + " needs run-time pads; reverse mode supports NOTSET and VALID");
+  std::vector<int64_t> pads = c.attr_ints("pads");
+  if (pads.empty()) pads.assign(2 * spatial, 0);
+  return pads;
+}
+
+std::vector<int64_t> ints_or(const std::vector<int64_t>& v, int64_t n, int64_t fill) {
+  return v.empty() ? std::vector<int64_t>(n, fill) : v;
+}
+
+// Cotangent of Conv's input: a ConvTranspose of the output cotangent with the same kernel,
+// padded at the end (output_padding) and cropped to the input's run-time size.
+V conv_input_transpose(TransposeCtx& c, int64_t spatial) {
+  auto& b = c.b;
+  const std::vector<int64_t> strides = ints_or(c.attr_ints("strides"), spatial, 1);
+  const std::vector<int64_t> dil = ints_or(c.attr_ints("dilations"), spatial, 1);
+  std::vector<int64_t> out_pad;
+  for (int64_t k = 0; k < spatial; ++k) out_pad.push_back(std::max<int64_t>(strides[k], dil[k]) - 1);
+  for (int64_t k = 0; k < spatial; ++k) out_pad[k] = std::min(out_pad[k], strides[k] - 1);
+  Attrs attrs{Attr::ints("strides", strides), Attr::ints("dilations", dil), Attr::ints("pads", conv_pads(c, spatial)),
+              Attr::ints("output_padding", out_pad), Attr::i("group", c.attr_i("group", 1))};
+  V y = b.op1("ConvTranspose", {c.ct(), c.in(1)}, attrs);
+  std::vector<int64_t> axes, starts(spatial, 0);
+  for (int64_t k = 0; k < spatial; ++k) axes.push_back(2 + k);
+  V ends = b.op1("Slice", {tangent_shape(c, c.in(0)), b.i64s({2}), b.i64s({2 + spatial})});
+  return b.op1("Slice", {y, b.i64s(starts), ends, b.i64s(axes)});
+}
+
+// Cotangent of Conv's weight: a grouped correlation of the (padded) input with the output
+// cotangent, with the roles of stride and dilation exchanged.
+V conv_weight_transpose(TransposeCtx& c, int64_t spatial) {
+  auto& b = c.b;
+  const int64_t g = c.attr_i("group", 1);
+  const std::vector<int64_t> strides = ints_or(c.attr_ints("strides"), spatial, 1);
+  const std::vector<int64_t> dil = ints_or(c.attr_ints("dilations"), spatial, 1);
+  const std::vector<int64_t> pads = conv_pads(c, spatial);
+  V x = c.in(0);
+  bool padded = false;
+  for (int64_t p : pads) padded = padded || p != 0;
+  if (padded) {
+    std::vector<int64_t> full(2 * (spatial + 2), 0);
+    for (int64_t k = 0; k < spatial; ++k) {
+      full[2 + k] = pads[k];
+      full[spatial + 2 + 2 + k] = pads[spatial + k];
+    }
+    x = b.op1("Pad", {x, b.i64s(full)});
+  }
+  // A[c, j*N + n, ...] = X[n, j*Cg + c, ...]
+  V xs = b.shape_of(x);
+  V spatial_dims = b.op1("Slice", {xs, b.i64s({2}), b.i64s({2 + spatial})});
+  V five = b.reshape(x, b.concat({b.op1("Slice", {xs, b.i64s({0}), b.i64s({1})}), b.i64s({g, -1}), spatial_dims}, 0));
+  std::vector<int64_t> perm{2, 1, 0};
+  for (int64_t k = 0; k < spatial; ++k) perm.push_back(3 + k);
+  V a = b.reshape(b.transpose(five, perm), b.concat({b.i64s({0, -1}), spatial_dims}, 0));
+  std::vector<int64_t> swap{1, 0};
+  for (int64_t k = 0; k < spatial; ++k) swap.push_back(2 + k);
+  V wt = b.transpose(c.ct(), swap);  // (M, N, out...)
+  V o = b.op1("Conv", {a, wt},
+              {Attr::ints("strides", dil), Attr::ints("dilations", strides), Attr::i("group", g)});  // (Cg, M, k'...)
+  std::vector<int64_t> axes, starts(spatial, 0);
+  for (int64_t k = 0; k < spatial; ++k) axes.push_back(2 + k);
+  V kdims = b.op1("Slice", {tangent_shape(c, c.in(1)), b.i64s({2}), b.i64s({2 + spatial})});
+  V cropped = b.op1("Slice", {o, b.i64s(starts), kdims, b.i64s(axes)});
+  return b.transpose(cropped, swap);
+}
+
+std::vector<V> conv_transpose_rule(TransposeCtx& c) {
+  const int64_t spatial = c.rank(c.in(c.linear(0) ? 1 : 0)) - 2;
+  if (c.linear(0) && c.linear(1)) c.unsupported("both input and weight are tangents (not linear)");
+  std::vector<V> out(c.ins.size());
+  if (c.linear(0)) out[0] = conv_input_transpose(c, spatial);
+  if (c.linear(1)) out[1] = conv_weight_transpose(c, spatial);
+  return out;
+}
+
 }  // namespace
 
 void register_nn_derivatives(DerivativeRules& r) {
+  r.transpose("Conv", conv_transpose_rule);
   r.jvp("BatchNormalization", batchnorm_jvp);
   r.jvp("LayerNormalization", layernorm_jvp);
   r.jvp("GlobalAveragePool", [](D& c) -> std::vector<V> {

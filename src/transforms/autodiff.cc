@@ -321,9 +321,11 @@ onnx::ModelProto differentiate(const onnx::ModelProto& source, Mode mode, const 
       if (!any) continue;
       const TransposeRule* rule = rules.find_transpose(tn.node.op_type());
       if (!rule)
-        diag::fail(Error::Kind::kUnsupported, std::string("vjp: onnax internal error: no transpose rule for the linear ") +
-                                                  tn.node.op_type() + " emitted while differentiating '" +
-                                                  tn.node.name() + "'. Fix: please report this with the model");
+        diag::fail(Error::Kind::kUnsupported,
+                   m + ": cannot run ai.onnx::" + tn.node.op_type() + " (opset " + std::to_string(p.opset) +
+                       ") in reverse: its JVP is linear in the tangent but it has no transpose rule yet (while "
+                       "differentiating '" + tn.origin + "'). Fix: use jvp (forward mode) for this model, or select "
+                       "inputs/outputs whose path avoids " + tn.node.op_type());
       TransposeCtx tctx{b, tn.node, p.opset, tn.inputs, {}, cts};
       for (V in : tn.inputs) tctx.lin.push_back(b.tangent(in));
       // Cotangent nodes are named after the source value whose tangent the tape node computed.

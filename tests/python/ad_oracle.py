@@ -18,6 +18,9 @@ when ONNX Runtime has no kernel), through :func:`vmap_oracle.run_model` and its 
 from __future__ import annotations
 
 import json
+import os
+import pickle
+import signal
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -91,6 +94,86 @@ def fixed(value: Any) -> ADGen:
         return arr.astype(dtype) if np.issubdtype(arr.dtype, np.floating) else arr
 
     return gen
+
+
+# --------------------------------------------------------------------------------------------
+# Crash-isolated transforms
+#
+# A native crash (SIGSEGV/SIGABRT) inside the core would take down the pytest(-xdist) worker and,
+# after a few restarts, stop the whole session. The oracles therefore run each transform in a
+# forked child; a crash becomes an ordinary test failure naming the transform and the signal.
+
+
+def _read_all(fd: int) -> bytes:
+    chunks = []
+    while True:
+        chunk = os.read(fd, 1 << 20)
+        if not chunk:
+            return b"".join(chunks)
+        chunks.append(chunk)
+
+
+def guarded(transform: str, model: Any, **kwargs: Any) -> onnx.ModelProto:
+    """``onnax.<transform>(model, **kwargs)`` in a forked child; returns a ModelProto."""
+    proto = to_proto(model)
+    data = proto.SerializeToString()
+    if not hasattr(os, "fork"):
+        import onnax
+
+        return to_proto(getattr(onnax, transform)(proto, **kwargs))
+    rfd, wfd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child
+        os.close(rfd)
+        try:
+            import onnax
+
+            out = getattr(onnax, transform)(onnx.load_from_string(data), **kwargs)
+            payload = pickle.dumps(("ok", to_proto(out).SerializeToString()))
+        except BaseException as err:
+            try:
+                payload = pickle.dumps(("err", err))
+            except Exception:
+                payload = pickle.dumps(("text", type(err).__name__, str(err)))
+        view = memoryview(payload)
+        while view:
+            n = os.write(wfd, view)
+            view = view[n:]
+        os._exit(0)
+    os.close(wfd)
+    try:
+        payload = _read_all(rfd)
+    finally:
+        os.close(rfd)
+    _, status = os.waitpid(pid, 0)
+    if os.WIFSIGNALED(status) or not payload:
+        sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
+        name = signal.Signals(sig).name if sig else f"exit status {os.WEXITSTATUS(status)}"
+        raise AssertionError(
+            f"onnax.{transform}({', '.join(f'{k}={v!r}' for k, v in kwargs.items())}) crashed: {name}"
+        )
+    result = pickle.loads(payload)
+    if result[0] == "ok":
+        return onnx.load_from_string(result[1])
+    if result[0] == "err":
+        raise result[1]
+    raise RuntimeError(f"{result[1]}: {result[2]}")
+
+
+def jvp(
+    model: Any, inputs: Sequence[str] | None = None, outputs: Sequence[str] | None = None
+) -> onnx.ModelProto:
+    return guarded("jvp", model, inputs=inputs, outputs=outputs)
+
+
+def vjp(
+    model: Any, inputs: Sequence[str] | None = None, outputs: Sequence[str] | None = None
+) -> onnx.ModelProto:
+    return guarded("vjp", model, inputs=inputs, outputs=outputs)
+
+
+def grad(model: Any, inputs: Sequence[str] | None = None, output: str | None = None) -> onnx.ModelProto:
+    return guarded("grad", model, inputs=inputs, output=output)
 
 
 # --------------------------------------------------------------------------------------------
@@ -372,13 +455,12 @@ def check_jvp(
     eps: float | None = None,
 ) -> onnx.ModelProto:
     """``jvp(model)`` must return the primal outputs, then ``J v`` matching central FD."""
-    import onnax
 
     p = prepare(model, inputs, gens, seed, oracle_model)
     tol = tol or p.tol
     out_sel = list(outputs) if outputs is not None else default_jvp_outputs(model)
     src_bytes = model.SerializeToString()
-    jm = to_proto(onnax.jvp(model, inputs=inputs, outputs=outputs))
+    jm = jvp(model, inputs=inputs, outputs=outputs)
     assert model.SerializeToString() == src_bytes, "jvp mutated its source model"
     tangents = appended_inputs(model, jm)
     assert len(tangents) == len(p.inputs), (
@@ -430,15 +512,14 @@ def check_vjp_dot(
     tol: Tol | None = None,
 ) -> onnx.ModelProto:
     """``<u, J v> == <J^T u, v>`` with ``J v`` from ``jvp`` and ``J^T u`` from ``vjp``."""
-    import onnax
 
     p = prepare(model, inputs, gens, seed)
     tol = tol or p.tol
     out_sel = list(outputs) if outputs is not None else float_outputs(model)
     src_bytes = model.SerializeToString()
-    vm = to_proto(onnax.vjp(model, inputs=inputs, outputs=outputs))
+    vm = vjp(model, inputs=inputs, outputs=outputs)
     assert model.SerializeToString() == src_bytes, "vjp mutated its source model"
-    jm = to_proto(onnax.jvp(model, inputs=inputs, outputs=out_sel))
+    jm = jvp(model, inputs=inputs, outputs=out_sel)
     cots = appended_inputs(model, vm)
     tans = appended_inputs(model, jm)
     assert len(cots) == len(out_sel), f"vjp appended {[c.name for c in cots]} for outputs {out_sel}"
@@ -547,7 +628,6 @@ def check_grad(
 ) -> onnx.ModelProto:
     """``grad(model)`` must return the primal outputs then one gradient per selected input,
     each matching central FD of the loss coordinate by coordinate."""
-    import onnax
 
     p = prepare(model, inputs, gens, seed, oracle_model)
     tol = tol or p.tol
@@ -557,7 +637,7 @@ def check_grad(
         assert len(scalars) == 1, "test bug: pass output="
         loss = scalars[0]
     src_bytes = model.SerializeToString()
-    gm = to_proto(onnax.grad(model, inputs=inputs, output=output))
+    gm = grad(model, inputs=inputs, output=output)
     assert model.SerializeToString() == src_bytes, "grad mutated its source model"
     assert appended_inputs(model, gm) == [], "grad must not add runtime inputs"
     n_src_out = len(model.graph.output)
@@ -603,15 +683,14 @@ def check_hvp(
 ) -> onnx.ModelProto:
     """``jvp(grad(f), inputs=wrt)`` keeps the loss and gradients and appends their tangents,
     which must match central FD of the gradient graph along the tangent direction."""
-    import onnax
 
-    gm = to_proto(onnax.grad(model, inputs=inputs, output=output))
+    gm = grad(model, inputs=inputs, output=output)
     if reload:
         gm = onnx.load_from_string(gm.SerializeToString())
     n_g_out = len(gm.graph.output)
     n_src_out = len(model.graph.output)
     grad_outs = [o.name for o in gm.graph.output][n_src_out:]
-    hm = to_proto(onnax.jvp(gm, inputs=list(wrt)))
+    hm = jvp(gm, inputs=list(wrt))
     houts = [o.name for o in hm.graph.output]
     assert houts[:n_g_out] == [o.name for o in gm.graph.output], f"grad outputs not kept first: {houts}"
     assert len(houts) == n_g_out + len(grad_outs), (
@@ -666,9 +745,8 @@ def check_per_example_grad(
     tol: Tol | None = None,
 ) -> onnx.ModelProto:
     """``vmap(grad(f), in_axes)`` must equal a loop of ``grad(f)`` over the examples."""
-    import onnax
 
-    gm = to_proto(onnax.grad(model, inputs=inputs, output=output))
+    gm = grad(model, inputs=inputs, output=output)
     tol = tol or tol_for(model)
     return assert_vmap_matches(
         gm,

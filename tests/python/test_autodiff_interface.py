@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import ad_oracle as ad
 import numpy as np
 import onnx
 import pytest
@@ -78,7 +79,7 @@ FEEDS = {
 
 
 def test_jvp_names_and_order_default() -> None:
-    jm = onnax.jvp(two_output_model())
+    jm = ad.jvp(two_output_model())
     assert input_names(jm) == ["x", "k", "w", "x_tangent", "w_tangent"]
     assert names(jm.graph.output) == [
         "a",
@@ -93,7 +94,7 @@ def test_jvp_names_and_order_default() -> None:
 
 
 def test_jvp_names_follow_selection_order() -> None:
-    jm = onnax.jvp(two_output_model(), inputs=["w", "x"], outputs=["s", "a"])
+    jm = ad.jvp(two_output_model(), inputs=["w", "x"], outputs=["s", "a"])
     assert input_names(jm) == ["x", "k", "w", "w_tangent", "x_tangent"]
     assert names(jm.graph.output) == ["a", "b", "s", "sk", "s_tangent", "a_tangent"]
     out = run(jm, {**FEEDS, "w_tangent": np.array([1.0, 0.0, 0.0]), "x_tangent": np.zeros(3)})
@@ -104,7 +105,7 @@ def test_jvp_names_follow_selection_order() -> None:
 
 def test_jvp_tangent_types_match_primal() -> None:
     for elem in (F, D):
-        jm = onnax.jvp(two_output_model(elem))
+        jm = ad.jvp(two_output_model(elem))
         by_name = {v.name: v for v in jm.graph.input}
         for n in ("x", "w"):
             assert by_name[f"{n}_tangent"].type == by_name[n].type
@@ -114,7 +115,7 @@ def test_jvp_tangent_types_match_primal() -> None:
 
 
 def test_vjp_names_and_order() -> None:
-    vm = onnax.vjp(two_output_model(), inputs=["w", "x"], outputs=["s", "b"])
+    vm = ad.vjp(two_output_model(), inputs=["w", "x"], outputs=["s", "b"])
     assert input_names(vm) == ["x", "k", "w", "s_cotangent", "b_cotangent"]
     assert names(vm.graph.output) == ["a", "b", "s", "sk", "w_cotangent", "x_cotangent"]
     by_name = {v.name: v for v in vm.graph.input}
@@ -126,13 +127,13 @@ def test_vjp_names_and_order() -> None:
 
 
 def test_vjp_default_selections() -> None:
-    vm = onnax.vjp(two_output_model())
+    vm = ad.vjp(two_output_model())
     assert input_names(vm) == ["x", "k", "w", "a_cotangent", "b_cotangent", "s_cotangent", "sk_cotangent"]
     assert names(vm.graph.output) == ["a", "b", "s", "sk", "x_cotangent", "w_cotangent"]
 
 
 def test_grad_names_and_order() -> None:
-    gm = onnax.grad(two_output_model(), inputs=["w", "x"], output="s")
+    gm = ad.grad(two_output_model(), inputs=["w", "x"], output="s")
     assert input_names(gm) == ["x", "k", "w"]
     assert names(gm.graph.output) == ["a", "b", "s", "sk", "w_grad", "x_grad"]
     out = run(gm, FEEDS)
@@ -141,7 +142,7 @@ def test_grad_names_and_order() -> None:
 
 
 def test_grad_default_output_is_the_only_scalar() -> None:
-    gm = onnax.grad(param_model())
+    gm = ad.grad(param_model())
     assert names(gm.graph.output) == ["loss", "x_grad"]
 
 
@@ -151,7 +152,7 @@ def test_name_collisions_are_resolved() -> None:
         [("x", D, [2]), ("x_tangent", D, [2])],
         ["y", "y_tangent"],
     )
-    jm = onnax.jvp(m, inputs=["x"], outputs=["y"])
+    jm = ad.jvp(m, inputs=["x"], outputs=["y"])
     ins = input_names(jm)
     outs = names(jm.graph.output)
     assert ins[:2] == ["x", "x_tangent"] and len(ins) == 3
@@ -175,7 +176,7 @@ def test_grad_name_collision_with_existing_output() -> None:
         [("x", D, [2])],
         ["loss", "x_grad"],
     )
-    gm = onnax.grad(m, output="loss")
+    gm = ad.grad(m, output="loss")
     outs = names(gm.graph.output)
     assert outs[:2] == ["loss", "x_grad"] and len(outs) == 3
     assert outs[2] != "x_grad" and outs[2].startswith("x_grad")
@@ -189,7 +190,7 @@ def test_grad_name_collision_with_existing_output() -> None:
 
 def test_default_inputs_are_float_runtime_inputs_not_initializers() -> None:
     m = param_model()
-    jm = onnax.jvp(m)
+    jm = ad.jvp(m)
     assert input_names(jm) == ["x", "x_tangent"]
     assert {t.name for t in jm.graph.initializer} >= {"weight", "bias"}
 
@@ -200,7 +201,7 @@ def test_default_inputs_include_float_and_double() -> None:
         [("a", F, [2]), ("i", I64, [2]), ("b", D, [2])],
         [("y", D, [2])],
     )
-    jm = onnax.jvp(m)
+    jm = ad.jvp(m)
     assert input_names(jm) == ["a", "i", "b", "a_tangent", "b_tangent"]
     tan = {v.name: v.type.tensor_type.elem_type for v in jm.graph.input}
     assert tan["a_tangent"] == F and tan["b_tangent"] == D
@@ -209,7 +210,7 @@ def test_default_inputs_include_float_and_double() -> None:
 def test_initializer_selected_by_name_keeps_stored_value() -> None:
     m = param_model()
     stored = {t.name: onnx.numpy_helper.to_array(t) for t in m.graph.initializer}
-    jm = onnax.jvp(m, inputs=["weight"])
+    jm = ad.jvp(m, inputs=["weight"])
     assert input_names(jm) == ["x", "weight_tangent"]
     inits = {t.name: onnx.numpy_helper.to_array(t) for t in jm.graph.initializer}
     np.testing.assert_array_equal(inits["weight"], stored["weight"])
@@ -225,7 +226,7 @@ def test_initializer_selected_by_name_keeps_stored_value() -> None:
 
 
 def test_grad_wrt_initializers_by_name() -> None:
-    gm = onnax.grad(param_model(), inputs=["bias", "weight"])
+    gm = ad.grad(param_model(), inputs=["bias", "weight"])
     assert names(gm.graph.output) == ["loss", "bias_grad", "weight_grad"]
     assert input_names(gm) == ["x"]
 
@@ -235,8 +236,8 @@ def test_grad_wrt_initializers_by_name() -> None:
 
 
 def test_jvp_of_grad_keeps_loss_and_gradient_and_appends_hvp() -> None:
-    gm = onnax.grad(param_model(), inputs=["weight"])
-    hm = onnax.jvp(gm, inputs=["weight"])
+    gm = ad.grad(param_model(), inputs=["weight"])
+    hm = ad.jvp(gm, inputs=["weight"])
     assert input_names(hm) == ["x", "weight_tangent"]
     assert names(hm.graph.output) == ["loss", "weight_grad", "weight_grad_tangent"]
     # The HVP is not the loss tangent: check it against FD of the gradient.
@@ -247,8 +248,8 @@ def test_jvp_of_grad_keeps_loss_and_gradient_and_appends_hvp() -> None:
 
 def test_jvp_of_jvp_defaults_to_generated_tangents() -> None:
     m = make_model([node("Sin", ["x"], ["y"])], [("x", D, [3])], ["y"])
-    j1 = onnax.jvp(m)
-    j2 = onnax.jvp(j1, inputs=["x"])
+    j1 = ad.jvp(m)
+    j2 = ad.jvp(j1, inputs=["x"])
     assert names(j2.graph.output) == ["y", "y_tangent", "y_tangent_tangent"]
     tangent_in = input_names(j2)[-1]
     x = FEEDS["x"]
@@ -258,22 +259,22 @@ def test_jvp_of_jvp_defaults_to_generated_tangents() -> None:
 
 def test_jvp_of_vjp_defaults_to_generated_cotangents() -> None:
     m = make_model([node("Sin", ["x"], ["y"])], [("x", D, [3])], ["y"])
-    vm = onnax.vjp(m)
-    jm = onnax.jvp(vm, inputs=["x"])
+    vm = ad.vjp(m)
+    jm = ad.jvp(vm, inputs=["x"])
     assert names(jm.graph.output) == ["y", "x_cotangent", "x_cotangent_tangent"]
 
 
 def test_derivative_outputs_are_recorded() -> None:
-    gm = onnax.grad(param_model(), inputs=["weight", "bias"])
+    gm = ad.grad(param_model(), inputs=["weight", "bias"])
     md = meta(gm)
     assert json.loads(md["onnax.derivative_outputs"]) == ["weight_grad", "bias_grad"]
-    jm = onnax.jvp(two_output_model(), outputs=["s"])
+    jm = ad.jvp(two_output_model(), outputs=["s"])
     assert json.loads(meta(jm)["onnax.derivative_outputs"]) == ["s_tangent"]
 
 
 def test_explicit_outputs_override_derivative_default() -> None:
-    gm = onnax.grad(param_model(), inputs=["weight"])
-    hm = onnax.jvp(gm, inputs=["weight"], outputs=["loss"])
+    gm = ad.grad(param_model(), inputs=["weight"])
+    hm = ad.jvp(gm, inputs=["weight"], outputs=["loss"])
     assert names(hm.graph.output) == ["loss", "weight_grad", "loss_tangent"]
 
 
@@ -291,7 +292,7 @@ def test_unknown_input_lists_available_names(mode: str) -> None:
     kwargs: dict[str, Any] = {"inputs": ["nope"]}
     if mode == "grad":
         kwargs["output"] = "s"
-    msg = ad_error(getattr(onnax, mode), two_output_model(), **kwargs)
+    msg = ad_error(getattr(ad, mode), two_output_model(), **kwargs)
     _assert_fix(msg, mode)
     assert "'nope'" in msg
     for name in ("x", "k", "w"):
@@ -305,7 +306,7 @@ def test_unknown_input_lists_initializers() -> None:
 
 @pytest.mark.parametrize("mode", ["jvp", "vjp"])
 def test_unknown_output_lists_available_names(mode: str) -> None:
-    msg = ad_error(getattr(onnax, mode), two_output_model(), outputs=["nope"])
+    msg = ad_error(getattr(ad, mode), two_output_model(), outputs=["nope"])
     _assert_fix(msg, mode)
     assert "'nope'" in msg
     for name in ("a", "b", "s", "sk"):
@@ -323,7 +324,7 @@ def test_int_input_selected(mode: str) -> None:
     kwargs: dict[str, Any] = {"inputs": ["x", "k"]}
     if mode == "grad":
         kwargs["output"] = "s"
-    msg = ad_error(getattr(onnax, mode), two_output_model(), **kwargs)
+    msg = ad_error(getattr(ad, mode), two_output_model(), **kwargs)
     _assert_fix(msg, mode)
     assert "'k'" in msg and "int64" in msg.lower(), msg
 
@@ -335,7 +336,7 @@ def test_int_output_selected() -> None:
         ["y", "shp"],
     )
     for mode in ("jvp", "vjp"):
-        msg = ad_error(getattr(onnax, mode), m, outputs=["shp"])
+        msg = ad_error(getattr(ad, mode), m, outputs=["shp"])
         _assert_fix(msg, mode)
         assert "'shp'" in msg, msg
 
@@ -384,7 +385,7 @@ def test_unsupported_op_on_active_path_names_op_and_node(mode: str) -> None:
         extra_opsets={"my.domain": 1},
         infer=False,
     )
-    msg = ad_error(getattr(onnax, mode), m)
+    msg = ad_error(getattr(ad, mode), m)
     _assert_fix(msg, mode)
     assert "Foo" in msg and "my_custom_foo" in msg, msg
 
@@ -400,7 +401,7 @@ def test_random_op_on_active_path_names_op_and_node(mode: str) -> None:
         [("x", D, [3])],
         ["y"],
     )
-    msg = ad_error(getattr(onnax, mode), m)
+    msg = ad_error(getattr(ad, mode), m)
     _assert_fix(msg, mode)
     assert "RandomNormalLike" in msg and "noise_node" in msg, msg
 
@@ -417,7 +418,7 @@ def test_unsupported_op_off_the_active_path_is_fine() -> None:
         extra_opsets={"my.domain": 1},
         infer=False,
     )
-    jm = to_proto(onnax.jvp(m, inputs=["x"], outputs=["y"]))
+    jm = to_proto(ad.jvp(m, inputs=["x"], outputs=["y"]))
     assert names(jm.graph.output) == ["y", "f", "y_tangent"]
     assert any(n.op_type == "Foo" for n in jm.graph.node)
 
@@ -435,7 +436,7 @@ def test_dropout_in_training_mode_is_consistent_or_refused() -> None:
         initializers={"r": np.array(0.5), "t": np.array(True)},
     )
     try:
-        gm = to_proto(onnax.grad(m, output="loss"))
+        gm = to_proto(ad.grad(m, output="loss"))
     except onnax.OnnaxError as err:
         assert "Dropout" in str(err) and "train_dropout" in str(err), str(err)
         return
@@ -503,18 +504,18 @@ def test_result_passes_full_check(fn: Any) -> None:
 
 
 def test_full_check_param_model_grad_and_hvp() -> None:
-    gm = onnax.grad(param_model(), inputs=["weight", "bias", "x"])
+    gm = ad.grad(param_model(), inputs=["weight", "bias", "x"])
     onnx.checker.check_model(gm, full_check=True)
-    onnx.checker.check_model(onnax.jvp(gm, inputs=["weight"]), full_check=True)
-    onnx.checker.check_model(onnax.vjp(param_model(), inputs=["weight"]), full_check=True)
+    onnx.checker.check_model(ad.jvp(gm, inputs=["weight"]), full_check=True)
+    onnx.checker.check_model(ad.vjp(param_model(), inputs=["weight"]), full_check=True)
 
 
 def test_source_initializers_are_not_converted_to_inputs() -> None:
     m = param_model()
     for r in (
-        onnax.jvp(m, inputs=["weight"]),
-        onnax.vjp(m, inputs=["weight"]),
-        onnax.grad(m, inputs=["bias"]),
+        ad.jvp(m, inputs=["weight"]),
+        ad.vjp(m, inputs=["weight"]),
+        ad.grad(m, inputs=["bias"]),
     ):
         assert {t.name for t in r.graph.initializer} >= {"weight", "bias"}
         assert "weight" not in names(r.graph.input) or "weight" in {t.name for t in r.graph.initializer}
@@ -528,7 +529,7 @@ def test_opset_and_ir_version_preserved() -> None:
             ["y"],
             opset=opset,
         )
-        for r in (onnax.jvp(m), onnax.vjp(m), onnax.grad(m)):
+        for r in (ad.jvp(m), ad.vjp(m), ad.grad(m)):
             ops = {o.domain: o.version for o in r.opset_import}
             assert ops.get("", ops.get("ai.onnx")) == opset
             assert r.ir_version == m.ir_version
