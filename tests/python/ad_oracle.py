@@ -18,9 +18,11 @@ when ONNX Runtime has no kernel), through :func:`vmap_oracle.run_model` and its 
 from __future__ import annotations
 
 import json
-import os
 import pickle
 import signal
+import struct
+import subprocess
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -101,57 +103,64 @@ def fixed(value: Any) -> ADGen:
 #
 # A native crash (SIGSEGV/SIGABRT) inside the core would take down the pytest(-xdist) worker and,
 # after a few restarts, stop the whole session. The oracles therefore run each transform in a
-# forked child; a crash becomes an ordinary test failure naming the transform and the signal.
+# long-lived helper process (restarted after a crash); a crash becomes an ordinary test failure
+# naming the transform and the signal.
+
+_WORKER_CODE = r"""
+import pickle, struct, sys
+import onnx
+import onnax
+
+inp, out = sys.stdin.buffer, sys.stdout.buffer
+while True:
+    head = inp.read(8)
+    if len(head) < 8:
+        break
+    transform, data, kwargs = pickle.loads(inp.read(struct.unpack("<Q", head)[0]))
+    try:
+        res = getattr(onnax, transform)(onnx.load_from_string(data), **kwargs)
+        payload = pickle.dumps(("ok", res.SerializeToString()))
+    except BaseException as err:
+        try:
+            payload = pickle.dumps(("err", err))
+        except Exception:
+            payload = pickle.dumps(("text", type(err).__name__, str(err)))
+    out.write(struct.pack("<Q", len(payload)) + payload)
+    out.flush()
+"""
+
+_WORKER: subprocess.Popen | None = None
 
 
-def _read_all(fd: int) -> bytes:
-    chunks = []
-    while True:
-        chunk = os.read(fd, 1 << 20)
-        if not chunk:
-            return b"".join(chunks)
-        chunks.append(chunk)
+def _worker() -> subprocess.Popen:
+    global _WORKER
+    if _WORKER is None or _WORKER.poll() is not None:
+        _WORKER = subprocess.Popen(
+            [sys.executable, "-c", _WORKER_CODE], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+        )
+    return _WORKER
 
 
 def guarded(transform: str, model: Any, **kwargs: Any) -> onnx.ModelProto:
-    """``onnax.<transform>(model, **kwargs)`` in a forked child; returns a ModelProto."""
-    proto = to_proto(model)
-    data = proto.SerializeToString()
-    if not hasattr(os, "fork"):
-        import onnax
-
-        return to_proto(getattr(onnax, transform)(proto, **kwargs))
-    rfd, wfd = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # child
-        os.close(rfd)
-        try:
-            import onnax
-
-            out = getattr(onnax, transform)(onnx.load_from_string(data), **kwargs)
-            payload = pickle.dumps(("ok", to_proto(out).SerializeToString()))
-        except BaseException as err:
-            try:
-                payload = pickle.dumps(("err", err))
-            except Exception:
-                payload = pickle.dumps(("text", type(err).__name__, str(err)))
-        view = memoryview(payload)
-        while view:
-            n = os.write(wfd, view)
-            view = view[n:]
-        os._exit(0)
-    os.close(wfd)
+    """``onnax.<transform>(model, **kwargs)`` in the helper process; returns a ModelProto."""
+    global _WORKER
+    data = to_proto(model).SerializeToString()
+    proc = _worker()
+    assert proc.stdin is not None and proc.stdout is not None
+    request = pickle.dumps((transform, data, kwargs))
     try:
-        payload = _read_all(rfd)
-    finally:
-        os.close(rfd)
-    _, status = os.waitpid(pid, 0)
-    if os.WIFSIGNALED(status) or not payload:
-        sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
-        name = signal.Signals(sig).name if sig else f"exit status {os.WEXITSTATUS(status)}"
-        raise AssertionError(
-            f"onnax.{transform}({', '.join(f'{k}={v!r}' for k, v in kwargs.items())}) crashed: {name}"
-        )
+        proc.stdin.write(struct.pack("<Q", len(request)) + request)
+        proc.stdin.flush()
+        head = proc.stdout.read(8)
+        payload = proc.stdout.read(struct.unpack("<Q", head)[0]) if len(head) == 8 else b""
+    except BrokenPipeError:
+        payload = b""
+    if not payload:
+        code = proc.wait()
+        _WORKER = None
+        name = signal.Signals(-code).name if code < 0 else f"exit status {code}"
+        args = ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
+        raise AssertionError(f"onnax.{transform}({args}) crashed: {name}")
     result = pickle.loads(payload)
     if result[0] == "ok":
         return onnx.load_from_string(result[1])
