@@ -67,6 +67,15 @@ void Builder::enable_inference(const std::unordered_map<std::string, int>& opset
   inference_->opsets = opsets;
 }
 
+void Builder::set_facts(V v, Facts f) {
+  values_[v.id].facts = std::move(f);
+  if (inference_ && values_[v.id].facts.dtype) {
+    inference_->storage.emplace_back();
+    write_type(values_[v.id].facts, &inference_->storage.back());
+    inference_->types[values_[v.id].name] = &inference_->storage.back();
+  }
+}
+
 void Builder::register_data(const std::string& n, const onnx::TensorProto* tensor) {
   if (inference_) inference_->data[n] = tensor;
 }
@@ -159,6 +168,34 @@ void Builder::propagate_witness(const onnx::NodeProto& node, const std::vector<V
     V w = tangent(in) ? witness(in) : in;
     if (w.valid() && same_static_shape(facts(w), of)) {
       witness_[outputs[0].id] = w;
+      return;
+    }
+  }
+  // Facts with unknown dims cannot prove it; a tangent operand of the output's rank whose
+  // co-operands are no larger (lower rank or size-1/equal static dims) has the output's shape.
+  for (V in : inputs) {
+    if (!tangent(in) || !witness(in).valid()) continue;
+    const Facts& wf = facts(witness(in));
+    if (!of.has_shape || wf.rank() != of.rank()) continue;
+    bool dominated = true;
+    for (V other : inputs) {
+      if (!other.valid() || other.id == in.id) continue;
+      const Facts& f = facts(other);
+      if (!f.has_shape || f.rank() > wf.rank()) {
+        dominated = false;
+        break;
+      }
+      for (int64_t i = 0; i < f.rank(); ++i) {
+        const Dim& d = f.dims[i];
+        const Dim& w = wf.dims[wf.rank() - f.rank() + i];
+        const bool one = d.known() && d.value == 1;
+        const bool equal = (d.known() && w.known() && d.value == w.value) ||
+                           (!d.known() && !w.known() && !d.param.empty() && d.param == w.param);
+        if (!one && !equal) dominated = false;
+      }
+    }
+    if (dominated) {
+      witness_[outputs[0].id] = witness(in);
       return;
     }
   }
@@ -381,6 +418,37 @@ const std::vector<int64_t>* Builder::known_i64(V v) const {
   if (!v.valid()) return nullptr;
   auto it = known_i64_.find(name(v));
   return it == known_i64_.end() ? nullptr : &it->second;
+}
+
+void Builder::remember_tensor(const std::string& n, const onnx::TensorProto& t) {
+  if (t.dims_size() > 1 || t.data_location() == onnx::TensorProto::EXTERNAL) return;
+  std::vector<int64_t> vals;
+  auto from_raw = [&](auto sample) {
+    using T = decltype(sample);
+    const std::string& raw = t.raw_data();
+    vals.resize(raw.size() / sizeof(T));
+    for (size_t i = 0; i < vals.size(); ++i) {
+      T x;
+      std::memcpy(&x, raw.data() + i * sizeof(T), sizeof(T));
+      vals[i] = static_cast<int64_t>(x);
+    }
+  };
+  switch (t.data_type()) {
+    case onnx::TensorProto::INT64:
+      if (t.has_raw_data()) from_raw(int64_t{});
+      else vals.assign(t.int64_data().begin(), t.int64_data().end());
+      break;
+    case onnx::TensorProto::INT32:
+      if (t.has_raw_data()) from_raw(int32_t{});
+      else vals.assign(t.int32_data().begin(), t.int32_data().end());
+      break;
+    case onnx::TensorProto::BOOL:
+      if (t.has_raw_data()) from_raw(uint8_t{});
+      else vals.assign(t.int32_data().begin(), t.int32_data().end());
+      break;
+    default: return;
+  }
+  if (vals.size() <= 64) known_i64_[n] = std::move(vals);
 }
 
 void Builder::remember_i64(const std::string& n, std::vector<int64_t> values) { known_i64_[n] = std::move(values); }

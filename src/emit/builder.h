@@ -90,7 +90,7 @@ class Builder {
   V existing(const std::string& name, Facts facts);
   const std::string& name(V v) const { return values_[v.id].name; }
   const Facts& facts(V v) const { return values_[v.id].facts; }
-  void set_facts(V v, Facts f) { values_[v.id].facts = std::move(f); }
+  void set_facts(V v, Facts f);
   int64_t rank(V v) const { return values_[v.id].facts.rank(); }
 
   // Emits a node; outputs get fresh names derived from the origin and op type.
@@ -134,6 +134,8 @@ class Builder {
   // If `v` is a Constant/initializer this builder knows, its int64 values.
   const std::vector<int64_t>* known_i64(V v) const;
   void remember_i64(const std::string& name, std::vector<int64_t> values);
+  // Remembers a small integer/bool tensor's values (axes, shapes, flags) under its name.
+  void remember_tensor(const std::string& name, const onnx::TensorProto& t);
 
  private:
   struct Value {
@@ -152,7 +154,7 @@ class Builder {
   NameScope& node_names_;
   int64_t opset_;
   std::string origin_;
-  std::vector<Value> values_;
+  std::deque<Value> values_;  // a deque: references to facts stay valid while nodes are emitted
   std::map<std::string, V> const_cache_;
   std::map<std::string, std::vector<int64_t>> known_i64_;
   std::vector<char> tangent_;

@@ -63,6 +63,7 @@ class TransposeCtx {
   std::vector<V> ins;     // inputs (tangent or primal)
   std::vector<bool> lin;  // which inputs are tangents
   std::vector<V> cts;     // output cotangents
+  std::vector<V> outs;    // the tape node's outputs (tangents; use only for witnesses/shapes)
 
   V in(int i) const { return i < static_cast<int>(ins.size()) ? ins[i] : V{}; }
   bool linear(int i) const { return i < static_cast<int>(lin.size()) && lin[i]; }

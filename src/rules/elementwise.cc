@@ -174,7 +174,11 @@ std::vector<V> clip_jvp(D& c) {
     if (hi.valid()) sel = b.op1("And", {sel, b.op1("Less", {lo, hi})});
     t = b.add(t, c.like_out(b.mul(c.t(1), cast_mask(c, sel))));
   }
-  if (c.t(2).valid()) t = b.add(t, c.like_out(b.mul(c.t(2), cast_mask(c, b.op1("Less", {hi, x})))));
+  if (c.t(2).valid()) {
+    // y = min(max(x, lo), hi): hi is selected where max(x, lo) exceeds it (also when lo > hi).
+    V raised = lo.valid() ? b.op1("Max", {x, lo}) : x;
+    t = b.add(t, c.like_out(b.mul(c.t(2), cast_mask(c, b.op1("Greater", {raised, hi})))));
+  }
   return {t};
 }
 
@@ -205,7 +209,12 @@ std::vector<V> pow_jvp(D& c) {
     V d = b.op1("Mul", {b.op1("Cast", {e}, {Attr::i("to", c.dtype(0))}), b.op1("Pow", {c.x(0), em1})});
     t = b.mul(c.t(0), d);
   }
-  if (c.t(1).valid()) t = b.add(t, b.mul(c.t(1), b.op1("Mul", {b.op1("Log", {c.x(0)}), c.y()})));
+  if (c.t(1).valid()) {
+    // As JAX: log of a zero base is replaced by log(1) (the product with y = 0 is 0 anyway).
+    V x = c.x(0);
+    V safe = b.op1("Where", {b.op1("Equal", {x, c.scalar(0.0)}), one(c), x});
+    t = b.add(t, b.mul(c.t(1), b.op1("Mul", {b.op1("Log", {safe}), c.y()})));
+  }
   return {c.like_out(t)};
 }
 
@@ -280,7 +289,20 @@ void register_elementwise_derivatives(DerivativeRules& r) {
   rr.jvp("Gelu", gelu_jvp);
   auto identity = [](D& c) -> std::vector<V> { return {c.t(0)}; };
   rr.jvp("Identity", identity);
-  rr.jvp("Dropout", [](D& c) -> std::vector<V> { return {c.t(0), V{}}; });
+  rr.jvp("Dropout", [](D& c) -> std::vector<V> {
+    // Inference (training_mode absent or a known false): the identity. Training: the
+    // tangent passes through the node's own mask, scaled like the data.
+    const auto* k = c.has(2) ? c.b.known_i64(c.x(2)) : nullptr;
+    const bool inference = !c.has(2) || (k && k->size() == 1 && (*k)[0] == 0);
+    if (inference || !c.t(0).valid()) return {c.t(0), V{}};
+    if (c.ys.size() < 2 || !c.y(1).valid())
+      c.unsupported("training-mode Dropout draws its mask at random and the node does not output it",
+                    "add the mask output to the Dropout node (its second output), or run in inference mode");
+    V ratio = c.has(1) ? c.b.op1("CastLike", {c.x(1), c.x(0)}) : c.scalar(0.5);
+    V scale = c.b.op1("Div", {c.scalar(1.0), c.b.op1("Sub", {c.scalar(1.0), ratio})});
+    V mask = c.b.op1("Mul", {c.b.op1("Cast", {c.y(1)}, {Attr::i("to", c.dtype(0))}), scale});
+    return {c.b.mul(c.t(0), mask), V{}};
+  });
   rr.jvp("Cast", [](D& c) -> std::vector<V> {
     if (!c.t(0).valid()) return {V{}};
     return {c.b.op1("Cast", {c.t(0)}, {Attr::i("to", c.attr_i("to", 1))})};

@@ -1,5 +1,6 @@
 // MatMul, Gemm and Einsum.
 #include <algorithm>
+#include <climits>
 #include <map>
 #include <set>
 
@@ -150,8 +151,9 @@ std::vector<V> matmul_transpose(TransposeCtx& c) {
   V a = c.in(0), m = c.in(1), ct = c.ct();
   const int64_t ra = c.rank(a), rb = c.rank(m);
   // Treat 1-D operands as matrices, as MatMul does, and restore the cotangent's axes.
-  V a2 = ra == 1 ? b.unsqueeze(a, {0}) : a;
-  V m2 = rb == 1 ? b.unsqueeze(m, {1}) : m;
+  // Only the primal operand is materialised (the tangent exists only on the tape).
+  V a2 = c.linear(0) ? a : ra == 1 ? b.unsqueeze(a, {0}) : a;
+  V m2 = c.linear(1) ? m : rb == 1 ? b.unsqueeze(m, {1}) : m;
   if (ra == 1 && rb == 1) ct = b.unsqueeze(ct, {0, 1});
   else if (ra == 1) ct = b.unsqueeze(ct, {-2});
   else if (rb == 1) ct = b.unsqueeze(ct, {-1});
@@ -221,13 +223,32 @@ std::vector<V> einsum_transpose(TransposeCtx& c) {
   std::vector<V> out(c.ins.size());
   for (size_t i = 0; i < c.ins.size(); ++i) {
     if (!c.linear(i)) continue;
-    const std::string& target = terms.in[i];
+    std::string target = terms.in[i];
+    // A repeated subscript (a diagonal, "ii") takes a fresh letter for its second use; the
+    // result is multiplied by an identity matrix over the pair to land on the diagonal.
     std::set<char> seen;
-    for (char ch : target) {
+    int64_t diag_first = -1, diag_second = -1;
+    char diag_letter = 0, fresh = 0;
+    for (size_t k = 0; k < target.size(); ++k) {
+      const char ch = target[k];
       if (ch == '.') continue;
-      if (!seen.insert(ch).second)
-        c.unsupported("operand " + std::to_string(i) + " repeats a subscript (a diagonal), which has no Einsum transpose");
+      if (seen.insert(ch).second) continue;
+      if (diag_letter || target.find("...") != std::string::npos)
+        c.unsupported("operand " + std::to_string(i) + " repeats more than one subscript");
+      diag_letter = ch;
+      diag_first = static_cast<int64_t>(target.find(ch));
+      diag_second = static_cast<int64_t>(k);
     }
+    if (diag_letter) {
+      std::set<char> all;
+      for (const auto& t : terms.in) all.insert(t.begin(), t.end());
+      all.insert(terms.out.begin(), terms.out.end());
+      for (const char* cand = "zyxwvutsrqponmlkjihgfedcbaZYXWVUTSRQPONMLKJIHGFEDCBA"; *cand && !fresh; ++cand)
+        if (!all.count(*cand)) fresh = *cand;
+      target[diag_second] = fresh;
+    }
+    const std::string diag_target = target;
+    if (diag_letter) target.erase(diag_second, 1);
     std::set<char> available(terms.out.begin(), terms.out.end());
     std::string lhs = terms.out;
     std::vector<V> operands{c.ct()};
@@ -237,11 +258,41 @@ std::vector<V> einsum_transpose(TransposeCtx& c) {
       operands.push_back(c.in(j));
       available.insert(terms.in[j].begin(), terms.in[j].end());
     }
-    for (char ch : target)
-      if (ch != '.' && !available.count(ch))
-        c.unsupported("operand " + std::to_string(i) + "'s subscript '" + std::string(1, ch) +
-                      "' is summed away by itself, which this transpose does not broadcast back");
-    out[i] = b.op1("Einsum", operands, {Attr::s("equation", lhs + "->" + target)});
+    // Subscripts only operand i has were summed away: compute the rest, then broadcast back.
+    std::string kept;
+    std::vector<int64_t> missing;
+    int64_t pos = 0;
+    for (size_t k = 0; k < target.size(); ++k) {
+      const char ch = target[k];
+      if (ch == '.') {
+        if (target.compare(k, 3, "...") == 0) {
+          if (target.find("...") != std::string::npos && kept.find("...") == std::string::npos) kept += "...";
+          k += 2;
+          pos = -1;  // positions after an ellipsis are not static
+        }
+        continue;
+      }
+      if (available.count(ch)) kept += ch;
+      else if (pos >= 0) missing.push_back(pos);
+      else c.unsupported("a subscript summed away by operand " + std::to_string(i) + " follows an ellipsis");
+      if (pos >= 0) ++pos;
+    }
+    V g = b.op1("Einsum", operands, {Attr::s("equation", lhs + "->" + kept)});
+    if (!missing.empty()) {
+      // Broadcast to the operand's shape without its diagonal's second axis.
+      V shape = tangent_shape(c, c.in(i));
+      if (diag_letter) shape = b.op1("Concat", {b.op1("Slice", {shape, b.i64s({0}), b.i64s({diag_second})}),
+                                              b.op1("Slice", {shape, b.i64s({diag_second + 1}), b.i64s({INT64_MAX})})},
+                                     {Attr::i("axis", 0)});
+      g = b.expand(b.unsqueeze(g, missing), shape);
+    }
+    if (diag_letter) {
+      V n = b.op1("Slice", {tangent_shape(c, c.in(i)), b.i64s({diag_first}), b.i64s({diag_first + 1})});
+      V eye = b.op1("EyeLike", {b.expand(b.scalar(0.0, b.facts(c.ct()).dtype), b.concat({n, n}, 0))});
+      g = b.op1("Einsum", {g, eye}, {Attr::s("equation", target + "," + std::string(1, diag_letter) +
+                                                            std::string(1, fresh) + "->" + diag_target)});
+    }
+    out[i] = g;
   }
   return out;
 }

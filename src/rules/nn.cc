@@ -269,7 +269,9 @@ std::vector<V> maxpool_jvp(D& c) {
   if (c.attr_i("storage_order", 0))
     c.unsupported("storage_order=1 (column-major indices)", "use the default storage_order=0");
   V flat = b.reshape(c.t(0), b.i64s({-1}));
+  b.set_witness(flat, b.reshape(c.x(0), b.i64s({-1})));  // the flat tangent's primal twin
   V picked = b.op1("Gather", {flat, b.reshape(idx, b.i64s({-1}))}, {Attr::i("axis", 0)});
+  b.set_witness(picked, b.reshape(c.y(), b.i64s({-1})));
   std::vector<V> out(c.ys.size());
   out[0] = b.reshape(picked, b.shape_of(c.y()));
   return out;
@@ -377,6 +379,7 @@ void register_nn_derivatives(DerivativeRules& r) {
   r.transpose("GlobalAveragePool", global_average_transpose);
   r.jvp("MaxPool", maxpool_jvp);
   r.jvp("Conv", conv_jvp);
+  r.jvp("ConvTranspose", conv_jvp);
 }
 
 }  // namespace onnax

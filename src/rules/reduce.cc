@@ -125,6 +125,8 @@ V keep_dims(D& c, V y) {
 
 V reduce_sum_like(D& c, V t) {
   if (!t.valid()) return t;
+  // Every summand these rules build has the reduced input's shape.
+  if (c.b.tangent(t) && !c.b.witness(t).valid()) c.b.set_witness(t, c.x(0));
   std::vector<V> ins{t};
   if (c.has(1)) ins.push_back(c.x(1));
   Attrs attrs{Attr::i("keepdims", c.attr_i("keepdims", 1))};
@@ -175,6 +177,7 @@ std::vector<V> softmax_jvp(D& c) {
   auto& b = c.b;
   const int64_t axis = c.attr_i("axis", -1);
   V yt = b.op1("Mul", {c.y(), c.t(0)});
+  b.set_witness(yt, c.y());
   V s = b.op1("ReduceSum", {yt, b.i64s({axis})}, {Attr::i("keepdims", 1)});
   return {b.op1("Mul", {c.y(), b.op1("Sub", {c.t(0), s})})};
 }
@@ -184,7 +187,9 @@ std::vector<V> log_softmax_jvp(D& c) {
   auto& b = c.b;
   const int64_t axis = c.attr_i("axis", -1);
   V p = b.op1("Exp", {c.y()});
-  V s = b.op1("ReduceSum", {b.op1("Mul", {p, c.t(0)}), b.i64s({axis})}, {Attr::i("keepdims", 1)});
+  V pt = b.op1("Mul", {p, c.t(0)});
+  b.set_witness(pt, c.y());
+  V s = b.op1("ReduceSum", {pt, b.i64s({axis})}, {Attr::i("keepdims", 1)});
   return {b.op1("Sub", {c.t(0), s})};
 }
 

@@ -235,7 +235,8 @@ std::vector<V> data_linear(D& c) {
 // Transposes that restore the input's shape from a reshaped cotangent.
 std::vector<V> reshape_back(TransposeCtx& c) {
   std::vector<V> out(c.ins.size());
-  out[0] = c.b.reshape(c.ct(), tangent_shape(c, c.in(0)));
+  // The shape is exact (it may contain 0 for empty dims), so 0 must not mean "copy".
+  out[0] = c.b.op1("Reshape", {c.ct(), tangent_shape(c, c.in(0))}, {Attr::i("allowzero", 1)});
   return out;
 }
 
@@ -279,30 +280,56 @@ std::vector<V> concat_transpose(TransposeCtx& c) {
 std::vector<V> split_transpose(TransposeCtx& c) {
   auto& b = c.b;
   const int64_t axis = c.attr_i("axis", 0);
+  int32_t dtype = 0;
+  for (V ct : c.cts)
+    if (ct.valid()) dtype = b.facts(ct).dtype;
   std::vector<V> parts;
   for (size_t k = 0; k < c.cts.size(); ++k) {
     if (c.cts[k].valid()) {
       parts.push_back(c.cts[k]);
       continue;
     }
-    c.unsupported("a Split output without a cotangent needs its shape, which is unknown here");
+    V shape = tangent_shape(c, c.outs[k]);
+    parts.push_back(b.expand(b.scalar(0.0, dtype), shape));
   }
   std::vector<V> out(c.ins.size());
   out[0] = b.op1("Concat", parts, {Attr::i("axis", axis)});
   return out;
 }
 
+// Pad is linear in (data, constant_value) jointly: padded positions carry the value.
+std::vector<V> pad_jvp(D& c) {
+  if (!c.t(0).valid() && !c.t(2).valid()) return {V{}};
+  const int32_t dt = c.b.facts(c.y()).dtype;
+  V td = c.t(0).valid() ? c.t(0) : c.b.expand(c.b.scalar(0.0, dt), c.b.shape_of(c.x(0)));
+  std::vector<V> ins{td, c.x(1), c.t(2).valid() ? c.t(2) : V{}};
+  if (c.has(3)) ins.push_back(c.x(3));
+  while (!ins.empty() && !ins.back().valid()) ins.pop_back();
+  return {c.same_op(ins)};
+}
+
 std::vector<V> pad_transpose(TransposeCtx& c) {
+  auto& b = c.b;
   const auto* mode = c.attr("mode");
-  if (mode && mode->s() != "constant") return selection_transpose(c, 0);
+  if (mode && mode->s() != "constant") {
+    if (c.linear(2)) c.unsupported("the padding value is a tangent in a non-constant mode");
+    return selection_transpose(c, 0);
+  }
   // Cropping is padding by negative amounts.
-  std::vector<V> ins{c.ct(), c.b.op1("Neg", {c.in(1)})};
+  std::vector<V> ins{c.ct(), b.op1("Neg", {c.in(1)})};
   if (c.in(3).valid()) {
     ins.push_back(V{});
     ins.push_back(c.in(3));
   }
+  V cropped = b.clone(c.node, ins, {}, {}, 1)[0];
   std::vector<V> out(c.ins.size());
-  out[0] = c.b.clone(c.node, ins)[0];
+  if (c.linear(0)) out[0] = cropped;
+  if (c.linear(2)) {
+    // The value's cotangent sums the cotangent over the padded positions.
+    V all = b.op1("ReduceSum", {c.ct()}, {Attr::i("keepdims", 0)});
+    V inner = b.op1("ReduceSum", {cropped}, {Attr::i("keepdims", 0)});
+    out[2] = b.op1("Sub", {all, inner});
+  }
   return out;
 }
 
@@ -312,10 +339,7 @@ void register_shape_derivatives(DerivativeRules& r) {
   for (const char* op : {"Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Expand", "Slice", "Tile", "Split",
                          "Trilu", "DepthToSpace", "SpaceToDepth", "Compress"})
     r.jvp(op, data_linear);
-  r.jvp("Pad", [](D& c) -> std::vector<V> {
-    if (c.t(2).valid()) c.unsupported("the padding value is differentiated", "pad with a constant value");
-    return data_linear(c);
-  });
+  r.jvp("Pad", pad_jvp);
   r.jvp("Concat", concat_jvp);
   for (const char* op : {"Reshape", "Flatten", "Squeeze", "Unsqueeze"}) r.transpose(op, reshape_back);
   r.transpose("Transpose", transpose_transpose);
@@ -332,7 +356,18 @@ void register_shape_derivatives(DerivativeRules& r) {
   r.transpose("Pad", pad_transpose);
   r.transpose("Concat", concat_transpose);
   r.transpose("Split", split_transpose);
-  for (const char* op : {"Shape", "Size", "ConstantOfShape", "Range", "NonZero", "OneHot", "EyeLike"}) r.zero(op);
+  for (const char* op : {"Shape", "Size", "ConstantOfShape", "Range", "NonZero", "EyeLike"}) r.zero(op);
+  r.jvp("OneHot", [](D& c) -> std::vector<V> {
+    // Linear in values = [off, on]: off + (on - off) * onehot(indices).
+    if (!c.t(2).valid()) return {V{}};
+    auto& b = c.b;
+    const int32_t dt = b.facts(c.x(2)).dtype;
+    V unit = b.op1("Cast", {b.i64s({0, 1})}, {Attr::i("to", dt)});
+    V mask = c.same_op({c.x(0), c.x(1), unit});
+    V off = b.op1("Gather", {c.t(2), b.i64(0)}, {Attr::i("axis", 0)});
+    V on = b.op1("Gather", {c.t(2), b.i64(1)}, {Attr::i("axis", 0)});
+    return {c.like_out(b.op1("Add", {off, b.op1("Mul", {b.op1("Sub", {on, off}), mask})}))};
+  });
 }
 
 }  // namespace onnax

@@ -159,6 +159,7 @@ onnx::ModelProto differentiate(const onnx::ModelProto& source, Mode mode, const 
   for (const auto& t : src->initializer()) {
     primal[t.name()] = b.existing(t.name(), facts(t.name()));
     b.register_data(t.name(), &t);
+    b.remember_tensor(t.name(), t);
   }
   for (const auto& vi : src->input())
     if (!primal.count(vi.name())) primal[vi.name()] = b.existing(vi.name(), facts(vi.name()));
@@ -200,7 +201,10 @@ onnx::ModelProto differentiate(const onnx::ModelProto& source, Mode mode, const 
     }
     if (node.op_type() == "Constant" && node.domain().empty())
       for (const auto& a : node.attribute())
-        if (a.name() == "value" && a.has_t()) b.register_data(node.output(0), &a.t());
+        if (a.name() == "value" && a.has_t()) {
+          b.register_data(node.output(0), &a.t());
+          b.remember_tensor(node.output(0), a.t());
+        }
 
     bool active = false, useful = false;
     std::string from;
@@ -217,7 +221,10 @@ onnx::ModelProto differentiate(const onnx::ModelProto& source, Mode mode, const 
     for (const auto& o : node.output()) useful = useful || needed.count(o);
     if (!active || !useful) continue;
     bool float_out = false;
-    for (const auto& o : node.output()) float_out = float_out || (!o.empty() && differentiable_dtype(facts(o).dtype));
+    for (const auto& o : node.output()) {
+      const int32_t dt = o.empty() ? -1 : facts(o).dtype;
+      float_out = float_out || dt == 0 || differentiable_dtype(dt);  // unknown dtype: could be float
+    }
     if (!float_out) continue;  // integer/bool results carry no derivative
     const std::string domain = node.domain() == "ai.onnx" ? "" : node.domain();
     if (rules.is_zero(node.op_type()) && domain.empty()) continue;
@@ -247,10 +254,13 @@ onnx::ModelProto differentiate(const onnx::ModelProto& source, Mode mode, const 
     std::vector<V> touts = (*rule)(ctx);
     for (int k = 0; k < node.output_size() && k < static_cast<int>(touts.size()); ++k) {
       const std::string& o = node.output(k);
-      if (o.empty() || !touts[k].valid() || !differentiable_dtype(facts(o).dtype)) continue;
+      const int32_t dt = o.empty() ? -1 : facts(o).dtype;
+      if (o.empty() || !touts[k].valid() || !(dt == 0 || differentiable_dtype(dt))) continue;
       tangent[o] = touts[k];
       origin[o] = from;
       if (!b.witness(touts[k]).valid()) b.set_witness(touts[k], ys[k]);
+      // A tangent has its primal's shape; the primal's facts may know more (data propagation).
+      if (facts(o).has_shape && !b.tangent(ys[k])) b.set_facts(touts[k], facts(o));
     }
   }
 
@@ -326,7 +336,7 @@ onnx::ModelProto differentiate(const onnx::ModelProto& source, Mode mode, const 
                        ") in reverse: its JVP is linear in the tangent but it has no transpose rule yet (while "
                        "differentiating '" + tn.origin + "'). Fix: use jvp (forward mode) for this model, or select "
                        "inputs/outputs whose path avoids " + tn.node.op_type());
-      TransposeCtx tctx{b, tn.node, p.opset, tn.inputs, {}, cts};
+      TransposeCtx tctx{b, tn.node, p.opset, tn.inputs, {}, cts, tn.outputs};
       for (V in : tn.inputs) tctx.lin.push_back(b.tangent(in));
       // Cotangent nodes are named after the source value whose tangent the tape node computed.
       std::string base = tn.origin;

@@ -97,39 +97,6 @@ std::string pick_axis_name(const Prepared& p, const VmapOptions& opt) {
   return name;
 }
 
-// The values of a small integer or bool tensor (axes, shapes, flags), widened to int64.
-std::optional<std::vector<int64_t>> small_int_values(const onnx::TensorProto& t) {
-  if (t.dims_size() > 1 || t.data_location() == onnx::TensorProto::EXTERNAL) return std::nullopt;
-  std::vector<int64_t> vals;
-  auto from_raw = [&](auto sample) {
-    using T = decltype(sample);
-    const std::string& raw = t.raw_data();
-    vals.resize(raw.size() / sizeof(T));
-    for (size_t i = 0; i < vals.size(); ++i) {
-      T x;
-      std::memcpy(&x, raw.data() + i * sizeof(T), sizeof(T));
-      vals[i] = static_cast<int64_t>(x);
-    }
-  };
-  switch (t.data_type()) {
-    case onnx::TensorProto::INT64:
-      if (t.has_raw_data()) from_raw(int64_t{});
-      else vals.assign(t.int64_data().begin(), t.int64_data().end());
-      break;
-    case onnx::TensorProto::INT32:
-      if (t.has_raw_data()) from_raw(int32_t{});
-      else vals.assign(t.int32_data().begin(), t.int32_data().end());
-      break;
-    case onnx::TensorProto::BOOL:
-      if (t.has_raw_data()) from_raw(uint8_t{});
-      else vals.assign(t.int32_data().begin(), t.int32_data().end());
-      break;
-    default: return std::nullopt;
-  }
-  if (vals.size() > 64) return std::nullopt;
-  return vals;
-}
-
 std::vector<int64_t> move_axis_perm(int64_t from, int64_t to, int64_t rank) {
   std::vector<int64_t> perm;
   for (int64_t i = 0; i < rank; ++i)
@@ -182,7 +149,7 @@ onnx::ModelProto vmap(const onnx::ModelProto& source, const VmapOptions& opt) {
 
   // Initializers: shared, and their int64 contents are known to rules (axes, shapes).
   auto remember_tensor = [&](const onnx::TensorProto& t) {
-    if (auto vals = small_int_values(t)) b.remember_i64(t.name(), std::move(*vals));
+    b.remember_tensor(t.name(), t);
   };
   for (const auto& t : src_graph->initializer()) {
     env[t.name()] = Mapped{b.existing(t.name(), src_facts(t.name())), false};

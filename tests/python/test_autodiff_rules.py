@@ -898,6 +898,10 @@ def test_jvp(case: Case) -> None:
 
 @pytest.mark.parametrize("case", CASES, ids=IDS)
 def test_vjp_dot(case: Case) -> None:
+    if case.skip_grad64:
+        # The float64 reverse graph needs the same kernels the grad test lacks; the float32
+        # grad test checks this case against float64 finite differences instead.
+        pytest.skip(case.skip_grad64)
     check_vjp_dot(case.model, case.inputs, case.outputs, gens=case.gens)
 
 
