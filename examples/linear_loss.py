@@ -16,7 +16,6 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 import onnxruntime as ort
-
 from onnax import vmap
 
 

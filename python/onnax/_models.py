@@ -13,11 +13,9 @@ def to_bytes(model: Any) -> bytes:
     """Serialize an ``onnx.ModelProto`` or ``onnx_ir.Model`` for the C++ core."""
     if isinstance(model, onnx.ModelProto):
         return model.SerializeToString()
-    try:
-        import onnx_ir as ir
-    except ImportError:  # pragma: no cover - onnx_ir is a dependency
-        ir = None
-    if ir is not None and isinstance(model, ir.Model):
+    import onnx_ir as ir
+
+    if isinstance(model, ir.Model):
         return ir.serde.serialize_model(model).SerializeToString()
     raise TypeError(
         f"onnax expects an onnx.ModelProto or an onnx_ir.Model, got {type(model).__name__}. "

@@ -73,7 +73,9 @@ def _names(value: Names, what: str) -> list[str] | None:
     if value is None:
         return None
     if isinstance(value, str):
-        raise TypeError(f"{what} must be a sequence of graph names, got the string {value!r}; use [{value!r}]")
+        raise TypeError(
+            f"{what} must be a sequence of graph names, got the string {value!r}; use [{value!r}]"
+        )
     names = list(value)
     for n in names:
         if not isinstance(n, str):
