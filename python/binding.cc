@@ -124,4 +124,15 @@ PYBIND11_MODULE(_core, m) {
         return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       },
       py::arg("model"), py::arg("in_axis") = 0, "Seconds of the C++ vmap transform alone (parsed input).");
+  m.def(
+      "grad_seconds",
+      [](const py::bytes& model, const std::optional<std::vector<std::string>>& inputs,
+         const std::optional<std::string>& output) {
+        onnx::ModelProto source = onnax::parse_model(std::string(model));
+        auto t0 = std::chrono::steady_clock::now();
+        onnx::ModelProto out = onnax::grad(source, inputs, output);
+        return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      },
+      py::arg("model"), py::arg("inputs") = py::none(), py::arg("output") = py::none(),
+      "Seconds of the C++ grad transform alone (parsed input).");
 }
