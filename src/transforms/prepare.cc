@@ -63,6 +63,32 @@ void collect_reads(const onnx::GraphProto& g, std::unordered_set<std::string>& d
     if (!local.count(o.name())) reads.push_back(o.name());
 }
 
+// True when every node reads only values defined before it and every name is defined once
+// (the common case, checked in one pass over a single set: `defined` ends up holding every
+// value name of the top-level graph).
+bool already_sorted(const onnx::GraphProto& g, NameScope& defined) {
+  for (const auto& vi : g.input()) defined.reserve(vi.name());
+  for (const auto& t : g.initializer()) defined.reserve(t.name());
+  for (const auto& sp : g.sparse_initializer()) defined.reserve(sp.values().name());
+  for (const auto& node : g.node()) {
+    for (const auto& in : node.input())
+      if (!in.empty() && !defined.contains(in)) return false;
+    if (node.attribute_size() > 0)
+      for (const auto& r : outer_scope_reads(node))
+        if (!defined.contains(r)) return false;
+    for (const auto& o : node.output())
+      if (!o.empty() && !defined.insert(o)) return false;
+  }
+  for (const auto& o : g.output())
+    if (!defined.contains(o.name())) return false;
+  return true;
+}
+
+std::string node_label(const onnx::NodeProto& n) {
+  if (!n.name().empty()) return "node '" + n.name() + "'";
+  return "the node producing '" + (n.output_size() ? n.output(0) : std::string()) + "'";
+}
+
 // Orders the graph's nodes topologically (stable: keeps the given order where it is valid),
 // reporting cycles and inputs that nothing defines.
 void sort_nodes(onnx::GraphProto& g) {
@@ -77,8 +103,8 @@ void sort_nodes(onnx::GraphProto& g) {
       if (!o.empty()) {
         if (producer.count(o) || available.count(o))
           diag::fail(Error::Kind::kInvalidModel,
-                     "invalid model: value '" + o + "' is defined more than once (node '" + g.node(i).name() +
-                         "', op " + g.node(i).op_type() +
+                     "invalid model: value '" + o + "' is defined more than once (" + node_label(g.node(i)) +
+                         ", op " + g.node(i).op_type() +
                          "). Fix: give every node output a unique name (ONNX graphs are in SSA form)");
         producer[o] = i;
       }
@@ -97,7 +123,7 @@ void sort_nodes(onnx::GraphProto& g) {
       if (r.empty()) continue;
       if (!available.count(r) && !producer.count(r))
         diag::fail(Error::Kind::kInvalidModel,
-                   "invalid model: node '" + node.name() + "' (op " + node.op_type() + ") reads '" + r +
+                   "invalid model: " + node_label(node) + " (op " + node.op_type() + ") reads '" + r +
                        "', which no node, graph input or initializer defines. Fix: add '" + r +
                        "' as a graph input or initializer, or correct the node's input name");
       if (!seen.count(r)) sorted = false;
@@ -136,7 +162,7 @@ void sort_nodes(onnx::GraphProto& g) {
     for (int i = 0; i < n; ++i)
       if (missing[i])
         diag::fail(Error::Kind::kInvalidModel,
-                   "invalid model: the graph has a cycle through node '" + g.node(i).name() + "' (op " +
+                   "invalid model: the graph has a cycle through " + node_label(g.node(i)) + " (op " +
                        g.node(i).op_type() + "). Fix: ONNX graphs must be acyclic; use Loop or Scan for recurrence");
   }
   google::protobuf::RepeatedPtrField<onnx::NodeProto> nodes;
@@ -210,7 +236,7 @@ Prepared prepare(const onnx::ModelProto& source, const std::string& mode) {
   }
   p.opset = opset;
   auto& g = *p.model.mutable_graph();
-  sort_nodes(g);
+  if (!already_sorted(g, p.value_names)) sort_nodes(g);
   collect_names(g, p);
   for (const auto& t : g.initializer()) p.initializer_names.insert(t.name());
   for (const auto& s : g.sparse_initializer()) p.initializer_names.insert(s.values().name());

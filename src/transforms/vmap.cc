@@ -253,7 +253,8 @@ onnx::ModelProto vmap(const onnx::ModelProto& source, const VmapOptions& opt) {
         if (o.empty()) continue;
         std::string src_name = o;
         if (output_index.count(o)) o = p.value_names.fresh(o + "_shared");
-        outs.emplace_back(src_name, b.existing(o, src_facts(src_name)));
+        // Rules read per-example facts from the fact table; shared values need none here.
+        outs.emplace_back(src_name, b.existing(o, Facts{}));
       }
       if (node.op_type() == "Constant" && node.domain().empty())
         for (const auto& a : node.attribute())
