@@ -875,7 +875,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="smoke mode: small models, few repeats")
     p.add_argument("--sizes", default=None, help="(a) chain node counts (default 10000,100000)")
     p.add_argument("--wrt", choices=("input", "weights"), default="input", help="(a) differentiate w.r.t.")
-    p.add_argument("--repeats", type=int, default=None, help="timed repeats: (a) default 3, ORT default 7; quick 2 and 3")
+    p.add_argument(
+        "--repeats", type=int, default=None, help="timed repeats: (a) default 3, ORT default 7; quick 2 and 3"
+    )
     p.add_argument("--runs", type=int, default=None, help="ORT runs per repeat (default 5; quick 2)")
     p.add_argument("--warmup", type=int, default=None, help="ORT warm-up runs (default 3; quick 1)")
     p.add_argument(

@@ -8,6 +8,8 @@
 #include <chrono>
 
 #include "cli/cli.h"
+#include "rules/batching.h"
+#include "rules/derivative.h"
 
 namespace py = pybind11;
 
@@ -101,6 +103,17 @@ PYBIND11_MODULE(_core, m) {
       "Runs the onnax command line (without the program name); returns the exit code.");
 
   m.def("version", &onnax::version);
+  m.def(
+      "registered_ops",
+      []() {
+        py::dict d;
+        d["batch"] = onnax::BatchRules::instance().ops();
+        d["jvp"] = onnax::DerivativeRules::instance().jvp_ops();
+        d["transpose"] = onnax::DerivativeRules::instance().transpose_ops();
+        d["zero"] = onnax::DerivativeRules::instance().zero_ops();
+        return d;
+      },
+      "The op types each rule registry covers (for closure tests).");
 
   // Benchmark probes: C++-only timings, free of Python boundary costs.
   m.def(

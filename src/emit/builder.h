@@ -91,6 +91,10 @@ class Builder {
   const std::string& name(V v) const { return values_[v.id].name; }
   const Facts& facts(V v) const { return values_[v.id].facts; }
   void set_facts(V v, Facts f);
+  // Marks `v` so the transform writes its facts as value_info: for values ONNX inference
+  // cannot type (e.g. Split by run-time sizes), so later transforms of the result can.
+  void declare(V v) { declared_.push_back(v); }
+  const std::vector<V>& declared() const { return declared_; }
   int64_t rank(V v) const { return values_[v.id].facts.rank(); }
 
   // Emits a node; outputs get fresh names derived from the origin and op type.
@@ -160,6 +164,7 @@ class Builder {
   std::vector<char> tangent_;
   std::vector<TapeNode>* tape_ = nullptr;
   bool forbid_tangents_ = false;
+  std::vector<V> declared_;
   std::unordered_map<int, V> witness_;
   struct Inference;
   std::unique_ptr<Inference> inference_;

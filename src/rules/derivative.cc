@@ -89,6 +89,7 @@ V unbroadcast(Builder& b, V ct, V target, V witness) {
   const Facts& cf = b.facts(ct);
   const Facts& tf = b.facts(target);
   if (!cf.has_shape || !tf.has_shape) {
+    if (getenv("ONNAX_DEBUG_UB")) fprintf(stderr, "unbroadcast ct=%s %s target=%s %s\n", b.name(ct).c_str(), cf.shape_string().c_str(), b.name(target).c_str(), tf.shape_string().c_str());
     if (same_shape(cf, tf)) return ct;
     if (!witness.valid())
       diag::fail(Error::Kind::kUnsupported,
@@ -183,6 +184,12 @@ std::vector<std::string> DerivativeRules::jvp_ops() const {
 std::vector<std::string> DerivativeRules::transpose_ops() const {
   std::vector<std::string> out;
   for (const auto& [k, v] : transpose_) out.push_back(k);
+  return out;
+}
+
+std::vector<std::string> DerivativeRules::zero_ops() const {
+  std::vector<std::string> out;
+  for (const auto& [k, v] : zero_) out.push_back(k);
   return out;
 }
 

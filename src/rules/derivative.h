@@ -104,6 +104,7 @@ class DerivativeRules {
   bool is_zero(const std::string& op) const { return zero_.count(op) != 0; }
   std::vector<std::string> jvp_ops() const;
   std::vector<std::string> transpose_ops() const;
+  std::vector<std::string> zero_ops() const;
 
  private:
   std::map<std::string, JvpRule> jvp_;

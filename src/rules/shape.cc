@@ -272,8 +272,15 @@ std::vector<V> concat_transpose(TransposeCtx& c) {
   V split = b.concat(sizes, 0);
   std::vector<V> parts = b.op("Split", {c.ct(), split}, {Attr::i("axis", axis)}, static_cast<int>(c.ins.size()));
   std::vector<V> out(c.ins.size());
-  for (size_t i = 0; i < c.ins.size(); ++i)
+  for (size_t i = 0; i < c.ins.size(); ++i) {
+    // ONNX cannot infer Split's outputs from run-time sizes; each part has its input's shape.
+    V w = b.tangent(c.in(i)) ? b.witness(c.in(i)) : c.in(i);
+    if (w.valid() && b.facts(w).has_shape) {
+      b.set_facts(parts[i], b.facts(w));
+      b.declare(parts[i]);
+    }
     if (c.linear(i)) out[i] = parts[i];
+  }
   return out;
 }
 

@@ -371,6 +371,8 @@ onnx::ModelProto differentiate(const onnx::ModelProto& source, Mode mode, const 
   out.mutable_initializer()->Swap(src->mutable_initializer());
   out.mutable_sparse_initializer()->Swap(src->mutable_sparse_initializer());
   for (const auto& vi : source.graph().value_info()) *out.add_value_info() = vi;
+  for (V v : b.declared())
+    if (b.facts(v).dtype) *out.add_value_info() = value_info_like(b.name(v), b.facts(v));
   delete src;
   onnx::ModelProto result = std::move(p.model);
   *result.mutable_graph() = std::move(out);
