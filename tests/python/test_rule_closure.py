@@ -40,7 +40,8 @@ def _model(nodes, inputs, outputs, inits=()):
 
 
 def _w(name, shape, seed=0):
-    return numpy_helper.from_array(np.random.default_rng(seed).standard_normal(shape).astype(np.float32), name)
+    values = np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+    return numpy_helper.from_array(values, name)
 
 
 def _loss(out):
