@@ -2,8 +2,6 @@
 
 #include <algorithm>
 #include <cctype>
-#include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <set>
 #include <stdexcept>
@@ -98,11 +96,6 @@ void Builder::infer(onnx::NodeProto& node, const std::vector<V>& outputs) {
   const onnx::OpSchema* schema =
       op == inf.opsets.end() ? nullptr : onnx::OpSchemaRegistry::Schema(node.op_type(), op->second, domain);
   if (!schema || !schema->has_type_and_shape_inference_function()) return;
-  if (getenv("ONNAX_DEBUG_INFER")) {
-    fprintf(stderr, "infer %s:", node.op_type().c_str());
-    for (const auto& in : node.input()) fprintf(stderr, " %s(%s)", in.c_str(), inf.types.count(in) ? "typed" : "untyped");
-    fprintf(stderr, "\n");
-  }
   try {
     const onnx::ShapeInferenceOptions options(false, 0, true);
     onnx::shape_inference::InferenceContextImpl ctx(node, inf.types, inf.data, inf.sparse, options, &inf.generated);
@@ -119,9 +112,8 @@ void Builder::infer(onnx::NodeProto& node, const std::vector<V>& outputs) {
       inf.types[name(outputs[i])] = &inf.storage.back();
       values_[outputs[i].id].facts = facts_from_type(*t);
     }
-  } catch (const std::exception& e) {
+  } catch (const std::exception&) {
     // Facts stay unknown; rules that need them report it.
-    if (getenv("ONNAX_DEBUG_INFER")) fprintf(stderr, "builder infer %s: %s\n", node.op_type().c_str(), e.what());
   }
 }
 

@@ -89,7 +89,6 @@ V unbroadcast(Builder& b, V ct, V target, V witness) {
   const Facts& cf = b.facts(ct);
   const Facts& tf = b.facts(target);
   if (!cf.has_shape || !tf.has_shape) {
-    if (getenv("ONNAX_DEBUG_UB")) fprintf(stderr, "unbroadcast ct=%s %s target=%s %s\n", b.name(ct).c_str(), cf.shape_string().c_str(), b.name(target).c_str(), tf.shape_string().c_str());
     if (same_shape(cf, tf)) return ct;
     if (!witness.valid())
       diag::fail(Error::Kind::kUnsupported,
