@@ -1,9 +1,8 @@
 // The Python extension: models cross the boundary as serialized bytes, so the extension's
 // private copies of protobuf and ONNX never meet the Python `onnx` package's.
+#include <onnax/onnax.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
-
-#include <onnax/onnax.h>
 
 #include <chrono>
 
@@ -17,7 +16,8 @@ namespace {
 
 void notice_to_python(const std::string& message) {
   py::gil_scoped_acquire gil;
-  py::module_::import("warnings").attr("warn")(py::str("onnax: " + message), py::module_::import("builtins").attr("UserWarning"), 2);
+  py::module_::import("warnings")
+      .attr("warn")(py::str("onnax: " + message), py::module_::import("builtins").attr("UserWarning"), 2);
 }
 
 py::bytes to_bytes(const onnx::ModelProto& m) {
@@ -64,8 +64,8 @@ PYBIND11_MODULE(_core, m) {
 
   m.def(
       "vmap",
-      [](const py::bytes& model, const py::object& in_axis, const py::object& in_axes, const py::object& in_axes_by_name,
-         const std::vector<int64_t>& out_axes, const std::string& axis_name) {
+      [](const py::bytes& model, const py::object& in_axis, const py::object& in_axes,
+         const py::object& in_axes_by_name, const std::vector<int64_t>& out_axes, const std::string& axis_name) {
         onnax::VmapOptions opt = vmap_options(in_axis, in_axes, in_axes_by_name, out_axes, axis_name);
         onnx::ModelProto source = onnax::parse_model(std::string(model));
         return to_bytes(onnax::vmap(source, opt));

@@ -70,7 +70,8 @@ int cmd_vmap(const std::vector<std::string>& args) {
       if (i + 1 >= args.size()) throw UsageError{a + " needs a value"};
       return args[++i];
     };
-    if (a == "-o" || a == "--output") out = value();
+    if (a == "-o" || a == "--output")
+      out = value();
     else if (a == "--in-axes") {
       std::string v = value();
       if (v.empty()) throw UsageError{"--in-axes needs a value such as 0, '0,none' or 'x=0'"};
@@ -83,8 +84,7 @@ int cmd_vmap(const std::vector<std::string>& args) {
         if (eq != std::string::npos) {
           opt.in_axes_form = VmapOptions::InAxesForm::kByName;
           const std::string name = item.substr(0, eq);
-          if (opt.in_axes_by_name.count(name))
-            throw UsageError{"--in-axes: input '" + name + "' is named twice"};
+          if (opt.in_axes_by_name.count(name)) throw UsageError{"--in-axes: input '" + name + "' is named twice"};
           opt.in_axes_by_name[name] = parse_axis(item.substr(eq + 1), "--in-axes");
         } else {
           opt.in_axes.push_back(parse_axis(item, "--in-axes"));
@@ -94,25 +94,33 @@ int cmd_vmap(const std::vector<std::string>& args) {
         throw UsageError{"--in-axes: mix of positional and name=axis entries; use one form"};
       if (opt.in_axes_form != VmapOptions::InAxesForm::kByName) {
         // A single entry applies to every input; a list must name each input's axis.
-        if (opt.in_axes.size() == 1) opt.in_axis = opt.in_axes[0];
-        else opt.in_axes_form = VmapOptions::InAxesForm::kPerInput;
+        if (opt.in_axes.size() == 1)
+          opt.in_axis = opt.in_axes[0];
+        else
+          opt.in_axes_form = VmapOptions::InAxesForm::kPerInput;
       }
     } else if (a == "--out-axes") {
       std::string v = value();
       if (v.empty()) throw UsageError{"--out-axes needs a value such as 0 or '0,1'"};
       opt.out_axes.clear();  // a repeated --out-axes replaces the earlier one
       for (const auto& item : split(v, ',')) opt.out_axes.push_back(parse_int(item, "--out-axes"));
-    } else if (a == "--axis-name") opt.axis_name = value();
-    else if (a == "--external-data") external = true;
-    else if (!a.empty() && a[0] == '-') throw UsageError{"unknown option '" + a + "'"};
-    else if (in.empty()) in = a;
-    else throw UsageError{"unexpected argument '" + a + "'"};
+    } else if (a == "--axis-name")
+      opt.axis_name = value();
+    else if (a == "--external-data")
+      external = true;
+    else if (!a.empty() && a[0] == '-')
+      throw UsageError{"unknown option '" + a + "'"};
+    else if (in.empty())
+      in = a;
+    else
+      throw UsageError{"unexpected argument '" + a + "'"};
   }
   if (in.empty()) throw UsageError{"vmap needs an input model"};
   if (out.empty()) throw UsageError{"vmap needs -o OUT.onnx"};
   std::error_code ec;
   if (std::filesystem::equivalent(in, out, ec))
-    throw UsageError{"-o '" + out + "' is the input file; onnax never overwrites its input. Choose another output path"};
+    throw UsageError{"-o '" + out +
+                     "' is the input file; onnax never overwrites its input. Choose another output path"};
   onnx::ModelProto model = load_model(in);
   onnx::ModelProto result = vmap(model, opt);
   save_model(result, out, external);

@@ -4,7 +4,9 @@
 
 namespace onnax::diag {
 
-void fail(Error::Kind kind, const std::string& message) { throw Error(kind, message); }
+void fail(Error::Kind kind, const std::string& message) {
+  throw Error(kind, message);
+}
 
 std::string join(const std::vector<std::string>& items, std::string_view sep) {
   std::string out;

@@ -1,12 +1,13 @@
 #include "emit/builder.h"
 
+#include <onnx/defs/schema.h>
+#include <onnx/shape_inference/implementation.h>
+
 #include <algorithm>
 #include <cctype>
 #include <cstring>
 #include <set>
 #include <stdexcept>
-#include <onnx/defs/schema.h>
-#include <onnx/shape_inference/implementation.h>
 
 namespace onnax {
 
@@ -153,8 +154,8 @@ void Builder::propagate_witness(const onnx::NodeProto& node, const std::vector<V
                                 const std::vector<V>& outputs) {
   // Shape-preserving and elementwise linear ops: the output has the shape of an input (or of
   // a tangent input's witness) whenever the facts say so.
-  static const std::set<std::string> elementwise{"Add", "Sub", "Mul", "Div", "Where", "Sum", "Neg", "Identity",
-                                                 "Cast", "CastLike", "Dropout", "Relu", "Max", "Min"};
+  static const std::set<std::string> elementwise{"Add",      "Sub",  "Mul",      "Div",     "Where", "Sum", "Neg",
+                                                 "Identity", "Cast", "CastLike", "Dropout", "Relu",  "Max", "Min"};
   if (outputs.empty() || !outputs[0].valid() || !elementwise.count(node.op_type())) return;
   const Facts& of = facts(outputs[0]);
   if (node.op_type() == "Neg" || node.op_type() == "Identity" || node.op_type() == "Cast" ||
@@ -224,7 +225,9 @@ V Builder::neg(V a) {
   return op1("Neg", {a});
 }
 
-V Builder::existing(const std::string& name, Facts facts) { return add_value(name, std::move(facts)); }
+V Builder::existing(const std::string& name, Facts facts) {
+  return add_value(name, std::move(facts));
+}
 
 static std::string lower(std::string_view s) {
   std::string out(s);
@@ -239,8 +242,7 @@ onnx::NodeProto* Builder::new_node(std::string_view type) {
   return n;
 }
 
-std::vector<V> Builder::op(std::string_view type, const std::vector<V>& inputs, const Attrs& attrs,
-                           int num_outputs) {
+std::vector<V> Builder::op(std::string_view type, const std::vector<V>& inputs, const Attrs& attrs, int num_outputs) {
   auto* n = new_node(type);
   for (V v : inputs) n->add_input(v.valid() ? name(v) : std::string());
   for (const auto& a : attrs) *n->add_attribute() = a.proto;
@@ -272,8 +274,8 @@ std::vector<V> Builder::clone(const onnx::NodeProto& node, const std::vector<V>&
   n->set_domain(node.domain());
   for (V v : inputs) n->add_input(v.valid() ? name(v) : std::string());
   for (const auto& a : node.attribute()) {
-    bool replaced = std::any_of(overrides.begin(), overrides.end(),
-                                [&](const Attr& o) { return o.proto.name() == a.name(); });
+    bool replaced =
+        std::any_of(overrides.begin(), overrides.end(), [&](const Attr& o) { return o.proto.name() == a.name(); });
     bool dropped = std::find(drop.begin(), drop.end(), a.name()) != drop.end();
     if (!replaced && !dropped) *n->add_attribute() = a;
   }
@@ -287,8 +289,8 @@ std::vector<V> Builder::clone(const onnx::NodeProto& node, const std::vector<V>&
       continue;
     }
     const std::string base = i < node.output_size() && !node.output(i).empty() ? node.output(i)
-                             : node.output_size()                              ? node.output(0) + "_" + std::to_string(i)
-                                                                               : std::string("v");
+                             : node.output_size() ? node.output(0) + "_" + std::to_string(i)
+                                                  : std::string("v");
     std::string nm = value_names_.fresh(base + "_b");
     n->add_output(nm);
     outs.push_back(add_value(nm, Facts{}));
@@ -297,7 +299,9 @@ std::vector<V> Builder::clone(const onnx::NodeProto& node, const std::vector<V>&
   return outs;
 }
 
-void Builder::copy_node(onnx::NodeProto&& node) { *out_.add_node() = std::move(node); }
+void Builder::copy_node(onnx::NodeProto&& node) {
+  *out_.add_node() = std::move(node);
+}
 
 void Builder::rename(V v, const std::string& new_name, int first_node) {
   const std::string old = values_[v.id].name;
@@ -435,25 +439,35 @@ void Builder::remember_tensor(const std::string& n, const onnx::TensorProto& t) 
   };
   switch (t.data_type()) {
     case onnx::TensorProto::INT64:
-      if (t.has_raw_data()) from_raw(int64_t{});
-      else vals.assign(t.int64_data().begin(), t.int64_data().end());
+      if (t.has_raw_data())
+        from_raw(int64_t{});
+      else
+        vals.assign(t.int64_data().begin(), t.int64_data().end());
       break;
     case onnx::TensorProto::INT32:
-      if (t.has_raw_data()) from_raw(int32_t{});
-      else vals.assign(t.int32_data().begin(), t.int32_data().end());
+      if (t.has_raw_data())
+        from_raw(int32_t{});
+      else
+        vals.assign(t.int32_data().begin(), t.int32_data().end());
       break;
     case onnx::TensorProto::BOOL:
-      if (t.has_raw_data()) from_raw(uint8_t{});
-      else vals.assign(t.int32_data().begin(), t.int32_data().end());
+      if (t.has_raw_data())
+        from_raw(uint8_t{});
+      else
+        vals.assign(t.int32_data().begin(), t.int32_data().end());
       break;
     default: return;
   }
   if (vals.size() <= 64) known_i64_[n] = std::move(vals);
 }
 
-void Builder::remember_i64(const std::string& n, std::vector<int64_t> values) { known_i64_[n] = std::move(values); }
+void Builder::remember_i64(const std::string& n, std::vector<int64_t> values) {
+  known_i64_[n] = std::move(values);
+}
 
-static int64_t norm_axis(int64_t a, int64_t rank) { return a < 0 ? a + rank : a; }
+static int64_t norm_axis(int64_t a, int64_t rank) {
+  return a < 0 ? a + rank : a;
+}
 
 V Builder::unsqueeze(V x, const std::vector<int64_t>& axes) {
   if (axes.empty()) return x;

@@ -5,12 +5,12 @@
 #include <onnx/onnx_pb.h>
 
 #include <cstdint>
+#include <deque>
 #include <initializer_list>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
-#include <deque>
-#include <memory>
 #include <string_view>
 #include <unordered_map>
 #include <vector>
@@ -98,8 +98,7 @@ class Builder {
   int64_t rank(V v) const { return values_[v.id].facts.rank(); }
 
   // Emits a node; outputs get fresh names derived from the origin and op type.
-  std::vector<V> op(std::string_view type, const std::vector<V>& inputs, const Attrs& attrs = {},
-                    int num_outputs = 1);
+  std::vector<V> op(std::string_view type, const std::vector<V>& inputs, const Attrs& attrs = {}, int num_outputs = 1);
   V op1(std::string_view type, const std::vector<V>& inputs, const Attrs& attrs = {}) {
     return op(type, inputs, attrs, 1)[0];
   }
@@ -111,8 +110,7 @@ class Builder {
   // Emits `node` unchanged (moves it); registers its outputs with the given facts.
   void copy_node(onnx::NodeProto&& node);
   // Emits a one-output node whose output has exactly `output_name` (already reserved).
-  V op_named(std::string_view type, const std::vector<V>& inputs, const Attrs& attrs,
-             const std::string& output_name);
+  V op_named(std::string_view type, const std::vector<V>& inputs, const Attrs& attrs, const std::string& output_name);
 
   // Renames the output `v` (produced by a node emitted at index >= first_node) to `name`.
   void rename(V v, const std::string& new_name, int first_node);
@@ -122,8 +120,8 @@ class Builder {
 
   // Constants (deduplicated per builder).
   V i64s(const std::vector<int64_t>& values);  // 1-D int64
-  V i64(int64_t value);                         // int64 scalar
-  V scalar(double value, int32_t dtype);        // scalar of any numeric dtype
+  V i64(int64_t value);                        // int64 scalar
+  V scalar(double value, int32_t dtype);       // scalar of any numeric dtype
   V tensor_const(const onnx::TensorProto& t);
 
   // Shape helpers that keep facts up to date.

@@ -7,8 +7,10 @@ std::string Facts::shape_string() const {
   std::string s = "[";
   for (size_t i = 0; i < dims.size(); ++i) {
     if (i) s += ", ";
-    if (dims[i].known()) s += std::to_string(dims[i].value);
-    else s += dims[i].param.empty() ? "?" : dims[i].param;
+    if (dims[i].known())
+      s += std::to_string(dims[i].value);
+    else
+      s += dims[i].param.empty() ? "?" : dims[i].param;
   }
   return s + "]";
 }
@@ -28,8 +30,10 @@ Facts facts_from_type(const onnx::TypeProto& type) {
     f.has_shape = true;
     f.dims.reserve(t.shape().dim_size());
     for (const auto& d : t.shape().dim()) {
-      if (d.has_dim_value()) f.dims.push_back(Dim::of(d.dim_value()));
-      else f.dims.push_back(Dim::named(d.has_dim_param() ? d.dim_param() : ""));
+      if (d.has_dim_value())
+        f.dims.push_back(Dim::of(d.dim_value()));
+      else
+        f.dims.push_back(Dim::named(d.has_dim_param() ? d.dim_param() : ""));
     }
   }
   return f;
@@ -46,8 +50,10 @@ void write_type(const Facts& facts, onnx::TypeProto* type) {
   shape->clear_dim();
   for (const auto& d : facts.dims) {
     auto* pd = shape->add_dim();
-    if (d.known()) pd->set_dim_value(d.value);
-    else if (!d.param.empty()) pd->set_dim_param(d.param);
+    if (d.known())
+      pd->set_dim_value(d.value);
+    else if (!d.param.empty())
+      pd->set_dim_param(d.param);
   }
 }
 
@@ -66,7 +72,9 @@ onnx::TypeProto* FactTable::store(onnx::TypeProto type) {
   return &storage_.back();
 }
 
-void FactTable::set(const std::string& name, const onnx::TypeProto& type) { types_[name] = store(type); }
+void FactTable::set(const std::string& name, const onnx::TypeProto& type) {
+  types_[name] = store(type);
+}
 
 void FactTable::alias(const std::string& name, const std::string& existing) {
   auto it = types_.find(existing);

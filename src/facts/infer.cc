@@ -15,7 +15,9 @@ onnx::TypeProto tensor_type_of(const onnx::TensorProto& t) {
   return type;
 }
 
-bool has_rank(const onnx::TypeProto* t) { return t && t->has_tensor_type() && t->tensor_type().has_shape(); }
+bool has_rank(const onnx::TypeProto* t) {
+  return t && t->has_tensor_type() && t->tensor_type().has_shape();
+}
 
 }  // namespace
 
@@ -74,7 +76,8 @@ void infer_facts(onnx::GraphProto& g, const std::unordered_map<std::string, int>
       onnx::TypeProto* t = nullptr;
       auto d = declared.find(name);
       const bool inferred_typed = inferred[i].value_case() != onnx::TypeProto::VALUE_NOT_SET;
-      if (d != declared.end() && d->second->has_type() && (!inferred_typed || (!has_rank(&inferred[i]) && has_rank(&d->second->type()))))
+      if (d != declared.end() && d->second->has_type() &&
+          (!inferred_typed || (!has_rank(&inferred[i]) && has_rank(&d->second->type()))))
         t = table.store(d->second->type());
       else if (inferred_typed)
         t = table.store(std::move(inferred[i]));

@@ -145,15 +145,16 @@ void load_external(onnx::TensorProto& t, const fs::path& base) {
   if (!fs::exists(status))
     diag::fail(Error::Kind::kIo, who + ": its external data file '" + file.string() +
                                      "' does not exist. Fix: keep the data file next to the model (expected relative "
-                                     "location '" + location + "')");
+                                     "location '" +
+                                     location + "')");
   if (!fs::is_regular_file(status))
     diag::fail(Error::Kind::kInvalidModel, who + ": its external data location '" + location + "' (" + file.string() +
                                                ") is not a regular file. Fix: point the location at the data file");
   const uintmax_t file_size = fs::file_size(file, ec);
   std::ifstream in(file, std::ios::binary);
   if (ec || !in)
-    diag::fail(Error::Kind::kIo, who + ": cannot open its external data file '" + file.string() +
-                                     "'. Fix: check the file's permissions");
+    diag::fail(Error::Kind::kIo,
+               who + ": cannot open its external data file '" + file.string() + "'. Fix: check the file's permissions");
   const auto size = static_cast<int64_t>(file_size);
   if (*offset > size)
     diag::fail(Error::Kind::kInvalidModel, who + ": external data offset " + std::to_string(*offset) +
@@ -171,16 +172,19 @@ void load_external(onnx::TensorProto& t, const fs::path& base) {
   uint64_t count = 1;
   bool known = true;
   for (int64_t d : t.dims()) {
-    if (d < 0 || (d > 0 && count > std::numeric_limits<uint64_t>::max() / static_cast<uint64_t>(d))) known = false;
-    else count *= static_cast<uint64_t>(d);
+    if (d < 0 || (d > 0 && count > std::numeric_limits<uint64_t>::max() / static_cast<uint64_t>(d)))
+      known = false;
+    else
+      count *= static_cast<uint64_t>(d);
   }
   const std::optional<uint64_t> needed = known ? raw_bytes_needed(t.data_type(), count) : std::nullopt;
   if (needed && *needed != static_cast<uint64_t>(*length))
-    diag::fail(Error::Kind::kInvalidModel,
-               who + " (" + diag::dtype_name(t.data_type()) + ", " + std::to_string(count) + " elements) needs " +
-                   std::to_string(*needed) + " bytes, but its external data in '" + location + "' has " +
-                   std::to_string(*length) + " bytes. Fix: the data file or the tensor's offset/length entries "
-                   "do not belong to this model; re-export it");
+    diag::fail(Error::Kind::kInvalidModel, who + " (" + diag::dtype_name(t.data_type()) + ", " + std::to_string(count) +
+                                               " elements) needs " + std::to_string(*needed) +
+                                               " bytes, but its external data in '" + location + "' has " +
+                                               std::to_string(*length) +
+                                               " bytes. Fix: the data file or the tensor's offset/length entries "
+                                               "do not belong to this model; re-export it");
   std::string data(static_cast<size_t>(*length), '\0');
   in.seekg(*offset);
   in.read(data.data(), *length);
@@ -270,8 +274,10 @@ void copy_without_large_raw(const Message& src, Message& dst, LargeRaw& large) {
         continue;
       }
     }
-    if (f->cpp_type() != FieldDescriptor::CPPTYPE_MESSAGE) copy_plain_field(src, dst, f);
-    else if (!f->is_repeated()) copy_without_large_raw(r->GetMessage(src, f), *w->MutableMessage(&dst, f), large);
+    if (f->cpp_type() != FieldDescriptor::CPPTYPE_MESSAGE)
+      copy_plain_field(src, dst, f);
+    else if (!f->is_repeated())
+      copy_without_large_raw(r->GetMessage(src, f), *w->MutableMessage(&dst, f), large);
     else
       for (int i = 0; i < r->FieldSize(src, f); ++i)
         copy_without_large_raw(r->GetRepeatedMessage(src, f, i), *w->AddMessage(&dst, f), large);
@@ -284,8 +290,9 @@ void parse_or_fail(onnx::ModelProto& m, google::protobuf::io::ZeroCopyInputStrea
   coded.SetTotalBytesLimit(INT_MAX);
   if (!m.ParseFromCodedStream(&coded) || !coded.ConsumedEntireMessage())
     diag::fail(Error::Kind::kInvalidModel,
-               what + " is not a valid ONNX model: protobuf parsing failed (the file is truncated, corrupted, or not "
-                      "an ONNX ModelProto). Fix: re-export or re-download the model");
+               what +
+                   " is not a valid ONNX model: protobuf parsing failed (the file is truncated, corrupted, or not "
+                   "an ONNX ModelProto). Fix: re-export or re-download the model");
   if (!m.has_graph())
     diag::fail(Error::Kind::kInvalidModel,
                what + " parsed as protobuf but has no graph, so it is not an ONNX model. Fix: pass a .onnx model file");
@@ -310,8 +317,9 @@ onnx::ModelProto load_model(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) diag::fail(Error::Kind::kIo, "cannot open '" + path + "' for reading. Fix: check the file's permissions");
   if (fs::is_regular_file(status) && fs::file_size(path, ec) == 0 && !ec)
-    diag::fail(Error::Kind::kInvalidModel,
-               "'" + path + "' is empty (0 bytes), so it is not an ONNX model. Fix: re-export or re-download the model");
+    diag::fail(
+        Error::Kind::kInvalidModel,
+        "'" + path + "' is empty (0 bytes), so it is not an ONNX model. Fix: re-export or re-download the model");
   onnx::ModelProto m;
   google::protobuf::io::IstreamInputStream stream(&in);
   parse_or_fail(m, stream, "'" + path + "'");

@@ -19,7 +19,9 @@ namespace {
 constexpr int kQ = 0, kMask = 3;
 
 // (B, N, ...) -> (B*N, ...), rows = [B*N]. Spelled out, not -1, so an empty batch reshapes too.
-V merge_batch(BatchCtx& c, V x, V rows) { return c.b.reshape(x, c.b.concat({rows, c.b.shape_of(x, 2)}, 0)); }
+V merge_batch(BatchCtx& c, V x, V rows) {
+  return c.b.reshape(x, c.b.concat({rows, c.b.shape_of(x, 2)}, 0));
+}
 
 // (B*N, d1..dk) -> (B, N, d1..dk) for a merged output of rank k+1, with N as a 1-D int64
 // [N]. ONNX's inference cannot always type Attention's outputs here (present_key needs
@@ -105,9 +107,12 @@ BatchResult attention_rule(BatchCtx& c) {
   std::vector<V> ins(c.in.size());
   for (int i = 0; i < c.num_inputs(); ++i) {
     if (!c.has(i)) continue;
-    if (i == kMask && mask_stays_shared(c)) ins[i] = c.in[i];
-    else if (i == kMask) ins[i] = pad_rows(c, g, merged_mask(c, n, g.rows));
-    else ins[i] = pad_rows(c, g, merge_batch(c, i == kQ ? q : c.materialize(i), g.rows));
+    if (i == kMask && mask_stays_shared(c))
+      ins[i] = c.in[i];
+    else if (i == kMask)
+      ins[i] = pad_rows(c, g, merged_mask(c, n, g.rows));
+    else
+      ins[i] = pad_rows(c, g, merge_batch(c, i == kQ ? q : c.materialize(i), g.rows));
   }
   std::vector<V> outs = c.b.clone(c.node, ins);
   // Y has Q's rank; present_key, present_value and qk_matmul_output are always 4-D.
@@ -118,6 +123,8 @@ BatchResult attention_rule(BatchCtx& c) {
 
 }  // namespace
 
-void register_attention_rules(BatchRules& r) { r.add("", "Attention", 23, attention_rule); }
+void register_attention_rules(BatchRules& r) {
+  r.add("", "Attention", 23, attention_rule);
+}
 
 }  // namespace onnax

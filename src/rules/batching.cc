@@ -25,8 +25,7 @@ void BatchCtx::unsupported(const std::string& what, const std::string& fix) cons
   std::string where = node.name().empty() ? "output '" + (node.output_size() ? node.output(0) : "") + "'"
                                           : "node '" + node.name() + "'";
   diag::fail(Error::Kind::kUnsupported, "vmap: cannot batch " + domain + "::" + node.op_type() + " (opset " +
-                                            std::to_string(opset) + ") at " + where + ": " + what +
-                                            ". Fix: " + fix);
+                                            std::to_string(opset) + ") at " + where + ": " + what + ". Fix: " + fix);
 }
 
 int32_t BatchCtx::out_dtype(int o) const {
@@ -112,16 +111,21 @@ BatchResult scan_fallback(BatchCtx& c) {
     scan_inputs.push_back(outer);
     onnx::ValueInfoProto vi;
     vi.set_name(c.b.fresh_value_name(base + "_example"));
-    if (f && f->dtype) write_type(*f, vi.mutable_type());
-    else vi.mutable_type()->mutable_tensor_type()->set_elem_type(c.b.facts(outer).dtype);
+    if (f && f->dtype)
+      write_type(*f, vi.mutable_type());
+    else
+      vi.mutable_type()->mutable_tensor_type()->set_elem_type(c.b.facts(outer).dtype);
     *body.add_input() = vi;
     return bb.existing(vi.name(), Facts{});
   };
   std::vector<V> ins;
   for (int i = 0; i < c.num_inputs(); ++i) {
-    if (!c.has(i)) ins.push_back(V{});
-    else if (!c.batched[i]) ins.push_back(bb.existing(c.b.name(c.in[i]), Facts{}));
-    else ins.push_back(slice_of(c.in[i], c.facts[i], c.node.input(i)));
+    if (!c.has(i))
+      ins.push_back(V{});
+    else if (!c.batched[i])
+      ins.push_back(bb.existing(c.b.name(c.in[i]), Facts{}));
+    else
+      ins.push_back(slice_of(c.in[i], c.facts[i], c.node.input(i)));
   }
   std::vector<std::pair<std::string, std::string>> renames;
   for (const auto& [name, v] : c.captured) {
@@ -159,9 +163,9 @@ BatchResult scan_fallback(BatchCtx& c) {
   body_attr.set_name("body");
   body_attr.set_type(onnx::AttributeProto::GRAPH);
   *body_attr.mutable_g() = std::move(body);
-  std::vector<V> stacked = c.b.op("Scan", scan_inputs,
-                                  {Attr{body_attr}, Attr::i("num_scan_inputs", static_cast<int64_t>(scan_inputs.size()))},
-                                  static_cast<int>(present.size()));
+  std::vector<V> stacked = c.b.op(
+      "Scan", scan_inputs, {Attr{body_attr}, Attr::i("num_scan_inputs", static_cast<int64_t>(scan_inputs.size()))},
+      static_cast<int>(present.size()));
   std::vector<V> result(outs.size());
   for (size_t k = 0; k < present.size(); ++k) result[present[k]] = stacked[k];
   return all_batched(result);

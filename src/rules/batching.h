@@ -104,7 +104,9 @@ void register_attention_rules(BatchRules& r);
 
 // Axis helpers shared by rules.
 // A per-example axis attribute a (valid for a rank-r tensor) as an axis of the batched tensor.
-inline int64_t shift_axis(int64_t a) { return a < 0 ? a : a + 1; }
+inline int64_t shift_axis(int64_t a) {
+  return a < 0 ? a : a + 1;
+}
 std::vector<int64_t> shift_axes(const std::vector<int64_t>& axes);
 
 }  // namespace onnax

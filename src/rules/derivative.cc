@@ -23,7 +23,9 @@ int64_t JvpCtx::rank(int i) const {
                 "declare the shape of '" + node.input(i) + "' (value_info) so its rank is known");
   return r;
 }
-const onnx::AttributeProto* JvpCtx::attr(const std::string& name) const { return find_attr(node, name); }
+const onnx::AttributeProto* JvpCtx::attr(const std::string& name) const {
+  return find_attr(node, name);
+}
 int64_t JvpCtx::attr_i(const std::string& name, int64_t fallback) const {
   const auto* a = attr(name);
   return a ? a->i() : fallback;
@@ -62,7 +64,9 @@ void JvpCtx::unsupported(const std::string& what, const std::string& fix) const 
                                             ". Fix: " + fix);
 }
 
-const onnx::AttributeProto* TransposeCtx::attr(const std::string& name) const { return find_attr(node, name); }
+const onnx::AttributeProto* TransposeCtx::attr(const std::string& name) const {
+  return find_attr(node, name);
+}
 int64_t TransposeCtx::attr_i(const std::string& name, int64_t fallback) const {
   const auto* a = attr(name);
   return a ? a->i() : fallback;
@@ -114,7 +118,8 @@ V unbroadcast(Builder& b, V ct, V target, V witness) {
     const bool cd_one = cd && cd->known() && cd->value == 1;
     if (td.known()) {
       if (td.value == 1 && !cd_one) axes.push_back(i);
-    } else if (!(cd && !cd->known() && !td.param.empty() && cd->param == td.param) && !(cd && cd->known() && cd->value == 1)) {
+    } else if (!(cd && !cd->known() && !td.param.empty() && cd->param == td.param) &&
+               !(cd && cd->known() && cd->value == 1)) {
       // An unknown or symbolic target dim could be a broadcast 1 at run time.
       ambiguous = true;
     }

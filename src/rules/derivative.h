@@ -82,7 +82,9 @@ using TransposeRule = std::function<std::vector<V>(TransposeCtx&)>;
 // time otherwise.
 V unbroadcast(Builder& b, V ct, V target, V witness = V{});
 // unbroadcast with the target tangent's recorded witness.
-inline V unbroadcast_to(Builder& b, V ct, V target) { return unbroadcast(b, ct, target, b.witness(target)); }
+inline V unbroadcast_to(Builder& b, V ct, V target) {
+  return unbroadcast(b, ct, target, b.witness(target));
+}
 
 // The run-time shape (1-D int64) of tangent `t`: from its witness, else from fully static
 // facts; fails with a diagnostic naming `who` otherwise.

@@ -72,17 +72,19 @@ BatchResult dropout_rule(BatchCtx& c) {
 
 void register_elementwise_rules(BatchRules& r) {
   for (const char* op :
-       {"Abs",      "Neg",         "Exp",        "Log",      "Sqrt",        "Reciprocal", "Floor",     "Ceil",
-        "Round",    "Sign",        "Sin",        "Cos",      "Tan",         "Asin",       "Acos",      "Atan",
-        "Sinh",     "Cosh",        "Asinh",      "Acosh",    "Atanh",       "Erf",        "IsNaN",     "IsInf",
-        "Not",      "BitwiseNot",  "Relu",       "LeakyRelu", "Elu",        "Selu",       "Celu",      "Gelu",
-        "Sigmoid",  "HardSigmoid", "HardSwish",  "Softplus", "Softsign",    "Mish",       "Tanh",      "ThresholdedRelu",
-        "Shrink",   "Cast",        "CastLike",   "Identity", "Swish", "RegexFullMatch"}) {
+       {"Abs",     "Neg",         "Exp",       "Log",       "Sqrt",     "Reciprocal",    "Floor", "Ceil",
+        "Round",   "Sign",        "Sin",       "Cos",       "Tan",      "Asin",          "Acos",  "Atan",
+        "Sinh",    "Cosh",        "Asinh",     "Acosh",     "Atanh",    "Erf",           "IsNaN", "IsInf",
+        "Not",     "BitwiseNot",  "Relu",      "LeakyRelu", "Elu",      "Selu",          "Celu",  "Gelu",
+        "Sigmoid", "HardSigmoid", "HardSwish", "Softplus",  "Softsign", "Mish",          "Tanh",  "ThresholdedRelu",
+        "Shrink",  "Cast",        "CastLike",  "Identity",  "Swish",    "RegexFullMatch"}) {
     r.add("", op, 1, unary_rule);
   }
-  for (const char* op : {"Add", "Sub", "Mul", "Div", "Pow", "Mod", "BitShift", "And", "Or", "Xor", "Equal", "Less",
-                         "Greater", "LessOrEqual", "GreaterOrEqual", "BitwiseAnd", "BitwiseOr", "BitwiseXor",
-                         "Where", "Sum", "Mean", "Max", "Min", "StringConcat"}) {
+  for (const char* op : {"Add",        "Sub",       "Mul",        "Div",         "Pow",
+                         "Mod",        "BitShift",  "And",        "Or",          "Xor",
+                         "Equal",      "Less",      "Greater",    "LessOrEqual", "GreaterOrEqual",
+                         "BitwiseAnd", "BitwiseOr", "BitwiseXor", "Where",       "Sum",
+                         "Mean",       "Max",       "Min",        "StringConcat"}) {
     r.add("", op, 1, broadcast_rule);
   }
   r.add("", "PRelu", 1, unidirectional_rule);
@@ -102,8 +104,12 @@ namespace {
 
 using D = JvpCtx;
 
-V cast_mask(D& c, V boolean) { return c.b.op1("Cast", {boolean}, {Attr::i("to", c.dtype(0))}); }
-V one(D& c) { return c.scalar(1.0); }
+V cast_mask(D& c, V boolean) {
+  return c.b.op1("Cast", {boolean}, {Attr::i("to", c.dtype(0))});
+}
+V one(D& c) {
+  return c.scalar(1.0);
+}
 
 // f'(x) * t for a unary op.
 JvpRule unary(std::function<V(D&)> derivative) {
@@ -113,7 +119,9 @@ JvpRule unary(std::function<V(D&)> derivative) {
   };
 }
 
-V square(D& c, V v) { return c.b.op1("Mul", {v, v}); }
+V square(D& c, V v) {
+  return c.b.op1("Mul", {v, v});
+}
 
 std::vector<V> max_min_jvp(D& c) {
   // Each input's tangent weighted by where it attains the result, ties split evenly.
@@ -142,14 +150,14 @@ std::vector<V> gelu_jvp(D& c) {
     V th = b.op1("Tanh", {u});
     V du = b.op1("Mul", {c.scalar(k), b.op1("Add", {one(c), b.op1("Mul", {c.scalar(3 * 0.044715), x2})})});
     V left = b.op1("Mul", {c.scalar(0.5), b.op1("Add", {one(c), th})});
-    V right = b.op1("Mul", {b.op1("Mul", {c.scalar(0.5), x}),
-                            b.op1("Mul", {b.op1("Sub", {one(c), square(c, th)}), du})});
+    V right =
+        b.op1("Mul", {b.op1("Mul", {c.scalar(0.5), x}), b.op1("Mul", {b.op1("Sub", {one(c), square(c, th)}), du})});
     d = b.op1("Add", {left, right});
   } else {
-    V cdf = b.op1("Mul", {c.scalar(0.5),
-                          b.op1("Add", {one(c), b.op1("Erf", {b.op1("Mul", {x, c.scalar(M_SQRT1_2)})})})});
-    V pdf = b.op1("Mul", {c.scalar(1.0 / std::sqrt(2.0 * M_PI)),
-                          b.op1("Exp", {b.op1("Mul", {c.scalar(-0.5), square(c, x)})})});
+    V cdf =
+        b.op1("Mul", {c.scalar(0.5), b.op1("Add", {one(c), b.op1("Erf", {b.op1("Mul", {x, c.scalar(M_SQRT1_2)})})})});
+    V pdf = b.op1(
+        "Mul", {c.scalar(1.0 / std::sqrt(2.0 * M_PI)), b.op1("Exp", {b.op1("Mul", {c.scalar(-0.5), square(c, x)})})});
     d = b.op1("Add", {cdf, b.op1("Mul", {x, pdf})});
   }
   return {b.mul(c.t(0), d)};
@@ -313,9 +321,7 @@ void register_elementwise_derivatives(DerivativeRules& r) {
   });
   rr.jvp("Exp", unary([](D& c) { return c.y(); }));
   rr.jvp("Log", [](D& c) -> std::vector<V> { return {c.b.div(c.t(0), c.x(0))}; });
-  rr.jvp("Sqrt", [](D& c) -> std::vector<V> {
-    return {c.b.div(c.t(0), c.b.op1("Mul", {c.scalar(2.0), c.y()}))};
-  });
+  rr.jvp("Sqrt", [](D& c) -> std::vector<V> { return {c.b.div(c.t(0), c.b.op1("Mul", {c.scalar(2.0), c.y()}))}; });
   rr.jvp("Reciprocal", unary([](D& c) { return c.b.op1("Neg", {square(c, c.y())}); }));
   rr.jvp("Sin", unary([](D& c) { return c.b.op1("Cos", {c.x(0)}); }));
   rr.jvp("Cos", unary([](D& c) { return c.b.op1("Neg", {c.b.op1("Sin", {c.x(0)})}); }));
@@ -325,71 +331,76 @@ void register_elementwise_derivatives(DerivativeRules& r) {
   rr.jvp("Relu", unary([](D& c) { return cast_mask(c, c.b.op1("Greater", {c.x(0), c.scalar(0.0)})); }));
   rr.jvp("Abs", unary([](D& c) { return c.b.op1("Sign", {c.x(0)}); }));
   rr.jvp("LeakyRelu", unary([](D& c) {
-    return c.b.op1("Where", {c.b.op1("Greater", {c.x(0), c.scalar(0.0)}), one(c), c.scalar(c.attr_f("alpha", 0.01f))});
-  }));
+           return c.b.op1("Where",
+                          {c.b.op1("Greater", {c.x(0), c.scalar(0.0)}), one(c), c.scalar(c.attr_f("alpha", 0.01f))});
+         }));
   rr.jvp("Elu", unary([](D& c) {
-    const double a = c.attr_f("alpha", 1.0f);
-    return c.b.op1("Where", {c.b.op1("Greater", {c.x(0), c.scalar(0.0)}), one(c),
-                             c.b.op1("Add", {c.y(), c.scalar(a)})});
-  }));
+           const double a = c.attr_f("alpha", 1.0f);
+           return c.b.op1("Where",
+                          {c.b.op1("Greater", {c.x(0), c.scalar(0.0)}), one(c), c.b.op1("Add", {c.y(), c.scalar(a)})});
+         }));
   rr.jvp("Selu", unary([](D& c) {
-    const double a = c.attr_f("alpha", 1.67326319217681884765625f), g = c.attr_f("gamma", 1.05070102214813232421875f);
-    return c.b.op1("Where", {c.b.op1("Greater", {c.x(0), c.scalar(0.0)}), c.scalar(g),
-                             c.b.op1("Mul", {c.scalar(g * a), c.b.op1("Exp", {c.x(0)})})});
-  }));
+           const double a = c.attr_f("alpha", 1.67326319217681884765625f),
+                        g = c.attr_f("gamma", 1.05070102214813232421875f);
+           return c.b.op1("Where", {c.b.op1("Greater", {c.x(0), c.scalar(0.0)}), c.scalar(g),
+                                    c.b.op1("Mul", {c.scalar(g * a), c.b.op1("Exp", {c.x(0)})})});
+         }));
   rr.jvp("Celu", unary([](D& c) {
-    const double a = c.attr_f("alpha", 1.0f);
-    return c.b.op1("Where", {c.b.op1("Greater", {c.x(0), c.scalar(0.0)}), one(c),
-                             c.b.op1("Exp", {c.b.op1("Div", {c.x(0), c.scalar(a)})})});
-  }));
+           const double a = c.attr_f("alpha", 1.0f);
+           return c.b.op1("Where", {c.b.op1("Greater", {c.x(0), c.scalar(0.0)}), one(c),
+                                    c.b.op1("Exp", {c.b.op1("Div", {c.x(0), c.scalar(a)})})});
+         }));
   rr.jvp("Softplus", unary([](D& c) { return c.b.op1("Sigmoid", {c.x(0)}); }));
   rr.jvp("Softsign", unary([](D& c) {
-    V d = c.b.op1("Add", {one(c), c.b.op1("Abs", {c.x(0)})});
-    return c.b.op1("Reciprocal", {square(c, d)});
-  }));
-  rr.jvp("Erf", unary([](D& c) {
-    return c.b.op1("Mul", {c.scalar(2.0 / std::sqrt(M_PI)), c.b.op1("Exp", {c.b.op1("Neg", {square(c, c.x(0))})})});
-  }));
+           V d = c.b.op1("Add", {one(c), c.b.op1("Abs", {c.x(0)})});
+           return c.b.op1("Reciprocal", {square(c, d)});
+         }));
+  rr.jvp(
+      "Erf", unary([](D& c) {
+        return c.b.op1("Mul", {c.scalar(2.0 / std::sqrt(M_PI)), c.b.op1("Exp", {c.b.op1("Neg", {square(c, c.x(0))})})});
+      }));
   rr.jvp("HardSigmoid", unary([](D& c) {
-    const double a = c.attr_f("alpha", 0.2f), bb = c.attr_f("beta", 0.5f);
-    V z = c.b.op1("Add", {c.b.op1("Mul", {c.x(0), c.scalar(a)}), c.scalar(bb)});
-    V in = c.b.op1("And", {c.b.op1("Greater", {z, c.scalar(0.0)}), c.b.op1("Less", {z, one(c)})});
-    return c.b.op1("Mul", {cast_mask(c, in), c.scalar(a)});
-  }));
+           const double a = c.attr_f("alpha", 0.2f), bb = c.attr_f("beta", 0.5f);
+           V z = c.b.op1("Add", {c.b.op1("Mul", {c.x(0), c.scalar(a)}), c.scalar(bb)});
+           V in = c.b.op1("And", {c.b.op1("Greater", {z, c.scalar(0.0)}), c.b.op1("Less", {z, one(c)})});
+           return c.b.op1("Mul", {cast_mask(c, in), c.scalar(a)});
+         }));
   rr.jvp("HardSwish", unary([](D& c) {
-    // x * hardsigmoid(x) with alpha = 1/6, beta = 1/2.
-    V hs = c.b.op1("HardSigmoid", {c.x(0)}, {Attr::f("alpha", 1.0f / 6), Attr::f("beta", 0.5f)});
-    V z = c.b.op1("Add", {c.b.op1("Div", {c.x(0), c.scalar(6.0)}), c.scalar(0.5)});
-    V in = c.b.op1("And", {c.b.op1("Greater", {z, c.scalar(0.0)}), c.b.op1("Less", {z, one(c)})});
-    return c.b.op1("Add", {hs, c.b.op1("Mul", {c.b.op1("Div", {c.x(0), c.scalar(6.0)}), cast_mask(c, in)})});
-  }));
+           // x * hardsigmoid(x) with alpha = 1/6, beta = 1/2.
+           V hs = c.b.op1("HardSigmoid", {c.x(0)}, {Attr::f("alpha", 1.0f / 6), Attr::f("beta", 0.5f)});
+           V z = c.b.op1("Add", {c.b.op1("Div", {c.x(0), c.scalar(6.0)}), c.scalar(0.5)});
+           V in = c.b.op1("And", {c.b.op1("Greater", {z, c.scalar(0.0)}), c.b.op1("Less", {z, one(c)})});
+           return c.b.op1("Add", {hs, c.b.op1("Mul", {c.b.op1("Div", {c.x(0), c.scalar(6.0)}), cast_mask(c, in)})});
+         }));
   rr.jvp("Mish", unary([](D& c) {
-    V th = c.b.op1("Tanh", {c.b.op1("Softplus", {c.x(0)})});
-    V sech2 = c.b.op1("Sub", {one(c), square(c, th)});
-    return c.b.op1("Add", {th, c.b.op1("Mul", {c.x(0), c.b.op1("Mul", {sech2, c.b.op1("Sigmoid", {c.x(0)})})})});
-  }));
+           V th = c.b.op1("Tanh", {c.b.op1("Softplus", {c.x(0)})});
+           V sech2 = c.b.op1("Sub", {one(c), square(c, th)});
+           return c.b.op1("Add", {th, c.b.op1("Mul", {c.x(0), c.b.op1("Mul", {sech2, c.b.op1("Sigmoid", {c.x(0)})})})});
+         }));
   rr.jvp("ThresholdedRelu", unary([](D& c) {
-    return cast_mask(c, c.b.op1("Greater", {c.x(0), c.scalar(c.attr_f("alpha", 1.0f))}));
-  }));
+           return cast_mask(c, c.b.op1("Greater", {c.x(0), c.scalar(c.attr_f("alpha", 1.0f))}));
+         }));
   rr.jvp("Shrink", unary([](D& c) {
-    const double l = c.attr_f("lambd", 0.5f);
-    return cast_mask(c, c.b.op1("Or", {c.b.op1("Less", {c.x(0), c.scalar(-l)}), c.b.op1("Greater", {c.x(0), c.scalar(l)})}));
-  }));
+           const double l = c.attr_f("lambd", 0.5f);
+           return cast_mask(
+               c, c.b.op1("Or", {c.b.op1("Less", {c.x(0), c.scalar(-l)}), c.b.op1("Greater", {c.x(0), c.scalar(l)})}));
+         }));
   rr.jvp("Asin", unary([](D& c) {
-    return c.b.op1("Reciprocal", {c.b.op1("Sqrt", {c.b.op1("Sub", {one(c), square(c, c.x(0))})})});
-  }));
+           return c.b.op1("Reciprocal", {c.b.op1("Sqrt", {c.b.op1("Sub", {one(c), square(c, c.x(0))})})});
+         }));
   rr.jvp("Acos", unary([](D& c) {
-    return c.b.op1("Neg", {c.b.op1("Reciprocal", {c.b.op1("Sqrt", {c.b.op1("Sub", {one(c), square(c, c.x(0))})})})});
-  }));
+           return c.b.op1("Neg",
+                          {c.b.op1("Reciprocal", {c.b.op1("Sqrt", {c.b.op1("Sub", {one(c), square(c, c.x(0))})})})});
+         }));
   rr.jvp("Atan", unary([](D& c) { return c.b.op1("Reciprocal", {c.b.op1("Add", {one(c), square(c, c.x(0))})}); }));
   rr.jvp("Sinh", unary([](D& c) { return c.b.op1("Cosh", {c.x(0)}); }));
   rr.jvp("Cosh", unary([](D& c) { return c.b.op1("Sinh", {c.x(0)}); }));
   rr.jvp("Asinh", unary([](D& c) {
-    return c.b.op1("Reciprocal", {c.b.op1("Sqrt", {c.b.op1("Add", {square(c, c.x(0)), one(c)})})});
-  }));
+           return c.b.op1("Reciprocal", {c.b.op1("Sqrt", {c.b.op1("Add", {square(c, c.x(0)), one(c)})})});
+         }));
   rr.jvp("Acosh", unary([](D& c) {
-    return c.b.op1("Reciprocal", {c.b.op1("Sqrt", {c.b.op1("Sub", {square(c, c.x(0)), one(c)})})});
-  }));
+           return c.b.op1("Reciprocal", {c.b.op1("Sqrt", {c.b.op1("Sub", {square(c, c.x(0)), one(c)})})});
+         }));
   rr.jvp("Atanh", unary([](D& c) { return c.b.op1("Reciprocal", {c.b.op1("Sub", {one(c), square(c, c.x(0))})}); }));
   for (const char* op : {"Floor", "Ceil", "Round", "Sign", "Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual",
                          "IsNaN", "IsInf", "Not", "And", "Or", "Xor"})

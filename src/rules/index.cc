@@ -18,8 +18,7 @@ BatchResult gather_rule(BatchCtx& c) {
   const int64_t r = c.rank(0);
   int64_t axis = c.attr_i("axis", 0);
   if (axis < 0) axis += r;
-  if (c.batched[0] && !c.batched[1])
-    return all_batched(c.b.clone(c.node, c.in, {Attr::i("axis", axis + 1)}));
+  if (c.batched[0] && !c.batched[1]) return all_batched(c.b.clone(c.node, c.in, {Attr::i("axis", axis + 1)}));
   if (!c.batched[0]) {
     // Output dims: data[:axis] + indices(B, ...) + data[axis+1:]; move B to the front.
     V y = c.b.clone(c.node, c.in)[0];
@@ -135,7 +134,8 @@ std::vector<V> scatter_transpose(TransposeCtx& c, const char* gather_op) {
       out[0] = c.ct();
     } else {
       // Write zeros at the scattered positions: scatter a zero-filled copy of the updates.
-      V upd_zero = b.op1("Mul", {b.op1(gather_op, {c.ct(), c.in(1)}, gather_attrs), b.scalar(0.0, b.facts(c.ct()).dtype)});
+      V upd_zero =
+          b.op1("Mul", {b.op1(gather_op, {c.ct(), c.in(1)}, gather_attrs), b.scalar(0.0, b.facts(c.ct()).dtype)});
       out[0] = b.clone(c.node, {c.ct(), c.in(1), upd_zero})[0];
     }
   }

@@ -39,9 +39,12 @@ BatchResult matmul_rule(BatchCtx& c) {
   V y = c.b.op1("MatMul", {a, bm});
   // A shared 1-D B already drops the trailing dim, leaving the added m axis last.
   const bool n_dropped = rb == 1 && !c.batched[1];
-  if (squeeze_m && squeeze_n) y = c.b.squeeze(y, {-2, -1});
-  else if (squeeze_m) y = c.b.squeeze(y, {n_dropped ? -1 : -2});
-  else if (squeeze_n) y = c.b.squeeze(y, {-1});
+  if (squeeze_m && squeeze_n)
+    y = c.b.squeeze(y, {-2, -1});
+  else if (squeeze_m)
+    y = c.b.squeeze(y, {n_dropped ? -1 : -2});
+  else if (squeeze_n)
+    y = c.b.squeeze(y, {-1});
   return all_batched({y});
 }
 
@@ -56,8 +59,10 @@ BatchResult gemm_rule(BatchCtx& c) {
     y = c.b.clone(c.node, {c.in[0], c.in[1]}, {}, {"beta"})[0];
   } else {
     V a = c.in[0], bm = c.in[1];
-    if (c.attr_i("transA", 0)) a = c.b.transpose(a, c.batched[0] ? std::vector<int64_t>{0, 2, 1} : std::vector<int64_t>{1, 0});
-    if (c.attr_i("transB", 0)) bm = c.b.transpose(bm, c.batched[1] ? std::vector<int64_t>{0, 2, 1} : std::vector<int64_t>{1, 0});
+    if (c.attr_i("transA", 0))
+      a = c.b.transpose(a, c.batched[0] ? std::vector<int64_t>{0, 2, 1} : std::vector<int64_t>{1, 0});
+    if (c.attr_i("transB", 0))
+      bm = c.b.transpose(bm, c.batched[1] ? std::vector<int64_t>{0, 2, 1} : std::vector<int64_t>{1, 0});
     y = c.b.op1("MatMul", {a, bm});
     if (alpha != 1.0f) y = c.b.op1("Mul", {y, c.b.scalar(alpha, dt)});
   }
@@ -99,8 +104,9 @@ BatchResult einsum_rule(BatchCtx& c) {
       letter = *cand;
       break;
     }
-  if (!letter) c.unsupported("the equation uses all 52 letters, leaving none for the batch axis",
-                             "split the Einsum into smaller ones");
+  if (!letter)
+    c.unsupported("the equation uses all 52 letters, leaving none for the batch axis",
+                  "split the Einsum into smaller ones");
   std::vector<std::string> terms;
   size_t start = 0;
   for (;;) {
@@ -154,9 +160,12 @@ std::vector<V> matmul_transpose(TransposeCtx& c) {
   // Only the primal operand is materialised (the tangent exists only on the tape).
   V a2 = c.linear(0) ? a : ra == 1 ? b.unsqueeze(a, {0}) : a;
   V m2 = c.linear(1) ? m : rb == 1 ? b.unsqueeze(m, {1}) : m;
-  if (ra == 1 && rb == 1) ct = b.unsqueeze(ct, {0, 1});
-  else if (ra == 1) ct = b.unsqueeze(ct, {-2});
-  else if (rb == 1) ct = b.unsqueeze(ct, {-1});
+  if (ra == 1 && rb == 1)
+    ct = b.unsqueeze(ct, {0, 1});
+  else if (ra == 1)
+    ct = b.unsqueeze(ct, {-2});
+  else if (rb == 1)
+    ct = b.unsqueeze(ct, {-1});
   std::vector<V> out(2);
   if (c.linear(0)) {
     V g = b.op1("MatMul", {ct, swap_last(b, m2)});
@@ -272,25 +281,31 @@ std::vector<V> einsum_transpose(TransposeCtx& c) {
         }
         continue;
       }
-      if (available.count(ch)) kept += ch;
-      else if (pos >= 0) missing.push_back(pos);
-      else c.unsupported("a subscript summed away by operand " + std::to_string(i) + " follows an ellipsis");
+      if (available.count(ch))
+        kept += ch;
+      else if (pos >= 0)
+        missing.push_back(pos);
+      else
+        c.unsupported("a subscript summed away by operand " + std::to_string(i) + " follows an ellipsis");
       if (pos >= 0) ++pos;
     }
     V g = b.op1("Einsum", operands, {Attr::s("equation", lhs + "->" + kept)});
     if (!missing.empty()) {
       // Broadcast to the operand's shape without its diagonal's second axis.
       V shape = tangent_shape(c, c.in(i));
-      if (diag_letter) shape = b.op1("Concat", {b.op1("Slice", {shape, b.i64s({0}), b.i64s({diag_second})}),
-                                              b.op1("Slice", {shape, b.i64s({diag_second + 1}), b.i64s({INT64_MAX})})},
-                                     {Attr::i("axis", 0)});
+      if (diag_letter)
+        shape = b.op1("Concat",
+                      {b.op1("Slice", {shape, b.i64s({0}), b.i64s({diag_second})}),
+                       b.op1("Slice", {shape, b.i64s({diag_second + 1}), b.i64s({INT64_MAX})})},
+                      {Attr::i("axis", 0)});
       g = b.expand(b.unsqueeze(g, missing), shape);
     }
     if (diag_letter) {
       V n = b.op1("Slice", {tangent_shape(c, c.in(i)), b.i64s({diag_first}), b.i64s({diag_first + 1})});
       V eye = b.op1("EyeLike", {b.expand(b.scalar(0.0, b.facts(c.ct()).dtype), b.concat({n, n}, 0))});
-      g = b.op1("Einsum", {g, eye}, {Attr::s("equation", target + "," + std::string(1, diag_letter) +
-                                                            std::string(1, fresh) + "->" + diag_target)});
+      g = b.op1("Einsum", {g, eye},
+                {Attr::s("equation",
+                         target + "," + std::string(1, diag_letter) + std::string(1, fresh) + "->" + diag_target)});
     }
     out[i] = g;
   }

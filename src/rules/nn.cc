@@ -164,8 +164,8 @@ BatchResult resize_rule(BatchCtx& c) {
 }  // namespace
 
 void register_nn_rules(BatchRules& r) {
-  for (const char* op : {"AveragePool", "LpPool", "GlobalAveragePool", "GlobalMaxPool",
-                         "GlobalLpPool", "LRN", "DepthToSpace", "SpaceToDepth"})
+  for (const char* op : {"AveragePool", "LpPool", "GlobalAveragePool", "GlobalMaxPool", "GlobalLpPool", "LRN",
+                         "DepthToSpace", "SpaceToDepth"})
     r.add("", op, 1, merge_rule);
   r.add("", "MaxPool", 1, maxpool_rule);
   r.add("", "Conv", 1, conv_rule);
@@ -207,7 +207,8 @@ std::vector<V> batchnorm_jvp(D& c) {
   if (c.t(0).valid()) t = b.mul(c.t(0), b.op1("Mul", {scale, inv}));
   if (c.t(1).valid()) t = b.add(t, b.mul(per_channel(b, c.t(1), r), xhat));
   if (c.t(2).valid()) t = b.add(t, c.like_out(per_channel(b, c.t(2), r)));
-  if (c.t(3).valid()) t = b.add(t, c.like_out(b.mul(per_channel(b, c.t(3), r), b.op1("Neg", {b.op1("Mul", {scale, inv})}))));
+  if (c.t(3).valid())
+    t = b.add(t, c.like_out(b.mul(per_channel(b, c.t(3), r), b.op1("Neg", {b.op1("Mul", {scale, inv})}))));
   if (c.t(4).valid()) {
     // d inv / d var = -inv^3 / 2
     V dinv = b.op1("Mul", {c.scalar(-0.5), b.op1("Mul", {inv, b.op1("Mul", {inv, inv})})});
@@ -255,9 +256,10 @@ std::vector<V> global_average_transpose(TransposeCtx& c) {
   auto& b = c.b;
   V shape = tangent_shape(c, c.in(0));
   const int32_t dt = b.facts(c.ct()).dtype;
-  V spatial = b.op1("Cast", {b.op1("ReduceProd", {b.op1("Slice", {shape, b.i64s({2}), b.i64s({INT64_MAX})})},
-                                       {Attr::i("keepdims", 0)})},
-                    {Attr::i("to", dt)});
+  V spatial = b.op1(
+      "Cast",
+      {b.op1("ReduceProd", {b.op1("Slice", {shape, b.i64s({2}), b.i64s({INT64_MAX})})}, {Attr::i("keepdims", 0)})},
+      {Attr::i("to", dt)});
   return {b.op1("Div", {b.expand(c.ct(), shape), spatial})};
 }
 
@@ -373,9 +375,7 @@ void register_nn_derivatives(DerivativeRules& r) {
   r.transpose("Conv", conv_transpose_rule);
   r.jvp("BatchNormalization", batchnorm_jvp);
   r.jvp("LayerNormalization", layernorm_jvp);
-  r.jvp("GlobalAveragePool", [](D& c) -> std::vector<V> {
-    return {c.t(0).valid() ? c.same_op({c.t(0)}) : V{}};
-  });
+  r.jvp("GlobalAveragePool", [](D& c) -> std::vector<V> { return {c.t(0).valid() ? c.same_op({c.t(0)}) : V{}}; });
   r.transpose("GlobalAveragePool", global_average_transpose);
   r.jvp("MaxPool", maxpool_jvp);
   r.jvp("Conv", conv_jvp);

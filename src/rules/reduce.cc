@@ -130,7 +130,8 @@ V reduce_sum_like(D& c, V t) {
   std::vector<V> ins{t};
   if (c.has(1)) ins.push_back(c.x(1));
   Attrs attrs{Attr::i("keepdims", c.attr_i("keepdims", 1))};
-  if (c.attr("noop_with_empty_axes")) attrs.push_back(Attr::i("noop_with_empty_axes", c.attr_i("noop_with_empty_axes", 0)));
+  if (c.attr("noop_with_empty_axes"))
+    attrs.push_back(Attr::i("noop_with_empty_axes", c.attr_i("noop_with_empty_axes", 0)));
   return c.b.op1("ReduceSum", ins, attrs);
 }
 

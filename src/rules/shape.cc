@@ -17,7 +17,9 @@ void require_shared(BatchCtx& c, int i, const char* role) {
 }
 
 // A per-example shape/repeats vector with one leading entry for the batch axis.
-V prepend(BatchCtx& c, V lead, int i) { return c.b.concat({lead, c.in[i]}, 0); }
+V prepend(BatchCtx& c, V lead, int i) {
+  return c.b.concat({lead, c.in[i]}, 0);
+}
 
 BatchResult reshape_rule(BatchCtx& c) {
   require_shared(c, 1, "shape");
@@ -46,8 +48,8 @@ BatchResult squeeze_rule(BatchCtx& c) {
     if (f && f->has_shape)
       for (int64_t k = 0; k < f->rank(); ++k) {
         if (!f->dims[k].known())
-          c.unsupported("Squeeze without axes on " + c.describe_input(0) +
-                            ": dim " + std::to_string(k) + " is not statically known, so which dims are 1 is unknown",
+          c.unsupported("Squeeze without axes on " + c.describe_input(0) + ": dim " + std::to_string(k) +
+                            " is not statically known, so which dims are 1 is unknown",
                         "give Squeeze an explicit axes input");
         if (f->dims[k].value == 1) ones.push_back(k + 1);
       }
@@ -180,7 +182,8 @@ BatchResult onehot_rule(BatchCtx& c) {
   if (!c.batched[2]) return all_batched(c.b.clone(c.node, c.in, {Attr::i("axis", shift_axis(axis))}));
   // Per-example [off, on] values: build a 0/1 mask, then select each example's values.
   V idx = c.in[0];
-  V mask = c.b.clone(c.node, {idx, c.in[1], c.b.i64s({0, 1})}, {Attr::i("axis", c.batched[0] ? shift_axis(axis) : axis)})[0];
+  V mask =
+      c.b.clone(c.node, {idx, c.in[1], c.b.i64s({0, 1})}, {Attr::i("axis", c.batched[0] ? shift_axis(axis) : axis)})[0];
   const int64_t out_rank = c.rank(0) + 1;
   auto pick = [&](int64_t k) {
     V v = c.b.op1("Gather", {c.in[2], c.b.i64(k)}, {Attr::i("axis", 1)});  // (B,)
@@ -255,8 +258,7 @@ std::vector<V> concat_jvp(D& c) {
   if (!any) return {V{}};
   std::vector<V> ins;
   for (size_t i = 0; i < c.xs.size(); ++i)
-    ins.push_back(c.t(i).valid() ? c.t(i)
-                                 : c.b.expand(c.b.scalar(0.0, c.b.facts(c.y()).dtype), c.b.shape_of(c.x(i))));
+    ins.push_back(c.t(i).valid() ? c.t(i) : c.b.expand(c.b.scalar(0.0, c.b.facts(c.y()).dtype), c.b.shape_of(c.x(i))));
   return {c.same_op(ins)};
 }
 

@@ -2,8 +2,8 @@
 // JVP rules next to the primal nodes. Reverse mode runs the same JVP rules, but the nodes
 // that are linear in tangents go to a tape, which is then transposed node by node
 // (linearize + transpose), accumulating cotangents where a value fans out.
-#include <onnx/defs/schema.h>
 #include <onnax/onnax.h>
+#include <onnx/defs/schema.h>
 
 #include <set>
 #include <unordered_map>
@@ -20,9 +20,13 @@ namespace {
 
 enum class Mode { kJvp, kVjp, kGrad };
 
-const char* mode_name(Mode m) { return m == Mode::kJvp ? "jvp" : m == Mode::kVjp ? "vjp" : "grad"; }
+const char* mode_name(Mode m) {
+  return m == Mode::kJvp ? "jvp" : m == Mode::kVjp ? "vjp" : "grad";
+}
 
-bool differentiable_dtype(int32_t dt) { return dt == onnx::TensorProto::FLOAT || dt == onnx::TensorProto::DOUBLE; }
+bool differentiable_dtype(int32_t dt) {
+  return dt == onnx::TensorProto::FLOAT || dt == onnx::TensorProto::DOUBLE;
+}
 
 std::string quoted_names(const std::vector<std::string>& names) {
   std::vector<std::string> q;
@@ -64,8 +68,9 @@ Resolved resolve(const Prepared& p, const onnx::ModelProto& source, Mode mode, c
       if (!differentiable_dtype(dt))
         diag::fail(Error::Kind::kSelection, m + ": inputs selects '" + name + "' of dtype " + diag::dtype_name(dt) +
                                                 "; derivatives are defined for float32/float64 only. Fix: select one "
-                                                "of the float inputs " + quoted_names(float_runtime) +
-                                                " or initializers " + quoted_names(float_inits));
+                                                "of the float inputs " +
+                                                quoted_names(float_runtime) + " or initializers " +
+                                                quoted_names(float_inits));
       if (!seen.insert(name).second)
         diag::fail(Error::Kind::kSelection, m + ": inputs selects '" + name + "' twice. Fix: select each name once");
       r.inputs.push_back(name);
@@ -74,10 +79,12 @@ Resolved resolve(const Prepared& p, const onnx::ModelProto& source, Mode mode, c
     r.inputs = float_runtime;
   }
   if (r.inputs.empty())
-    diag::fail(Error::Kind::kSelection, m + ": no input to differentiate with respect to: the model has no float32/"
-                                            "float64 runtime inputs " + quoted_names(runtime) +
-                                            ". Fix: select initializers explicitly, e.g. inputs=" +
-                                            quoted_names(float_inits));
+    diag::fail(Error::Kind::kSelection,
+               m +
+                   ": no input to differentiate with respect to: the model has no float32/"
+                   "float64 runtime inputs " +
+                   quoted_names(runtime) +
+                   ". Fix: select initializers explicitly, e.g. inputs=" + quoted_names(float_inits));
   if (sel.outputs) {
     std::set<std::string> seen;
     for (const auto& name : *sel.outputs) {
@@ -89,7 +96,8 @@ Resolved resolve(const Prepared& p, const onnx::ModelProto& source, Mode mode, c
       if (!differentiable_dtype(dt))
         diag::fail(Error::Kind::kSelection, m + ": output '" + name + "' has dtype " + diag::dtype_name(dt) +
                                                 "; derivatives are defined for float32/float64 only. Fix: select one "
-                                                "of " + quoted_names(float_outputs));
+                                                "of " +
+                                                quoted_names(float_outputs));
       if (!seen.insert(name).second)
         diag::fail(Error::Kind::kSelection, m + ": outputs selects '" + name + "' twice. Fix: select each name once");
       r.outputs.push_back(name);
@@ -235,7 +243,8 @@ onnx::ModelProto differentiate(const onnx::ModelProto& source, Mode mode, const 
     if (!rule) {
       std::string why = node.op_type().rfind("Random", 0) == 0 || node.op_type() == "Bernoulli"
                             ? "random operators have no derivative"
-                        : node.attribute_size() && !outer_scope_reads(node).empty() ? "control flow is not differentiable yet"
+                        : node.attribute_size() && !outer_scope_reads(node).empty()
+                            ? "control flow is not differentiable yet"
                         : node.op_type() == "If" || node.op_type() == "Loop" || node.op_type() == "Scan"
                             ? "control flow is not differentiable yet"
                             : "no derivative rule for this operator yet";
@@ -334,8 +343,11 @@ onnx::ModelProto differentiate(const onnx::ModelProto& source, Mode mode, const 
         diag::fail(Error::Kind::kUnsupported,
                    m + ": cannot run ai.onnx::" + tn.node.op_type() + " (opset " + std::to_string(p.opset) +
                        ") in reverse: its JVP is linear in the tangent but it has no transpose rule yet (while "
-                       "differentiating '" + tn.origin + "'). Fix: use jvp (forward mode) for this model, or select "
-                       "inputs/outputs whose path avoids " + tn.node.op_type());
+                       "differentiating '" +
+                       tn.origin +
+                       "'). Fix: use jvp (forward mode) for this model, or select "
+                       "inputs/outputs whose path avoids " +
+                       tn.node.op_type());
       TransposeCtx tctx{b, tn.node, p.opset, tn.inputs, {}, cts, tn.outputs};
       for (V in : tn.inputs) tctx.lin.push_back(b.tangent(in));
       // Cotangent nodes are named after the source value whose tangent the tape node computed.
@@ -400,7 +412,8 @@ onnx::ModelProto grad(const onnx::ModelProto& model, const std::optional<std::ve
                       const std::optional<std::string>& output) {
   Selection s;
   s.inputs = inputs;
-  if (output) s.outputs = std::vector<std::string>{*output};
+  if (output)
+    s.outputs = std::vector<std::string>{*output};
   else {
     // The only rank-0 float output, when there is exactly one.
     Prepared p = prepare(model, "grad");
@@ -411,10 +424,10 @@ onnx::ModelProto grad(const onnx::ModelProto& model, const std::optional<std::ve
       if (f.rank() == 0 && differentiable_dtype(f.dtype)) scalars.push_back(o.name());
     }
     if (scalars.size() != 1)
-      diag::fail(Error::Kind::kSelection,
-                 "grad: no output was selected and the model has " + std::to_string(scalars.size()) +
-                     " rank-0 float outputs " + quoted_names(scalars) + " (outputs: " + quoted_names(all) +
-                     "). Fix: pass output=<name of the scalar loss>");
+      diag::fail(Error::Kind::kSelection, "grad: no output was selected and the model has " +
+                                              std::to_string(scalars.size()) + " rank-0 float outputs " +
+                                              quoted_names(scalars) + " (outputs: " + quoted_names(all) +
+                                              "). Fix: pass output=<name of the scalar loss>");
     s.outputs = scalars;
   }
   return differentiate(model, Mode::kGrad, s);

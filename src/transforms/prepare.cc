@@ -103,8 +103,8 @@ void sort_nodes(onnx::GraphProto& g) {
       if (!o.empty()) {
         if (producer.count(o) || available.count(o))
           diag::fail(Error::Kind::kInvalidModel,
-                     "invalid model: value '" + o + "' is defined more than once (" + node_label(g.node(i)) +
-                         ", op " + g.node(i).op_type() +
+                     "invalid model: value '" + o + "' is defined more than once (" + node_label(g.node(i)) + ", op " +
+                         g.node(i).op_type() +
                          "). Fix: give every node output a unique name (ONNX graphs are in SSA form)");
         producer[o] = i;
       }
@@ -199,26 +199,28 @@ Prepared prepare(const onnx::ModelProto& source, const std::string& mode) {
   Prepared p;
   p.model = source;
   if (!p.model.has_graph())
-    diag::fail(Error::Kind::kInvalidModel, mode + ": the model has no graph. Fix: pass an ONNX ModelProto with a graph");
+    diag::fail(Error::Kind::kInvalidModel,
+               mode + ": the model has no graph. Fix: pass an ONNX ModelProto with a graph");
   int64_t opset = default_opset(p.model);
-  const std::string interval = "supported: " + std::to_string(kMinOpset) + "-" + std::to_string(kMaxOpset) +
-                               " (" + std::to_string(kMinConvertibleOpset) + "-" + std::to_string(kMinOpset - 1) +
+  const std::string interval = "supported: " + std::to_string(kMinOpset) + "-" + std::to_string(kMaxOpset) + " (" +
+                               std::to_string(kMinConvertibleOpset) + "-" + std::to_string(kMinOpset - 1) +
                                " are upgraded to " + std::to_string(kMinOpset) + " automatically)";
   if (opset < 0)
     diag::fail(Error::Kind::kVersion,
                mode + ": the model imports no default-domain (ai.onnx) opset; " + interval +
                    ". Fix: add an opset_import entry for domain \"\" with the opset the model was written for");
   if (opset > kMaxOpset || opset < kMinConvertibleOpset)
-    diag::fail(Error::Kind::kVersion, mode + ": the model's ai.onnx opset is " + std::to_string(opset) + "; " + interval +
-                                          ". Fix: convert the model with onnx.version_converter.convert_version(model, " +
-                                          std::to_string(opset > kMaxOpset ? kMaxOpset : kMinOpset) + ") first");
+    diag::fail(Error::Kind::kVersion,
+               mode + ": the model's ai.onnx opset is " + std::to_string(opset) + "; " + interval +
+                   ". Fix: convert the model with onnx.version_converter.convert_version(model, " +
+                   std::to_string(opset > kMaxOpset ? kMaxOpset : kMinOpset) + ") first");
   if (p.model.functions_size() > 0) {
     try {
       onnx::inliner::InlineLocalFunctions(p.model, /*convert_version=*/true);
     } catch (const std::exception& e) {
-      diag::fail(Error::Kind::kUnsupported, mode + ": could not inline the model's local functions: " +
-                                                std::string(e.what()) +
-                                                ". Fix: inline them before transforming (onnx.inliner.inline_local_functions)");
+      diag::fail(Error::Kind::kUnsupported,
+                 mode + ": could not inline the model's local functions: " + std::string(e.what()) +
+                     ". Fix: inline them before transforming (onnx.inliner.inline_local_functions)");
     }
   }
   if (opset < kMinOpset) {

@@ -25,7 +25,7 @@ struct Prepared {
   NameScope node_names;
   std::unordered_set<std::string> initializer_names;
   std::vector<const onnx::ValueInfoProto*> runtime_inputs;  // graph inputs without initializers
-  std::unordered_set<std::string> dim_params;              // symbolic dims used by the model
+  std::unordered_set<std::string> dim_params;               // symbolic dims used by the model
 };
 
 Prepared prepare(const onnx::ModelProto& source, const std::string& mode);

@@ -56,8 +56,10 @@ void record_step(onnx::ModelProto& model, const std::string& step_json) {
   }
   std::string v = e->value();
   const auto close = v.rfind(']');
-  if (close == std::string::npos) v = "[" + step + "]";
-  else v.insert(close, (v.find('{') == std::string::npos ? "" : ", ") + step);
+  if (close == std::string::npos)
+    v = "[" + step + "]";
+  else
+    v.insert(close, (v.find('{') == std::string::npos ? "" : ", ") + step);
   e->set_value(v);
 }
 

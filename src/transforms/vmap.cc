@@ -1,8 +1,8 @@
 // vmap: maps a model over a new batch axis. A generic interpreter: it walks the graph once in
 // topological order and asks the batching rule of each node whose inputs are batched; nodes
 // that see no batched input are copied unchanged (unbatched values are never batched).
-#include <onnx/defs/schema.h>
 #include <onnax/onnax.h>
+#include <onnx/defs/schema.h>
 
 #include <cstring>
 #include <map>
@@ -11,8 +11,8 @@
 
 #include "diagnostics/error.h"
 #include "emit/builder.h"
-#include "rules/batching.h"
 #include "notice.h"
+#include "rules/batching.h"
 #include "transforms/prepare.h"
 #include "transforms/provenance.h"
 
@@ -35,14 +35,14 @@ int64_t normalize_axis(int64_t axis, int64_t rank, const std::string& what, cons
   if (rank < 0) {
     if (axis == 0) return 0;
     diag::fail(Error::Kind::kSelection, "vmap: " + option + " gives axis " + std::to_string(axis) + " for " + what +
-                                            ", whose rank is unknown, so only axis 0 is possible. Fix: use " +
-                                            option + " 0 or declare the shape of " + what);
+                                            ", whose rank is unknown, so only axis 0 is possible. Fix: use " + option +
+                                            " 0 or declare the shape of " + what);
   }
   if (axis < -(rank + 1) || axis > rank)
-    diag::fail(Error::Kind::kSelection,
-               "vmap: " + option + " gives axis " + std::to_string(axis) + " for " + what + " of per-example rank " +
-                   std::to_string(rank) + "; the valid range is [" + std::to_string(-(rank + 1)) + ", " +
-                   std::to_string(rank) + "]. Fix: choose an axis in that range");
+    diag::fail(Error::Kind::kSelection, "vmap: " + option + " gives axis " + std::to_string(axis) + " for " + what +
+                                            " of per-example rank " + std::to_string(rank) + "; the valid range is [" +
+                                            std::to_string(-(rank + 1)) + ", " + std::to_string(rank) +
+                                            "]. Fix: choose an axis in that range");
   return axis < 0 ? axis + rank + 1 : axis;
 }
 
@@ -68,8 +68,8 @@ std::vector<Axis> resolve_in_axes(const Prepared& p, const VmapOptions& opt) {
   } else if (opt.in_axes_form == VmapOptions::InAxesForm::kPerInput) {
     if (opt.in_axes.size() != n)
       diag::fail(Error::Kind::kSelection, "vmap: in_axes has " + std::to_string(opt.in_axes.size()) +
-                                              " entries but the model has " + std::to_string(n) +
-                                              " runtime inputs " + input_names(p) +
+                                              " entries but the model has " + std::to_string(n) + " runtime inputs " +
+                                              input_names(p) +
                                               ". Fix: give one entry per input in this order (None for shared "
                                               "inputs), or a single int for all, or a mapping by name");
     axes = opt.in_axes;
@@ -148,9 +148,7 @@ onnx::ModelProto vmap(const onnx::ModelProto& source, const VmapOptions& opt) {
   auto src_facts = [&](const std::string& name) -> Facts { return p.facts.get(name); };
 
   // Initializers: shared, and their int64 contents are known to rules (axes, shapes).
-  auto remember_tensor = [&](const onnx::TensorProto& t) {
-    b.remember_tensor(t.name(), t);
-  };
+  auto remember_tensor = [&](const onnx::TensorProto& t) { b.remember_tensor(t.name(), t); };
   for (const auto& t : src_graph->initializer()) {
     env[t.name()] = Mapped{b.existing(t.name(), src_facts(t.name())), false};
     remember_tensor(t);
@@ -212,9 +210,7 @@ onnx::ModelProto vmap(const onnx::ModelProto& source, const VmapOptions& opt) {
   for (int i = 0; i < src_graph->output_size(); ++i) {
     const auto& o = src_graph->output(i);
     output_index[o.name()] = i;
-    int64_t requested = opt.out_axes.empty()       ? 0
-                        : opt.out_axes.size() == 1 ? opt.out_axes[0]
-                                                   : 0;
+    int64_t requested = opt.out_axes.empty() ? 0 : opt.out_axes.size() == 1 ? opt.out_axes[0] : 0;
     if (opt.out_axes.size() > 1) {
       if (opt.out_axes.size() != static_cast<size_t>(src_graph->output_size()))
         diag::fail(Error::Kind::kSelection, "vmap: out_axes has " + std::to_string(opt.out_axes.size()) +
@@ -272,8 +268,7 @@ onnx::ModelProto vmap(const onnx::ModelProto& source, const VmapOptions& opt) {
                                                   : "node '" + node.name() + "'";
     const std::string op_label = (domain.empty() ? "ai.onnx" : domain) + "::" + node.op_type() + " (opset " +
                                  std::to_string(p.opset) + ") at " + where;
-    const onnx::OpSchema* schema =
-        onnx::OpSchemaRegistry::Schema(node.op_type(), static_cast<int>(p.opset), domain);
+    const onnx::OpSchema* schema = onnx::OpSchemaRegistry::Schema(node.op_type(), static_cast<int>(p.opset), domain);
     if (!schema) {
       std::string batched_inputs;
       for (const auto& in : node.input())
@@ -283,11 +278,12 @@ onnx::ModelProto vmap(const onnx::ModelProto& source, const VmapOptions& opt) {
       diag::fail(Error::Kind::kUnsupported,
                  "vmap: cannot batch " + op_label +
                      ": ONNX has no schema for this operator at this opset (unknown or custom op), so onnax cannot "
-                     "tell how it treats the batch axis; batched inputs: " + batched_inputs +
+                     "tell how it treats the batch axis; batched inputs: " +
+                     batched_inputs +
                      ". Fix: pass None in in_axes for the inputs that reach it, or express it with standard ops");
     }
-    const bool random = node.op_type().rfind("Random", 0) == 0 || node.op_type() == "Bernoulli" ||
-                        node.op_type() == "Multinomial";
+    const bool random =
+        node.op_type().rfind("Random", 0) == 0 || node.op_type() == "Bernoulli" || node.op_type() == "Multinomial";
     if (random)
       diag::fail(Error::Kind::kUnsupported,
                  "vmap: cannot batch " + op_label +
@@ -336,8 +332,10 @@ onnx::ModelProto vmap(const onnx::ModelProto& source, const VmapOptions& opt) {
       if (src_name.empty()) continue;
       if (o >= static_cast<int>(res.out.size()) || !res.out[o].valid())
         diag::fail(Error::Kind::kUnsupported, "vmap: cannot batch " + op_label + ": optional output " +
-                                                  std::to_string(o) + " is not supported by its batching rule. "
-                                                  "Fix: remove the use of output '" + src_name + "'");
+                                                  std::to_string(o) +
+                                                  " is not supported by its batching rule. "
+                                                  "Fix: remove the use of output '" +
+                                                  src_name + "'");
       V v = res.out[o];
       const bool bat = res.batched[o];
       Facts f = src_facts(src_name);
@@ -413,8 +411,8 @@ onnx::ModelProto vmap(const onnx::ModelProto& source, const VmapOptions& opt) {
   }
   for (int64_t a : out_axes) out_json.push_back(std::to_string(a));
   const std::string step = "{\"transform\": \"vmap\", \"in_axes\": {" + diag::join(axes_json) +
-                                   "}, \"out_axes\": " + provenance::list(out_json) +
-                                   ", \"axis_name\": " + provenance::quote(axis_name) + "}";
+                           "}, \"out_axes\": " + provenance::list(out_json) +
+                           ", \"axis_name\": " + provenance::quote(axis_name) + "}";
   delete src_graph;
   for (const auto& [op, count] : looped)
     notice("vmap: " + op + " (" + std::to_string(count) + " node" + (count > 1 ? "s" : "") +

@@ -1,6 +1,7 @@
 // Model I/O: lossless load/save round trips, external data, models over 2 GB, and clear
 // errors (never a crash) for truncated, malformed or unsafe files.
 #include <google/protobuf/unknown_field_set.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdint>
@@ -8,7 +9,6 @@
 #include <fstream>
 #include <random>
 #include <string>
-#include <unistd.h>
 
 #include "test_util.h"
 
@@ -258,7 +258,8 @@ TEST(ModelIo, ExternalDataRoundTrip) {
   fs::create_directories(dir / "moved");
   fs::rename(path, dir / "moved" / "model.onnx");
   fs::rename(dir / "model.onnx.data", dir / "moved" / "model.onnx.data");
-  EXPECT_TRUE(same_bytes(load_model((dir / "moved" / "model.onnx").string()).SerializeAsString(), m.SerializeAsString()));
+  EXPECT_TRUE(
+      same_bytes(load_model((dir / "moved" / "model.onnx").string()).SerializeAsString(), m.SerializeAsString()));
 }
 
 TEST(ModelIo, ExternalDataCoversEveryTensorAndKeepsUnknownFields) {
@@ -278,8 +279,9 @@ Scale (v) => (r) {
 )");
   // Large tensors in a node attribute, a function body, a function attribute default and a
   // subgraph; each with bytes of its own and an unknown field.
-  std::vector<onnx::TensorProto*> tensors = {m.mutable_graph()->mutable_node(0)->mutable_attribute(0)->mutable_t(),
-                                             m.mutable_functions(0)->mutable_node(0)->mutable_attribute(0)->mutable_t()};
+  std::vector<onnx::TensorProto*> tensors = {
+      m.mutable_graph()->mutable_node(0)->mutable_attribute(0)->mutable_t(),
+      m.mutable_functions(0)->mutable_node(0)->mutable_attribute(0)->mutable_t()};
   auto* default_attr = m.mutable_functions(0)->add_attribute_proto();
   default_attr->set_name("unused_default");
   default_attr->set_type(onnx::AttributeProto::TENSOR);
@@ -334,9 +336,7 @@ TEST(ModelIo, HandWrittenRelativeExternalDataLoads) {
   const fs::path cwd = fs::current_path();
   fs::current_path(dir.path().parent_path());
   onnx::ModelProto from_relative;
-  std::string msg = error_of([&] {
-    from_relative = load_model((dir.path().filename() / "model.onnx").string());
-  });
+  std::string msg = error_of([&] { from_relative = load_model((dir.path().filename() / "model.onnx").string()); });
   fs::current_path(cwd);
   EXPECT_EQ(msg, "");
   EXPECT_TRUE(same_bytes(from_relative.SerializeAsString(), m.SerializeAsString()));
@@ -510,8 +510,10 @@ TEST(ModelIo, TruncatedFilesAreInvalidModelsNeverCrashes) {
     write_bytes(path, prefix);
     for (int via_bytes = 0; via_bytes < 2; ++via_bytes) {
       try {
-        if (via_bytes) parse_model(prefix);
-        else load_model(path.string());
+        if (via_bytes)
+          parse_model(prefix);
+        else
+          load_model(path.string());
         // Only a cut at a field boundary outside the graph can still parse.
         EXPECT_TRUE(cut >= graph_end) << "a file cut at " << cut << " inside the graph loaded";
       } catch (const Error& e) {

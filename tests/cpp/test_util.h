@@ -1,8 +1,8 @@
 #pragma once
 
 #include <gtest/gtest.h>
-#include <onnx/defs/parser.h>
 #include <onnax/onnax.h>
+#include <onnx/defs/parser.h>
 
 #include <string>
 
