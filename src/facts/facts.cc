@@ -57,6 +57,37 @@ void write_type(const Facts& facts, onnx::TypeProto* type) {
   }
 }
 
+std::optional<onnx::TensorProto> constant_tensor(const onnx::NodeProto& node) {
+  if (node.op_type() != "Constant" || !(node.domain().empty() || node.domain() == "ai.onnx") ||
+      node.output_size() != 1)
+    return std::nullopt;
+  for (const auto& a : node.attribute()) {
+    onnx::TensorProto t;
+    if (a.name() == "value" && a.has_t()) {
+      t = a.t();
+    } else if (a.name() == "value_int") {
+      t.set_data_type(onnx::TensorProto::INT64);
+      t.add_int64_data(a.i());
+    } else if (a.name() == "value_ints") {
+      t.set_data_type(onnx::TensorProto::INT64);
+      t.add_dims(a.ints_size());
+      for (int64_t v : a.ints()) t.add_int64_data(v);
+    } else if (a.name() == "value_float") {
+      t.set_data_type(onnx::TensorProto::FLOAT);
+      t.add_float_data(a.f());
+    } else if (a.name() == "value_floats") {
+      t.set_data_type(onnx::TensorProto::FLOAT);
+      t.add_dims(a.floats_size());
+      for (float v : a.floats()) t.add_float_data(v);
+    } else {
+      continue;
+    }
+    t.set_name(node.output(0));
+    return t;
+  }
+  return std::nullopt;
+}
+
 Facts FactTable::get(const std::string& name) const {
   auto it = types_.find(name);
   return it == types_.end() ? Facts{} : facts_from_type(*it->second);

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -53,6 +54,9 @@ class FactTable {
   std::unordered_map<std::string, onnx::TypeProto*> types_;
   std::deque<onnx::TypeProto> storage_;
 };
+
+// The tensor a Constant node produces (from value, value_int(s) or value_float(s)), if any.
+std::optional<onnx::TensorProto> constant_tensor(const onnx::NodeProto& node);
 
 // Runs ONNX's per-node type and shape inference (and partial data propagation, so shapes
 // computed with Shape/Gather/Concat stay known) over `graph`, whose nodes must be in

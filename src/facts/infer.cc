@@ -1,6 +1,8 @@
 #include <onnx/defs/schema.h>
 #include <onnx/shape_inference/implementation.h>
 
+#include <deque>
+
 #include "facts/facts.h"
 
 namespace onnax {
@@ -27,6 +29,7 @@ void infer_facts(onnx::GraphProto& g, const std::unordered_map<std::string, int>
   std::unordered_map<std::string, const onnx::TensorProto*> data;
   std::unordered_map<std::string, const onnx::SparseTensorProto*> sparse;
   std::unordered_map<std::string, const onnx::ValueInfoProto*> declared;
+  std::deque<onnx::TensorProto> constants;  // Constant nodes' values (stable addresses)
   for (const auto& t : g.initializer()) {
     types[t.name()] = table.store(tensor_type_of(t));
     data[t.name()] = &t;
@@ -64,12 +67,11 @@ void infer_facts(onnx::GraphProto& g, const std::unordered_map<std::string, int>
         // diagnostics cover values it cannot type.
       }
     }
-    if (n.op_type() == "Constant" && domain.empty())
-      for (const auto& a : n.attribute())
-        if (a.name() == "value" && a.has_t() && n.output_size() == 1) {
-          inferred[0] = tensor_type_of(a.t());
-          data[n.output(0)] = &a.t();
-        }
+    if (auto t = constant_tensor(n)) {
+      constants.push_back(std::move(*t));
+      inferred[0] = tensor_type_of(constants.back());
+      data[n.output(0)] = &constants.back();
+    }
     for (int i = 0; i < n.output_size(); ++i) {
       const std::string& name = n.output(i);
       if (name.empty()) continue;

@@ -101,13 +101,35 @@ BatchResult scan_fallback(BatchCtx& c) {
   c.used_scan = true;
   // Scan over axis 0 of every batched value is exactly a per-example map: each iteration
   // sees one example's slices (shared values are read from the enclosing scope) and the
-  // scan outputs stack the per-example results along a new axis 0.
+  // scan outputs stack the per-example results along a new axis 0. ONNX Runtime needs the
+  // rank of every Scan body output; when a rank is unknown, a Loop (which does not) slices
+  // the examples with Gather instead.
+  bool ranks_known = true;
+  for (int o = 0; o < c.node.output_size(); ++o)
+    if (!c.node.output(o).empty() && (o >= static_cast<int>(c.out_facts.size()) || !c.out_facts[o].has_shape))
+      ranks_known = false;
+  const bool use_loop = !ranks_known;
   onnx::GraphProto body;
   Builder bb = c.b.nested(body);
   bb.set_origin(c.node.output_size() ? c.node.output(0) + "_example" : c.node.op_type());
   body.set_name(c.b.fresh_value_name((c.node.name().empty() ? c.node.op_type() : c.node.name()) + "_per_example"));
+  auto scalar_input = [&](const std::string& base, int32_t dtype) {
+    onnx::ValueInfoProto vi;
+    vi.set_name(c.b.fresh_value_name(base));
+    auto* t = vi.mutable_type()->mutable_tensor_type();
+    t->set_elem_type(dtype);
+    t->mutable_shape();
+    *body.add_input() = vi;
+    return bb.existing(vi.name(), Facts::of(dtype, {}));
+  };
+  V iter, cond_in;
+  if (use_loop) {
+    iter = scalar_input("example_index", onnx::TensorProto::INT64);
+    cond_in = scalar_input("loop_cond", onnx::TensorProto::BOOL);
+  }
   std::vector<V> scan_inputs;
   auto slice_of = [&](V outer, const Facts* f, const std::string& base) {
+    if (use_loop) return bb.op1("Gather", {bb.existing(c.b.name(outer), Facts{}), iter}, {Attr::i("axis", 0)});
     scan_inputs.push_back(outer);
     onnx::ValueInfoProto vi;
     vi.set_name(c.b.fresh_value_name(base + "_example"));
@@ -140,21 +162,24 @@ BatchResult scan_fallback(BatchCtx& c) {
       if (a.has_g()) rename_reads(*a.mutable_g(), from, to);
       for (auto& sg : *a.mutable_graphs()) rename_reads(sg, from, to);
     }
+  if (use_loop) {
+    V cond_out = bb.op1("Identity", {cond_in});
+    onnx::ValueInfoProto vi;
+    vi.set_name(bb.name(cond_out));
+    vi.mutable_type()->mutable_tensor_type()->set_elem_type(onnx::TensorProto::BOOL);
+    *body.add_output() = vi;
+  }
   std::vector<int> present;
   for (size_t o = 0; o < outs.size(); ++o) {
     if (!outs[o].valid()) continue;
     const int32_t dtype = c.out_dtype(static_cast<int>(o));
     if (dtype == 0)
-      c.unsupported("output " + std::to_string(o) + " has an unknown element type, which the per-example Scan needs",
+      c.unsupported("output " + std::to_string(o) + " has an unknown element type, which the per-example map needs",
                     "declare the type of '" + c.node.output(static_cast<int>(o)) + "' in value_info");
-    // ONNX Runtime wants each Scan body output's rank: declare the per-example shape.
     onnx::ValueInfoProto vi;
     vi.set_name(bb.name(outs[o]));
     Facts f = o < c.out_facts.size() ? c.out_facts[o] : Facts{};
     f.dtype = dtype;
-    if (!f.has_shape)
-      c.unsupported("the rank of output " + std::to_string(o) + " is unknown, which the per-example Scan needs",
-                    "declare the shape of '" + c.node.output(static_cast<int>(o)) + "' in value_info");
     write_type(f, vi.mutable_type());
     *body.add_output() = vi;
     present.push_back(static_cast<int>(o));
@@ -163,9 +188,19 @@ BatchResult scan_fallback(BatchCtx& c) {
   body_attr.set_name("body");
   body_attr.set_type(onnx::AttributeProto::GRAPH);
   *body_attr.mutable_g() = std::move(body);
-  std::vector<V> stacked = c.b.op(
-      "Scan", scan_inputs, {Attr{body_attr}, Attr::i("num_scan_inputs", static_cast<int64_t>(scan_inputs.size()))},
-      static_cast<int>(present.size()));
+  std::vector<V> stacked;
+  if (use_loop) {
+    // An explicit true condition: some runtimes read an absent one as false.
+    onnx::TensorProto yes;
+    yes.set_data_type(onnx::TensorProto::BOOL);
+    yes.add_int32_data(1);
+    V trip = c.b.op1("Squeeze", {c.batch_size(), c.b.i64s({0})});
+    stacked = c.b.op("Loop", {trip, c.b.tensor_const(yes)}, {Attr{body_attr}}, static_cast<int>(present.size()));
+  } else {
+    stacked = c.b.op("Scan", scan_inputs,
+                     {Attr{body_attr}, Attr::i("num_scan_inputs", static_cast<int64_t>(scan_inputs.size()))},
+                     static_cast<int>(present.size()));
+  }
   std::vector<V> result(outs.size());
   for (size_t k = 0; k < present.size(); ++k) result[present[k]] = stacked[k];
   return all_batched(result);

@@ -209,10 +209,8 @@ onnx::ModelProto differentiate(const onnx::ModelProto& source, Mode mode, const 
     }
     if (node.op_type() == "Constant" && node.domain().empty())
       for (const auto& a : node.attribute())
-        if (a.name() == "value" && a.has_t()) {
-          b.register_data(node.output(0), &a.t());
-          b.remember_tensor(node.output(0), a.t());
-        }
+        if (a.name() == "value" && a.has_t()) b.register_data(node.output(0), &a.t());
+    if (auto t = constant_tensor(node)) b.remember_tensor(node.output(0), *t);
 
     bool active = false, useful = false;
     std::string from;

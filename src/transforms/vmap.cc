@@ -252,13 +252,7 @@ onnx::ModelProto vmap(const onnx::ModelProto& source, const VmapOptions& opt) {
         // Rules read per-example facts from the fact table; shared values need none here.
         outs.emplace_back(src_name, b.existing(o, Facts{}));
       }
-      if (node.op_type() == "Constant" && node.domain().empty())
-        for (const auto& a : node.attribute())
-          if (a.name() == "value" && a.has_t()) {
-            onnx::TensorProto t = a.t();
-            t.set_name(node.output(0));
-            remember_tensor(t);
-          }
+      if (auto t = constant_tensor(node)) remember_tensor(*t);
       b.copy_node(std::move(node));
       for (auto& [n, v] : outs) env[n] = Mapped{v, false};
       continue;
@@ -416,7 +410,7 @@ onnx::ModelProto vmap(const onnx::ModelProto& source, const VmapOptions& opt) {
   delete src_graph;
   for (const auto& [op, count] : looped)
     notice("vmap: " + op + " (" + std::to_string(count) + " node" + (count > 1 ? "s" : "") +
-           ") batched with a per-example Scan: no vectorized rule covers this case; results are exact, run time "
+           ") batched by a per-example Scan (or Loop): no vectorized rule covers this case; results are exact, run time "
            "grows with the batch size");
   onnx::ModelProto out = std::move(p.model);
   *out.mutable_graph() = std::move(out_graph);
