@@ -138,18 +138,6 @@ void Builder::finish(const std::vector<V>& inputs, const std::vector<V>& outputs
   }
 }
 
-static bool same_static_shape(const Facts& a, const Facts& b) {
-  if (!a.has_shape || !b.has_shape || a.rank() != b.rank()) return false;
-  for (size_t i = 0; i < a.dims.size(); ++i) {
-    const Dim& x = a.dims[i];
-    const Dim& y = b.dims[i];
-    if (x.known() && y.known() && x.value == y.value) continue;
-    if (!x.known() && !y.known() && !x.param.empty() && x.param == y.param) continue;
-    return false;
-  }
-  return true;
-}
-
 void Builder::propagate_witness(const onnx::NodeProto& node, const std::vector<V>& inputs,
                                 const std::vector<V>& outputs) {
   // Shape-preserving and elementwise linear ops: the output has the shape of an input (or of

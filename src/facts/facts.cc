@@ -21,6 +21,18 @@ Facts Facts::with_dim(int64_t axis, Dim dim) const {
   return out;
 }
 
+bool same_static_shape(const Facts& a, const Facts& b) {
+  if (!a.has_shape || !b.has_shape || a.rank() != b.rank()) return false;
+  for (size_t i = 0; i < a.dims.size(); ++i) {
+    const Dim& x = a.dims[i];
+    const Dim& y = b.dims[i];
+    if (x.known() && y.known() && x.value == y.value) continue;
+    if (!x.known() && !y.known() && !x.param.empty() && x.param == y.param) continue;
+    return false;
+  }
+  return true;
+}
+
 Facts facts_from_type(const onnx::TypeProto& type) {
   Facts f;
   if (!type.has_tensor_type()) return f;
@@ -58,8 +70,7 @@ void write_type(const Facts& facts, onnx::TypeProto* type) {
 }
 
 std::optional<onnx::TensorProto> constant_tensor(const onnx::NodeProto& node) {
-  if (node.op_type() != "Constant" || !(node.domain().empty() || node.domain() == "ai.onnx") ||
-      node.output_size() != 1)
+  if (node.op_type() != "Constant" || !(node.domain().empty() || node.domain() == "ai.onnx") || node.output_size() != 1)
     return std::nullopt;
   for (const auto& a : node.attribute()) {
     onnx::TensorProto t;

@@ -33,6 +33,9 @@ struct Facts {
   static Facts of(int32_t dtype, std::vector<Dim> dims) { return Facts{dtype, true, std::move(dims)}; }
 };
 
+// True when both shapes are known and provably equal (equal sizes, or the same symbolic name).
+bool same_static_shape(const Facts& a, const Facts& b);
+
 Facts facts_from_type(const onnx::TypeProto& type);
 void write_type(const Facts& facts, onnx::TypeProto* type);
 

@@ -39,21 +39,9 @@ std::vector<int64_t> JvpCtx::attr_ints(const std::string& name) const {
   return a ? std::vector<int64_t>(a->ints().begin(), a->ints().end()) : std::vector<int64_t>{};
 }
 
-static bool same_shape(const Facts& a, const Facts& b) {
-  if (!a.has_shape || !b.has_shape || a.rank() != b.rank()) return false;
-  for (size_t i = 0; i < a.dims.size(); ++i) {
-    const Dim& x = a.dims[i];
-    const Dim& y = b.dims[i];
-    if (x.known() && y.known() && x.value == y.value) continue;
-    if (!x.known() && !y.known() && !x.param.empty() && x.param == y.param) continue;
-    return false;
-  }
-  return true;
-}
-
 V JvpCtx::like_out(V t, int k) const {
   if (!t.valid()) return t;
-  if (same_shape(b.facts(t), b.facts(ys[k]))) return t;
+  if (same_static_shape(b.facts(t), b.facts(ys[k]))) return t;
   return b.expand(t, b.shape_of(ys[k]));
 }
 
@@ -93,7 +81,7 @@ V unbroadcast(Builder& b, V ct, V target, V witness) {
   const Facts& cf = b.facts(ct);
   const Facts& tf = b.facts(target);
   if (!cf.has_shape || !tf.has_shape) {
-    if (same_shape(cf, tf)) return ct;
+    if (same_static_shape(cf, tf)) return ct;
     if (!witness.valid())
       diag::fail(Error::Kind::kUnsupported,
                  "vjp: cannot sum a broadcast cotangent back to its operand's shape because their ranks are unknown. "
