@@ -3,6 +3,7 @@
 #include <onnax/onnax.h>
 
 #include <filesystem>
+#include <functional>
 #include <iostream>
 #include <optional>
 #include <sstream>
@@ -23,6 +24,13 @@ commands:
                    or by name: 'x=0,w=none' (unnamed inputs are shared). Default: 0.
       --out-axes   an int for all outputs or one per output, comma-separated. Default: 0.
       --axis-name  dim_param of the new batch dimension. Default: 'batch' (made unique).
+  grad IN.onnx -o OUT.onnx [--inputs weight,bias] [--output loss]
+      Gradient of a rank-0 output (default: the only one) with respect to the named inputs
+      or initializers (default: every float32/float64 runtime input). Appends <name>_grad.
+  jvp IN.onnx -o OUT.onnx [--inputs x] [--outputs y]
+      Forward mode: appends <input>_tangent inputs and <output>_tangent outputs.
+  vjp IN.onnx -o OUT.onnx [--inputs w] [--outputs loss]
+      Reverse mode: appends <output>_cotangent inputs and <input>_cotangent outputs.
   version         print the onnax version
 
 common options:
@@ -58,6 +66,21 @@ int64_t parse_int(const std::string& s, const std::string& option) {
 Axis parse_axis(const std::string& s, const std::string& option) {
   if (s == "none" || s == "None" || s == "null") return std::nullopt;
   return parse_int(s, option);
+}
+
+// Loads `in`, applies `fn`, writes `out` (never over the input).
+int transform_file(const std::string& mode, const std::string& in, const std::string& out, bool external,
+                   const std::function<onnx::ModelProto(const onnx::ModelProto&)>& fn) {
+  if (in.empty()) throw UsageError{mode + " needs an input model"};
+  if (out.empty()) throw UsageError{mode + " needs -o OUT.onnx"};
+  std::error_code ec;
+  if (std::filesystem::equivalent(in, out, ec))
+    throw UsageError{"-o '" + out +
+                     "' is the input file; onnax never overwrites its input. Choose another output path"};
+  onnx::ModelProto result = fn(load_model(in));
+  save_model(result, out, external);
+  std::cerr << "onnax: wrote " << out << "\n";
+  return 0;
 }
 
 int cmd_vmap(const std::vector<std::string>& args) {
@@ -115,17 +138,47 @@ int cmd_vmap(const std::vector<std::string>& args) {
     else
       throw UsageError{"unexpected argument '" + a + "'"};
   }
-  if (in.empty()) throw UsageError{"vmap needs an input model"};
-  if (out.empty()) throw UsageError{"vmap needs -o OUT.onnx"};
-  std::error_code ec;
-  if (std::filesystem::equivalent(in, out, ec))
-    throw UsageError{"-o '" + out +
-                     "' is the input file; onnax never overwrites its input. Choose another output path"};
-  onnx::ModelProto model = load_model(in);
-  onnx::ModelProto result = vmap(model, opt);
-  save_model(result, out, external);
-  std::cerr << "onnax: wrote " << out << "\n";
-  return 0;
+  return transform_file("vmap", in, out, external, [&](const onnx::ModelProto& m) { return vmap(m, opt); });
+}
+
+// jvp / vjp / grad: selections by graph name.
+int cmd_derivative(const std::string& mode, const std::vector<std::string>& args) {
+  std::string in, out;
+  bool external = false;
+  std::optional<std::vector<std::string>> inputs, outputs;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= args.size()) throw UsageError{a + " needs a value"};
+      return args[++i];
+    };
+    auto names = [&]() {
+      std::string v = value();
+      if (v.empty()) throw UsageError{a + " needs comma-separated graph names"};
+      return split(v, ',');
+    };
+    if (a == "-o")
+      out = value();
+    else if (a == "--inputs")
+      inputs = names();
+    else if (a == "--outputs" && mode != "grad")
+      outputs = names();
+    else if (a == "--output" && mode == "grad")
+      outputs = std::vector<std::string>{value()};
+    else if (a == "--external-data")
+      external = true;
+    else if (!a.empty() && a[0] == '-')
+      throw UsageError{"unknown option '" + a + "' for " + mode};
+    else if (in.empty())
+      in = a;
+    else
+      throw UsageError{"unexpected argument '" + a + "'"};
+  }
+  return transform_file(mode, in, out, external, [&](const onnx::ModelProto& m) {
+    if (mode == "jvp") return jvp(m, Selection{inputs, outputs});
+    if (mode == "vjp") return vjp(m, Selection{inputs, outputs});
+    return grad(m, inputs, outputs ? std::optional<std::string>((*outputs)[0]) : std::nullopt);
+  });
 }
 
 }  // namespace
@@ -144,6 +197,7 @@ int run(const std::vector<std::string>& args) {
         return 0;
       }
     if (cmd == "vmap") return cmd_vmap(rest);
+    if (cmd == "jvp" || cmd == "vjp" || cmd == "grad") return cmd_derivative(cmd, rest);
     if (cmd == "version" || cmd == "--version") {
       std::cout << "onnax " << version() << "\n";
       return 0;
