@@ -2,6 +2,7 @@
 // the vmap axis is merged into it: (B, N, ...) -> (B*N, ...) -> op -> (B, N', ...).
 #include <algorithm>
 #include <climits>
+#include <functional>
 
 #include "rules/batching.h"
 #include "rules/derivative.h"
@@ -219,37 +220,56 @@ std::vector<V> batchnorm_jvp(D& c) {
   return out;
 }
 
-std::vector<V> layernorm_jvp(D& c) {
+// Normalisation over `axes` (kept as size-1 dims): xhat = (x - mean) * inv with
+// inv = 1/sqrt(var + eps) (or, uncentred as RMSNorm, xhat = x * inv with var = mean(x^2)),
+// then y = xhat * scale + bias with scale/bias shaped by `affine`.
+std::vector<V> normalize_jvp(D& c, const std::vector<int64_t>& axes, bool centered, const std::function<V(V)>& affine) {
   auto& b = c.b;
-  const int64_t r = c.rank(0);
-  int64_t axis = c.attr_i("axis", -1);
-  if (axis < 0) axis += r;
-  std::vector<int64_t> axes;
-  for (int64_t k = axis; k < r; ++k) axes.push_back(k);
   V ax = b.i64s(axes);
   auto mean = [&](V v) { return b.op1("ReduceMean", {v, ax}, {Attr::i("keepdims", 1)}); };
-  V mu = mean(c.x(0));
-  V xc = b.op1("Sub", {c.x(0), mu});
+  V mu = centered ? mean(c.x(0)) : V{};
+  V xc = centered ? b.op1("Sub", {c.x(0), mu}) : c.x(0);
   V var = mean(b.op1("Mul", {xc, xc}));
   V inv = b.op1("Reciprocal", {b.op1("Sqrt", {b.op1("Add", {var, c.scalar(c.attr_f("epsilon", 1e-5f))})})});
   V xhat = b.op1("Mul", {xc, inv});
   std::vector<V> out(c.ys.size());
   V t_xhat, t_mu, t_inv;
   if (c.t(0).valid()) {
-    t_mu = mean(c.t(0));
-    V tc = b.op1("Sub", {c.t(0), t_mu});
-    V proj = mean(b.op1("Mul", {tc, xhat}));
-    t_xhat = b.op1("Mul", {inv, b.op1("Sub", {tc, b.op1("Mul", {xhat, proj})})});
+    t_mu = centered ? mean(c.t(0)) : V{};
+    V tc = centered ? b.op1("Sub", {c.t(0), t_mu}) : c.t(0);
+    b.set_witness(tc, c.x(0));
+    V xt = b.op1("Mul", {tc, xhat});
+    b.set_witness(xt, c.x(0));
+    t_xhat = b.op1("Mul", {inv, b.op1("Sub", {tc, b.op1("Mul", {xhat, mean(xt)})})});
     // d inv = -inv^3 * mean(xc * tc)
-    t_inv = b.op1("Mul", {b.op1("Neg", {b.op1("Mul", {inv, b.op1("Mul", {inv, inv})})}), mean(b.op1("Mul", {xc, tc}))});
+    V xct = b.op1("Mul", {xc, tc});
+    b.set_witness(xct, c.x(0));
+    t_inv = b.op1("Mul", {b.op1("Neg", {b.op1("Mul", {inv, b.op1("Mul", {inv, inv})})}), mean(xct)});
   }
-  V t = b.mul(t_xhat, c.x(1));
-  if (c.t(1).valid()) t = b.add(t, c.like_out(b.mul(xhat, c.t(1))));
-  if (c.t(2).valid()) t = b.add(t, c.like_out(c.t(2)));
+  V t = b.mul(t_xhat, affine(c.x(1)));
+  if (c.t(1).valid()) t = b.add(t, c.like_out(b.mul(xhat, affine(c.t(1)))));
+  if (c.has(2) && c.t(2).valid()) t = b.add(t, c.like_out(affine(c.t(2))));
   out[0] = t.valid() ? c.like_out(t) : t;
   if (out.size() > 1) out[1] = t_mu;
   if (out.size() > 2) out[2] = t_inv;
   return out;
+}
+
+// Normalised over axis..end; scale/bias broadcast against those trailing dims.
+std::vector<V> trailing_normalize_jvp(D& c, bool centered) {
+  const int64_t r = c.rank(0);
+  int64_t axis = c.attr_i("axis", -1);
+  if (axis < 0) axis += r;
+  std::vector<int64_t> axes;
+  for (int64_t k = axis; k < r; ++k) axes.push_back(k);
+  return normalize_jvp(c, axes, centered, [](V v) { return v; });
+}
+
+std::vector<V> instancenorm_jvp(D& c) {
+  const int64_t r = c.rank(0);
+  std::vector<int64_t> axes;
+  for (int64_t k = 2; k < r; ++k) axes.push_back(k);
+  return normalize_jvp(c, axes, true, [&](V v) { return per_channel(c.b, v, r); });
 }
 
 std::vector<V> global_average_transpose(TransposeCtx& c) {
@@ -374,7 +394,9 @@ std::vector<V> conv_transpose_rule(TransposeCtx& c) {
 void register_nn_derivatives(DerivativeRules& r) {
   r.transpose("Conv", conv_transpose_rule);
   r.jvp("BatchNormalization", batchnorm_jvp);
-  r.jvp("LayerNormalization", layernorm_jvp);
+  r.jvp("LayerNormalization", [](D& c) { return trailing_normalize_jvp(c, true); });
+  r.jvp("RMSNormalization", [](D& c) { return trailing_normalize_jvp(c, false); });
+  r.jvp("InstanceNormalization", instancenorm_jvp);
   r.jvp("GlobalAveragePool", [](D& c) -> std::vector<V> { return {c.t(0).valid() ? c.same_op({c.t(0)}) : V{}}; });
   r.transpose("GlobalAveragePool", global_average_transpose);
   r.jvp("MaxPool", maxpool_jvp);

@@ -659,6 +659,25 @@ add(
     "LayerNormalization-no-bias",
     build([node("LayerNormalization", ["x", "s"], ["y"], axis=-1)], [In("x", S3), In("s", (4,))]),
 )
+add(
+    "RMSNormalization-last-axis",
+    build(
+        [node("RMSNormalization", ["x", "s"], ["y"], axis=-1, epsilon=1e-3)],
+        [In("x", S3), In("s", (4,))],
+        opset=23,
+    ),
+)
+add(
+    "RMSNormalization-axis1",
+    build([node("RMSNormalization", ["x", "s"], ["y"], axis=1)], [In("x", S3), In("s", (3, 4))], opset=23),
+)
+add(
+    "InstanceNormalization",
+    build(
+        [node("InstanceNormalization", ["x", "s", "b"], ["y"], epsilon=1e-3)],
+        [In("x", (2, 3, 4, 5)), In("s", (3,)), In("b", (3,))],
+    ),
+)
 add("GlobalAveragePool", build([node("GlobalAveragePool", ["x"], ["y"])], [In("x", (1, 2, 3, 3))]))
 add(
     "MaxPool-2x2-stride2",
