@@ -206,6 +206,29 @@ BatchResult scan_fallback(BatchCtx& c) {
   return all_batched(result);
 }
 
+void refuse_ragged(BatchCtx& c) {
+  // Output shapes that depend on the data: examples can give differently shaped results, and
+  // there is nothing to stack them into.
+  c.unsupported(
+      "its output shape depends on the input values, so examples can give outputs of different shapes "
+      "(ragged), which a batch cannot hold",
+      "pass None in in_axes for the inputs that reach it, or replace it with a fixed-shape computation "
+      "(e.g. a mask instead of NonZero)");
+}
+
+void refuse_random(BatchCtx& c) {
+  c.unsupported("random operators have no batching rule (per-example randomness is not defined)",
+                "pass None in in_axes for the inputs that reach it, or draw the random values outside the model "
+                "and feed them as a batched input");
+}
+
+void register_refusals(BatchRules& r) {
+  for (const char* op : {"NonZero", "Unique", "NonMaxSuppression", "StringSplit"})
+    r.add("", op, 1, [](BatchCtx& c) -> BatchResult { refuse_ragged(c); });
+  for (const char* op : {"RandomNormalLike", "RandomUniformLike", "Bernoulli", "Multinomial"})
+    r.add("", op, 1, [](BatchCtx& c) -> BatchResult { refuse_random(c); });
+}
+
 BatchResult all_batched(std::vector<V> outs) {
   BatchResult r;
   r.batched.assign(outs.size(), true);
@@ -254,6 +277,7 @@ const BatchRules& BatchRules::instance() {
     register_index_rules(r);
     register_nn_rules(r);
     register_attention_rules(r);
+    register_refusals(r);
     return r;
   }();
   return rules;

@@ -101,6 +101,11 @@ void register_shape_rules(BatchRules& r);
 void register_index_rules(BatchRules& r);
 void register_nn_rules(BatchRules& r);
 void register_attention_rules(BatchRules& r);
+void register_refusals(BatchRules& r);
+
+// Refusals with the diagnostic contract's message, for ops no batch can represent.
+[[noreturn]] void refuse_ragged(BatchCtx& c);
+[[noreturn]] void refuse_random(BatchCtx& c);
 
 // Axis helpers shared by rules.
 // A per-example axis attribute a (valid for a rank-r tensor) as an axis of the batched tensor.

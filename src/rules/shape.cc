@@ -163,7 +163,7 @@ BatchResult shared_only_rule(BatchCtx& c) {
 
 // Compress with a shared condition selects the same positions in every example.
 BatchResult compress_rule(BatchCtx& c) {
-  require_shared(c, 1, "condition");
+  if (c.batched[1]) refuse_ragged(c);  // per-example conditions select different counts
   if (!c.attr("axis")) {
     V flat = c.b.reshape(c.in[0], c.b.concat({c.batch_size(), c.b.i64s({-1})}, 0));
     return all_batched(c.b.clone(c.node, {flat, c.in[1]}, {Attr::i("axis", 1)}));

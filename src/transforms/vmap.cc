@@ -276,24 +276,6 @@ onnx::ModelProto vmap(const onnx::ModelProto& source, const VmapOptions& opt) {
                      batched_inputs +
                      ". Fix: pass None in in_axes for the inputs that reach it, or express it with standard ops");
     }
-    const bool random =
-        node.op_type().rfind("Random", 0) == 0 || node.op_type() == "Bernoulli" || node.op_type() == "Multinomial";
-    if (random)
-      diag::fail(Error::Kind::kUnsupported,
-                 "vmap: cannot batch " + op_label +
-                     ": random operators have no batching rule (per-example randomness is not defined). Fix: pass "
-                     "None in in_axes for the inputs that reach it, or draw the random values outside the model "
-                     "and feed them as a batched input");
-    // Ops whose output shape depends on the data: per-example results can differ in shape, so
-    // there is nothing to stack them into.
-    static const std::set<std::string> ragged{"NonZero", "Unique", "NonMaxSuppression", "StringSplit", "Compress"};
-    if (domain.empty() && ragged.count(node.op_type()) &&
-        !(node.op_type() == "Compress" && node.input_size() > 1 && !env.at(node.input(1)).batched))
-      diag::fail(Error::Kind::kUnsupported,
-                 "vmap: cannot batch " + op_label +
-                     ": its output shape depends on the input values, so examples can give outputs of different "
-                     "shapes (ragged), which a batch cannot hold. Fix: pass None in in_axes for the inputs that "
-                     "reach it, or replace it with a fixed-shape computation (e.g. a mask instead of NonZero)");
     // Nodes with subgraphs that read batched values, and ops without a vectorized rule, are
     // batched by a per-example Scan.
     const BatchRule* rule = captured.empty() ? rules.find(domain, node.op_type(), schema->since_version()) : nullptr;
@@ -409,9 +391,10 @@ onnx::ModelProto vmap(const onnx::ModelProto& source, const VmapOptions& opt) {
                            ", \"axis_name\": " + provenance::quote(axis_name) + "}";
   delete src_graph;
   for (const auto& [op, count] : looped)
-    notice("vmap: " + op + " (" + std::to_string(count) + " node" + (count > 1 ? "s" : "") +
-           ") batched by a per-example Scan (or Loop): no vectorized rule covers this case; results are exact, run time "
-           "grows with the batch size");
+    notice(
+        "vmap: " + op + " (" + std::to_string(count) + " node" + (count > 1 ? "s" : "") +
+        ") batched by a per-example Scan (or Loop): no vectorized rule covers this case; results are exact, run time "
+        "grows with the batch size");
   onnx::ModelProto out = std::move(p.model);
   *out.mutable_graph() = std::move(out_graph);
   provenance::record_step(out, step);
