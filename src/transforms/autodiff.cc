@@ -54,6 +54,19 @@ Resolved resolve(const Prepared& p, const onnx::ModelProto& source, Mode mode, c
     if (differentiable_dtype(p.facts.get(o.name()).dtype)) float_outputs.push_back(o.name());
   }
   Resolved r;
+  // The checks every selected name gets, inputs and outputs alike.
+  auto check_float_once = [&](const std::string& role, const std::string& name, std::set<std::string>& seen,
+                              const std::string& float_choices) {
+    const int32_t dt = p.facts.get(name).dtype;
+    if (!differentiable_dtype(dt))
+      diag::fail(Error::Kind::kSelection, m + ": " + role + " selects '" + name + "' of dtype " + diag::dtype_name(dt) +
+                                              "; derivatives are defined for float32/float64 only. Fix: select one "
+                                              "of " +
+                                              float_choices);
+    if (!seen.insert(name).second)
+      diag::fail(Error::Kind::kSelection,
+                 m + ": " + role + " selects '" + name + "' twice. Fix: select each name once");
+  };
   if (sel.inputs) {
     std::set<std::string> seen;
     for (const auto& name : *sel.inputs) {
@@ -64,15 +77,9 @@ Resolved resolve(const Prepared& p, const onnx::ModelProto& source, Mode mode, c
                    m + ": inputs selects '" + name + "', which is neither a graph input nor an initializer; " +
                        "available inputs: " + quoted_names(runtime) + ", initializers: " + quoted_names(float_inits) +
                        ". Fix: select one of these names");
-      const int32_t dt = p.facts.get(name).dtype;
-      if (!differentiable_dtype(dt))
-        diag::fail(Error::Kind::kSelection, m + ": inputs selects '" + name + "' of dtype " + diag::dtype_name(dt) +
-                                                "; derivatives are defined for float32/float64 only. Fix: select one "
-                                                "of the float inputs " +
-                                                quoted_names(float_runtime) + " or initializers " +
-                                                quoted_names(float_inits));
-      if (!seen.insert(name).second)
-        diag::fail(Error::Kind::kSelection, m + ": inputs selects '" + name + "' twice. Fix: select each name once");
+      check_float_once(
+          "inputs", name, seen,
+          "the float inputs " + quoted_names(float_runtime) + " or initializers " + quoted_names(float_inits));
       r.inputs.push_back(name);
     }
   } else {
@@ -92,16 +99,18 @@ Resolved resolve(const Prepared& p, const onnx::ModelProto& source, Mode mode, c
         diag::fail(Error::Kind::kSelection, m + ": outputs selects '" + name + "', which is not a graph output; " +
                                                 "available outputs: " + quoted_names(outputs) +
                                                 ". Fix: select one of these names");
-      const int32_t dt = p.facts.get(name).dtype;
-      if (!differentiable_dtype(dt))
-        diag::fail(Error::Kind::kSelection, m + ": output '" + name + "' has dtype " + diag::dtype_name(dt) +
-                                                "; derivatives are defined for float32/float64 only. Fix: select one "
-                                                "of " +
-                                                quoted_names(float_outputs));
-      if (!seen.insert(name).second)
-        diag::fail(Error::Kind::kSelection, m + ": outputs selects '" + name + "' twice. Fix: select each name once");
+      check_float_once("outputs", name, seen, quoted_names(float_outputs));
       r.outputs.push_back(name);
     }
+  } else if (mode == Mode::kGrad) {
+    // The only rank-0 float output, when there is exactly one.
+    for (const auto& n : float_outputs)
+      if (p.facts.get(n).rank() == 0) r.outputs.push_back(n);
+    if (r.outputs.size() != 1)
+      diag::fail(Error::Kind::kSelection, "grad: no output was selected and the model has " +
+                                              std::to_string(r.outputs.size()) + " rank-0 float outputs " +
+                                              quoted_names(r.outputs) + " (outputs: " + quoted_names(outputs) +
+                                              "). Fix: pass output=<name of the scalar loss>");
   } else {
     std::vector<std::string> generated = provenance::derivative_outputs(source);
     if (mode == Mode::kJvp)
@@ -410,24 +419,7 @@ onnx::ModelProto grad(const onnx::ModelProto& model, const std::optional<std::ve
                       const std::optional<std::string>& output) {
   Selection s;
   s.inputs = inputs;
-  if (output)
-    s.outputs = std::vector<std::string>{*output};
-  else {
-    // The only rank-0 float output, when there is exactly one.
-    Prepared p = prepare(model, "grad");
-    std::vector<std::string> scalars, all;
-    for (const auto& o : p.model.graph().output()) {
-      all.push_back(o.name());
-      const Facts f = p.facts.get(o.name());
-      if (f.rank() == 0 && differentiable_dtype(f.dtype)) scalars.push_back(o.name());
-    }
-    if (scalars.size() != 1)
-      diag::fail(Error::Kind::kSelection, "grad: no output was selected and the model has " +
-                                              std::to_string(scalars.size()) + " rank-0 float outputs " +
-                                              quoted_names(scalars) + " (outputs: " + quoted_names(all) +
-                                              "). Fix: pass output=<name of the scalar loss>");
-    s.outputs = scalars;
-  }
+  if (output) s.outputs = std::vector<std::string>{*output};
   return differentiate(model, Mode::kGrad, s);
 }
 
