@@ -11,6 +11,7 @@
 
 #include "diagnostics/error.h"
 #include "emit/builder.h"
+#include "facts/schemas.h"
 #include "notice.h"
 #include "rules/batching.h"
 #include "transforms/prepare.h"
@@ -223,6 +224,7 @@ onnx::ModelProto vmap(const onnx::ModelProto& source, const VmapOptions& opt) {
   }
 
   const BatchRules& rules = BatchRules::instance();
+  SchemaCache schemas;
   std::map<std::string, int> looped;
   for (int ni = 0; ni < src_graph->node_size(); ++ni) {
     onnx::NodeProto& node = *src_graph->mutable_node(ni);
@@ -262,7 +264,7 @@ onnx::ModelProto vmap(const onnx::ModelProto& source, const VmapOptions& opt) {
                                                   : "node '" + node.name() + "'";
     const std::string op_label = (domain.empty() ? "ai.onnx" : domain) + "::" + node.op_type() + " (opset " +
                                  std::to_string(p.opset) + ") at " + where;
-    const onnx::OpSchema* schema = onnx::OpSchemaRegistry::Schema(node.op_type(), static_cast<int>(p.opset), domain);
+    const onnx::OpSchema* schema = schemas.find(node.op_type(), domain, static_cast<int>(p.opset));
     if (!schema) {
       std::string batched_inputs;
       for (const auto& in : node.input())
