@@ -1,0 +1,33 @@
+"""What a bug report or benchmark needs to know about the machine and dependencies."""
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+from importlib import metadata
+
+
+def versions() -> dict[str, str]:
+    from onnax import __version__
+
+    out = {"onnax": __version__, "python": sys.version.split()[0]}
+    for dist in ("onnx", "onnxruntime", "numpy", "onnx-ir"):
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            out[dist] = "not installed"
+    return out
+
+
+def cpu() -> dict[str, object]:
+    model = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return {"model": model, "machine": platform.machine(), "logical_cores": os.cpu_count(), "os": platform.platform()}
