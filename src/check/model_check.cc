@@ -39,13 +39,25 @@ std::string shape_text(const onnx::TensorShapeProto& s) {
   return out;
 }
 
+// ONNX's messages span lines (node dumps); a report line keeps them on one.
+std::string one_line(const std::string& text) {
+  std::string out;
+  for (char c : text) {
+    const bool space = c == '\n' || c == '\r' || c == '\t' || c == ' ';
+    if (space && (out.empty() || out.back() == ' ')) continue;
+    out += space ? ' ' : c;
+  }
+  while (!out.empty() && (out.back() == ' ' || out.back() == '.')) out.pop_back();
+  return out;
+}
+
 }  // namespace
 
 std::string checker(const onnx::ModelProto& model) {
   try {
     onnx::checker::check_model(model, /*full_check=*/false);
   } catch (const std::exception& e) {
-    return std::string("the ONNX checker rejects the model: ") + e.what() +
+    return "the ONNX checker rejects the model: " + one_line(e.what()) +
            ". Fix: repair the node or field the message names (for a model onnax wrote, report it with the "
            "output of `onnax validate`)";
   }
@@ -60,7 +72,7 @@ std::string strict_shape_inference(const onnx::ModelProto& model) {
                                        onnx::ShapeInferenceOptions(/*check_type=*/true, /*strict_mode=*/1,
                                                                    /*data_prop=*/false));
   } catch (const std::exception& e) {
-    return std::string("strict ONNX shape inference fails: ") + e.what() +
+    return "strict ONNX shape inference fails: " + one_line(e.what()) +
            ". Fix: make the declared types and shapes of the named node's inputs and outputs agree with what the "
            "operator computes";
   }
