@@ -41,8 +41,9 @@ def readme_transforms(model: onnx.ModelProto) -> dict[str, onnx.ModelProto]:
     }
 
 
-def embedded_loss() -> onnx.ModelProto:
-    """loss = sum((x * weight)^2) with x: [N, 2] (symbolic N) and weight an initializer."""
+def embedded_loss(symbolic: bool = True) -> onnx.ModelProto:
+    """loss = sum((x * weight)^2) with x: [N, 2] (symbolic N; [2] when not ``symbolic``) and
+    weight an initializer."""
     graph = helper.make_graph(
         [
             helper.make_node("Mul", ["x", "weight"], ["prediction"], name="prediction"),
@@ -50,26 +51,26 @@ def embedded_loss() -> onnx.ModelProto:
             helper.make_node("ReduceSum", ["squared"], ["loss"], keepdims=0, name="loss"),
         ],
         "embedded_loss",
-        [helper.make_tensor_value_info("x", F, ["N", 2])],
+        [helper.make_tensor_value_info("x", F, ["N", 2] if symbolic else [2])],
         [helper.make_tensor_value_info("loss", F, [])],
         initializer=[numpy_helper.from_array(np.array([0.5, -1.5], np.float32), name="weight")],
     )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
 
 
-def embedded_transforms(model: onnx.ModelProto) -> dict[str, onnx.ModelProto]:
-    """Every transform (and the two compositions) touching the symbolic input and the weight."""
+def embedded_transform(model: onnx.ModelProto, name: str) -> onnx.ModelProto:
+    """One transform (or composition) touching the input ``x`` and the weight initializer."""
     from onnax import grad, jvp, vjp, vmap
 
-    gradient = grad(model, inputs=["weight"])
-    return {
-        "vmap": vmap(model, in_axes=0),
-        "grad": gradient,
-        "jvp": jvp(model, inputs=["x", "weight"]),
-        "vjp": vjp(model, inputs=["x", "weight"]),
-        "vmap_grad": vmap(gradient, in_axes=0),
-        "hvp": jvp(gradient, inputs=["weight"]),
+    calls = {
+        "vmap": lambda: vmap(model, in_axes=0),
+        "grad": lambda: grad(model, inputs=["weight"]),
+        "jvp": lambda: jvp(model, inputs=["x", "weight"]),
+        "vjp": lambda: vjp(model, inputs=["x", "weight"]),
+        "vmap_grad": lambda: vmap(grad(model, inputs=["weight"]), in_axes=0),
+        "hvp": lambda: jvp(grad(model, inputs=["weight"]), inputs=["weight"]),
     }
+    return calls[name]()
 
 
 def _producer(model: onnx.ModelProto, name: str) -> onnx.NodeProto:
