@@ -44,7 +44,12 @@ def generated(source):
 def test_readme_transforms_pass(source, generated, name: str) -> None:
     report = testing.validate(source, generated[name])
     assert report.ok, report.format()
-    assert [s.name for s in report.steps] == ["checker", "strict shape inference", "runtime", "numerical parity"]
+    assert [s.name for s in report.steps] == [
+        "checker",
+        "strict shape inference",
+        "runtime",
+        "numerical parity",
+    ]
     assert {c.name for c in report.outputs} == {o.name for o in generated[name].graph.output}
     text = report.format()
     for needle in ("onnax 0.1.0", "onnx 1.23.2", "onnxruntime 1.31.1", "numpy", "ai.onnx:18", "Mul"):
@@ -163,7 +168,7 @@ def test_npz_inputs(source, generated, tmp_path: Path) -> None:
 
 
 def test_bad_files(source, generated, tmp_path: Path) -> None:
-    with pytest.raises(testing.ValidationInputError, match="does not exist. Fix: check the path"):
+    with pytest.raises(testing.ValidationInputError, match=r"does not exist\. Fix: check the path"):
         testing.validate(tmp_path / "missing.onnx", generated["grad"])
     good = save(generated["grad"], tmp_path / "grad.onnx").read_bytes()
     truncated = tmp_path / "truncated.onnx"

@@ -138,7 +138,9 @@ def test_check(files, cli: Path) -> None:
     assert "[pass] symbolic lengths" in r.stdout and "onnax.transforms" in r.stdout
     r = run(cli, "check", files["dangling"])
     assert r.returncode == 1
-    assert "[FAIL] checker" in r.stdout and "undefined_value" in r.stdout and "[skip] strict shape" in r.stdout
+    assert (
+        "[FAIL] checker" in r.stdout and "undefined_value" in r.stdout and "[skip] strict shape" in r.stdout
+    )
     r = run(cli, "check", files["bad_shape"])
     assert r.returncode == 1 and "[FAIL] strict shape inference" in r.stdout
     r = run(cli, "check", files["vmap_grad"], "--symbolic", "x:0,1", "--embedded", "weight")
@@ -160,8 +162,21 @@ def test_check(files, cli: Path) -> None:
 def test_bench_cli(files, tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
     r = run(
-        PY_CLI, "bench", files["source"], "--transforms", "grad,vmap", "--in-axes", "0,none",
-        "--warmup", "1", "--iterations", "3", "--repeats", "2", "--output", out,
+        PY_CLI,
+        "bench",
+        files["source"],
+        "--transforms",
+        "grad,vmap",
+        "--in-axes",
+        "0,none",
+        "--warmup",
+        "1",
+        "--iterations",
+        "3",
+        "--repeats",
+        "2",
+        "--output",
+        out,
     )
     assert r.returncode == 0, r.stdout + r.stderr
     data = json.loads(out.read_text())

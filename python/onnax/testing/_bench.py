@@ -132,8 +132,15 @@ def bench(
     if unknown:
         raise ValidationInputError(f"unknown transforms {unknown}; available: {list(TRANSFORMS)}")
     source = load(model, "benchmarked")
-    settings = {"warmup": warmup, "iterations": iterations, "repeats": repeats, "intra_op_threads": threads,
-                "batch": batch, "seed": seed, "graph_optimization_level": "ORT_ENABLE_ALL"}
+    settings = {
+        "warmup": warmup,
+        "iterations": iterations,
+        "repeats": repeats,
+        "intra_op_threads": threads,
+        "batch": batch,
+        "seed": seed,
+        "graph_optimization_level": "ORT_ENABLE_ALL",
+    }
     report: dict[str, Any] = {
         "model": os.fspath(model) if isinstance(model, str | os.PathLike) else type(model).__name__,
         "versions": versions(),
@@ -175,8 +182,14 @@ def bench(
         comparisons = parity(ref, feeds, m["outputs"])
         entry["reference"] = ref.describe()
         entry["errors"] = [
-            {"output": c.name, "max_abs_error": c.max_abs_error, "max_rel_error": c.max_rel_error,
-             "index": c.index, "method": c.method, "within_tolerance": c.ok}
+            {
+                "output": c.name,
+                "max_abs_error": c.max_abs_error,
+                "max_rel_error": c.max_rel_error,
+                "index": c.index,
+                "method": c.method,
+                "within_tolerance": c.ok,
+            }
             for c in comparisons
         ]
         if any(s.transform == "vmap" for s in chain):
@@ -213,7 +226,8 @@ def format_bench(report: Mapping[str, Any]) -> str:
         f"onnax bench {report['model']}  (ORT {report['versions'].get('onnxruntime')}, "
         f"{s['intra_op_threads']} intra-op thread(s), warm-up {s['warmup']}, "
         f"{s['repeats']} x {s['iterations']} runs; CPU {report['cpu']['model']})",
-        f"  {'model':<20} {'init ms':>9} {'first ms':>9} {'warm ms':>10} {'ops':>5} {'opt ops':>7}  max error",
+        f"  {'model':<20} {'init ms':>9} {'first ms':>9} {'warm ms':>10} {'ops':>5} {'opt ops':>7}"
+        "  max error",
     ]
     for name, e in report["models"].items():
         if "latency_s" not in e:

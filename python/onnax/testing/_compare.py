@@ -113,8 +113,9 @@ def compare(
         if ratio.flat[worst] > 1.0:
             bad = int(np.count_nonzero(ratio > 1.0))
             res.problem = (
-                f"output '{name}' differs from the reference ({res.method}) at {bad} of {res.checked} checked "
-                f"positions; worst at index {tuple(res.index)}: |actual - expected| = {err.flat[worst]:.3g}, "
+                f"output '{name}' differs from the reference ({res.method}) at {bad} of {res.checked} "
+                f"checked positions; worst at index {tuple(res.index)}: "
+                f"|actual - expected| = {err.flat[worst]:.3g}, "
                 f"allowed {allowed.flat[worst]:.3g} (rtol {rtol:g}, atol {atol:g}"
                 f"{f' x {scale:.3g}' if scale > 1 else ''})"
             )

@@ -30,4 +30,9 @@ def cpu() -> dict[str, object]:
                     break
     except OSError:
         pass
-    return {"model": model, "machine": platform.machine(), "logical_cores": os.cpu_count(), "os": platform.platform()}
+    return {
+        "model": model,
+        "machine": platform.machine(),
+        "logical_cores": os.cpu_count(),
+        "os": platform.platform(),
+    }

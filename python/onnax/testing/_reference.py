@@ -240,7 +240,9 @@ def build_reference(
     fd: set[str] = set()
     for k, step in enumerate(chain):
 
-        def take(names: list[str], start: int, count: int, what: str, k: int = k, step: Step = step) -> list[str]:
+        def take(
+            names: list[str], start: int, count: int, what: str, k: int = k, step: Step = step
+        ) -> list[str]:
             got = names[start : start + count]
             if len(got) != count:
                 raise ValidationInputError(
@@ -283,7 +285,8 @@ def build_reference(
         fd |= set(results)
     if inputs != gen_inputs or outputs != gen_outputs:
         raise ValidationInputError(
-            f"replaying the recorded chain on the source gives inputs {inputs} and outputs {outputs}, but the "
+            f"replaying the recorded chain on the source gives inputs {inputs} and outputs {outputs}, "
+            "but the "
             f"generated model has inputs {gen_inputs} and outputs {gen_outputs}. Fix: pass the SOURCE model "
             "this chain started from (and a generated model onnax wrote unchanged)"
         )

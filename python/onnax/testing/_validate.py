@@ -179,9 +179,10 @@ def validate(
         run_step("strict shape inference", lambda: _core.strict_shape_inference(data))
     actual: dict[str, np.ndarray] = {}
     chosen = choose_backend(gen, backend)
-    report.backend = {"ort": "onnxruntime (CPUExecutionProvider)", "ref": "onnx.reference.ReferenceEvaluator"}[
-        chosen
-    ]
+    report.backend = {
+        "ort": "onnxruntime (CPUExecutionProvider)",
+        "ref": "onnx.reference.ReferenceEvaluator",
+    }[chosen]
 
     def execute() -> str:
         try:
@@ -221,7 +222,9 @@ def parity(
     atol: float | None = None,
 ) -> list[OutputComparison]:
     """Compares every output of the generated model that the reference defines."""
-    ref_feeds = {k: v.astype(np.float64) if np.issubdtype(v.dtype, np.floating) else v for k, v in feeds.items()}
+    ref_feeds = {
+        k: v.astype(np.float64) if np.issubdtype(v.dtype, np.floating) else v for k, v in feeds.items()
+    }
     for k, v in reference.defaults.items():
         ref_feeds.setdefault(k, v)
     expected = reference.fn(ref_feeds)
@@ -230,7 +233,15 @@ def parity(
         if name in expected.values:
             fd = name in reference.fd_outputs
             out.append(
-                compare(name, value, expected.values[name], expected.checked.get(name), fd=fd, rtol=rtol, atol=atol)
+                compare(
+                    name,
+                    value,
+                    expected.values[name],
+                    expected.checked.get(name),
+                    fd=fd,
+                    rtol=rtol,
+                    atol=atol,
+                )
             )
     return out
 
@@ -249,7 +260,8 @@ def _parity(
     if not failures:
         return ""
     return (
-        "; ".join(failures) + ". Fix: if onnax generated this model from SOURCE, this is an onnax bug: report it "
+        "; ".join(failures)
+        + ". Fix: if onnax generated this model from SOURCE, this is an onnax bug: report it "
         "with this output; if the inputs sit at a non-smooth point (relu at 0, ties in max), retry with "
         "--seed or --inputs"
     )
