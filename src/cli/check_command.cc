@@ -7,6 +7,7 @@
 
 #include "check/model_check.h"
 #include "cli/args.h"
+#include "diagnostics/error.h"
 
 namespace onnax::cli {
 namespace {
@@ -84,8 +85,17 @@ int cmd_check(const std::vector<std::string>& args) {
   // Inference on a structurally invalid graph reports confusing follow-on errors: skip it.
   const bool structure_ok = steps.back().problems.empty();
   if (structure_ok) steps.push_back({"strict shape inference", single(check::strict_shape_inference(model))});
-  if (!symbolic.empty()) steps.push_back({"symbolic lengths", check::symbolic_lengths(model, symbolic)});
-  if (!embedded.empty()) steps.push_back({"embedded weights", check::embedded_weights(model, embedded)});
+  if (!symbolic.empty()) {
+    std::vector<std::string> what;
+    for (const auto& [name, axes] : symbolic) {
+      std::vector<std::string> list;
+      for (int64_t a : axes) list.push_back(std::to_string(a));
+      what.push_back(name + ":" + diag::join(list, ","));
+    }
+    steps.push_back({"symbolic lengths (" + diag::join(what, " ") + ")", check::symbolic_lengths(model, symbolic)});
+  }
+  if (!embedded.empty())
+    steps.push_back({"embedded weights (" + diag::join(embedded, ",") + ")", check::embedded_weights(model, embedded)});
 
   int failed = 0;
   for (const auto& s : steps) {
