@@ -194,3 +194,11 @@ def test_reference_evaluator_beyond_ort_opsets() -> None:
     assert report.ok, report.format()
     assert "ReferenceEvaluator" in report.backend
     assert "on ref" in report.reference
+
+
+def test_web_without_node_is_a_clear_error(source, generated, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", "/nonexistent")
+    with pytest.raises(
+        testing.ValidationInputError, match=r"--web: Node.js \('node'\) is not on PATH\. Fix:"
+    ):
+        testing.validate(source, generated["grad"], web=True)

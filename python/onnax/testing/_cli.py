@@ -114,20 +114,8 @@ def validate_main(argv: Sequence[str]) -> int:
         dims=_dims(a.dim),
         backend=a.backend,
         max_coords=a.max_coords or None,
+        web=a.web,
     )
-    if a.web and report.ok:
-        from onnax.testing._web import web_step
-
-        web_step(
-            report,
-            a.source,
-            a.generated,
-            inputs=a.inputs,
-            seed=a.seed,
-            dims=_dims(a.dim),
-            rtol=a.rtol,
-            atol=a.atol,
-        )
     print(report.format())
     if a.json:
         with open(a.json, "w") as f:

@@ -9,13 +9,14 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
+import onnx
 
 from onnax import _core
 from onnax.testing._chain import describe_chain, parse_chain
 from onnax.testing._compare import OutputComparison, compare
 from onnax.testing._env import versions
 from onnax.testing._inputs import Feeds, load_inputs, make_feeds
-from onnax.testing._models import ModelLike, load, op_counts, opsets, runtime_inputs
+from onnax.testing._models import ModelLike, ValidationInputError, load, op_counts, opsets, runtime_inputs
 from onnax.testing._reference import Reference, build_reference
 from onnax.testing._runtime import Session, choose_backend
 
@@ -44,6 +45,7 @@ class ValidationReport:
     inputs: str = ""
     steps: list[StepResult] = field(default_factory=list)
     outputs: list[OutputComparison] = field(default_factory=list)
+    web_outputs: list[OutputComparison] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -89,6 +91,9 @@ class ValidationReport:
         if self.outputs:
             lines.append("  outputs")
             lines.extend(f"    {c.line()}" for c in self.outputs)
+        if self.web_outputs:
+            lines.append("  outputs on onnxruntime-web (wasm)")
+            lines.extend(f"    {c.line()}" for c in self.web_outputs)
         return "\n".join(lines)
 
 
@@ -121,6 +126,7 @@ def validate(
     backend: str | None = None,
     max_coords: int | None = 64,
     steps: tuple[str, ...] = STEPS,
+    web: bool = False,
 ) -> ValidationReport:
     """Validates ``generated`` (a model onnax wrote from ``source``) in four steps:
 
@@ -139,6 +145,8 @@ def validate(
         rtol, atol: override the dtype-aware defaults (see ``onnax.testing.default_tolerance``).
         max_coords: reverse-mode references differentiate at most this many coordinates per
             selected input (a seeded sample; ``None`` for all).
+        web: add a fifth step: run the generated model on onnxruntime-web's WASM backend in
+            Node.js and compare it with the same reference (needs ``./setup.sh``'s npm install).
 
     Returns:
         A ``ValidationReport``; it stops at the first failing step (later steps "skip").
@@ -158,6 +166,13 @@ def validate(
         opsets={"source": opsets(src), "generated": opsets(gen)},
         op_counts={"source": op_counts(src), "generated": op_counts(gen)},
     )
+    if web:
+        from onnax.testing._web import unavailable, web_version
+
+        reason = unavailable()
+        if reason:
+            raise ValidationInputError(f"--web: {reason}")
+        report.versions["onnxruntime-web"] = web_version()
     given = load_inputs(inputs)
     # Problems with the source or the inputs are usage errors, raised before any step runs.
     reference = build_reference(src, gen, chain, max_coords=max_coords, seed=seed, backend=backend)
@@ -206,6 +221,8 @@ def validate(
     run_step("runtime", execute)
     if "numerical parity" in steps:
         run_step("numerical parity", lambda: _parity(report, reference, feeds, actual, rtol, atol))
+    if web:
+        run_step("onnxruntime-web (wasm)", lambda: _web_parity(report, gen, reference, feeds, rtol, atol))
     return report
 
 
@@ -267,6 +284,32 @@ def _parity(
     )
 
 
+def _web_parity(
+    report: ValidationReport,
+    gen: onnx.ModelProto,
+    reference: Reference,
+    feeds: Feeds,
+    rtol: float | None,
+    atol: float | None,
+) -> str:
+    from onnax.testing._web import run_web
+
+    try:
+        outputs = run_web(gen, feeds)
+    except RuntimeError as err:
+        return (
+            f"onnxruntime-web (WASM) cannot load or run the generated model: {err}. Fix: check that "
+            "onnxruntime-web supports its opset and operators; if onnax wrote this model, report it with "
+            "this output"
+        )
+    report.web_outputs = parity(reference, feeds, outputs, rtol, atol)
+    failures = [c.problem for c in report.web_outputs if not c.ok]
+    missing = sorted({c.name for c in report.outputs} - set(outputs))
+    if missing:
+        failures.append(f"onnxruntime-web returned no outputs {missing}")
+    return "; ".join(failures) + (". Fix: report it with this output" if failures else "")
+
+
 def allclose(
     source: ModelLike,
     model: ModelLike,
@@ -283,6 +326,21 @@ def allclose(
             return False, f"{len(inputs)} inputs given, the model has {len(names)} runtime inputs {names}"
         inputs = dict(zip(names, (np.asarray(a) for a in inputs), strict=True))
     report = validate(source, model, inputs=inputs, rtol=rtol, atol=atol, steps=("numerical parity",))
+    return report.ok, report.message
+
+
+def allclose_web(
+    source: ModelLike,
+    model: ModelLike,
+    inputs: Mapping[str, np.ndarray] | str | os.PathLike[str] | None = None,
+    rtol: float | None = None,
+    atol: float | None = None,
+) -> tuple[bool, str]:
+    """Like :func:`allclose`, and also runs ``model`` on onnxruntime-web's WASM backend in
+    Node.js (as jax2onnx's ``allclose_onnxruntime_web``); both must match the reference."""
+    report = validate(
+        source, model, inputs=inputs, rtol=rtol, atol=atol, steps=("numerical parity",), web=True
+    )
     return report.ok, report.message
 
 
