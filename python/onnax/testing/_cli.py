@@ -186,3 +186,10 @@ def main(command: str, argv: Sequence[str]) -> int:
     except ValueError as err:  # OnnaxError from a transform (bench), bad values
         print(f"onnax {command}: error: {err}", file=sys.stderr)
         return 1
+    except Exception as err:
+        print(
+            f"onnax {command}: internal error: {type(err).__name__}: {err}\n"
+            "Please report this with the models and the command line that caused it.",
+            file=sys.stderr,
+        )
+        return 3
