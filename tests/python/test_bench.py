@@ -25,6 +25,7 @@ def test_report_fields(report) -> None:
     assert report["versions"]["onnxruntime"] == "1.31.1"
     assert {"onnax", "onnx", "numpy", "python"} <= set(report["versions"])
     assert report["cpu"]["model"] and report["cpu"]["logical_cores"] >= 1
+    assert report["source_revision"]
     assert report["settings"] == {
         "warmup": 2,
         "iterations": 5,

@@ -20,7 +20,7 @@ import numpy as np
 import onnx
 
 from onnax.testing._chain import parse_chain
-from onnax.testing._env import cpu, versions
+from onnax.testing._env import cpu, source_revision, versions
 from onnax.testing._inputs import Feeds, make_feeds
 from onnax.testing._models import ModelLike, ValidationInputError, load, op_counts
 from onnax.testing._reference import build_reference
@@ -144,6 +144,7 @@ def bench(
     report: dict[str, Any] = {
         "model": os.fspath(model) if isinstance(model, str | os.PathLike) else type(model).__name__,
         "versions": versions(),
+        "source_revision": source_revision(),
         "cpu": cpu(),
         "settings": settings,
         "models": {},

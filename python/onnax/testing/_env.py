@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import platform
+import subprocess
 import sys
 from importlib import metadata
 
@@ -36,3 +37,18 @@ def cpu() -> dict[str, object]:
         "logical_cores": os.cpu_count(),
         "os": platform.platform(),
     }
+
+
+def source_revision() -> str:
+    """The onnax git commit this package runs from ("unknown" outside a git checkout)."""
+    try:
+        proc = subprocess.run(
+            ["git", "-C", os.path.dirname(os.path.abspath(__file__)), "rev-parse", "--short=12", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return proc.stdout.strip() if proc.returncode == 0 and proc.stdout.strip() else "unknown"
