@@ -41,8 +41,8 @@ commands:
       --embedded   fail if these weights are graph inputs instead of initializers
   validate SOURCE.onnx GENERATED.onnx [...]
   bench MODEL.onnx [--transforms vmap,grad,...] [...]
-      Need NumPy and ONNX Runtime: run them with the Python command (.venv/bin/onnax
-      validate --help); this standalone binary explains that and exits with 2.
+      Implemented in the Python command (.venv/bin/onnax, python -m onnax): they run models
+      with NumPy and ONNX Runtime. The standalone build/onnax points there (exit 2).
   version         print the onnax version
 
 common options (vmap, grad, jvp, vjp):
