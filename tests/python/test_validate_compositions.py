@@ -81,3 +81,29 @@ def test_perturbed_composition_fails(name: str) -> None:
     report = testing.validate(source, flip_sign(generated, last), dims={"batch": 3})
     assert report.failed_step == "numerical parity"
     assert f"output '{last}'" in report.message
+
+
+def test_sampled_coordinates_are_masked() -> None:
+    """With max_coords=3 the reverse-mode reference differentiates 3 coordinates per input; the
+    report says so, the rest are not compared, and a wrong sampled coordinate still fails."""
+    from onnax import grad
+
+    source = mlp(np.float64)
+    generated = grad(source, inputs=["W1", "b1"], output="loss")
+    report = testing.validate(source, generated, max_coords=3)
+    assert report.ok, report.format()
+    by_name = {c.name: c for c in report.outputs}
+    assert (by_name["W1_grad"].checked, by_name["W1_grad"].total) == (3, 32)
+    assert (by_name["b1_grad"].checked, by_name["b1_grad"].total) == (3, 8)
+    assert "3 of 32 coordinates sampled" in report.format()
+    assert not testing.validate(source, flip_sign(generated, "W1_grad"), max_coords=3).ok
+
+
+def test_onnx_ir_models_are_accepted() -> None:
+    import onnx_ir as ir
+    from onnax import grad
+
+    source = ir.serde.deserialize_model(mlp(np.float32))
+    report = testing.validate(source, grad(source, inputs=["W2"], output="loss"))
+    assert report.ok, report.format()
+    assert report.source == "<Model>"
