@@ -19,19 +19,9 @@ def source() -> onnx.ModelProto:
     return embedded_loss()
 
 
-# vmap(grad(f)) of a source with a symbolic length N fails in onnax today: grad's unbroadcast
-# reduces over data-dependent axes (Compress of Range), ONNX inference loses that ReduceSum's
-# rank, and vmap's Mul rule needs it. Kept visible as an expected failure until fixed.
-VMAP_GRAD_SYMBOLIC = pytest.param(
-    "vmap_grad",
-    marks=pytest.mark.xfail(
-        reason="onnax bug: vmap(grad(f)) loses a rank when f has a symbolic length", strict=True
-    ),
-)
-SYMBOLIC_CASES = [n if n != "vmap_grad" else VMAP_GRAD_SYMBOLIC for n in README_TRANSFORMS]
 
 
-@pytest.mark.parametrize("name", SYMBOLIC_CASES)
+@pytest.mark.parametrize("name", README_TRANSFORMS)
 def test_transforms_keep_lengths_symbolic_and_weights_embedded(source, name: str) -> None:
     model = embedded_transform(source, name)
     axes = [0, 1] if name.startswith("vmap") else [0]  # vmap adds the batch axis in front
