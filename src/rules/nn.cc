@@ -5,6 +5,7 @@
 #include <functional>
 
 #include "rules/batching.h"
+#include "rules/conv_batched_weight.h"
 #include "rules/derivative.h"
 
 namespace onnax {
@@ -52,6 +53,8 @@ BatchResult maxpool_rule(BatchCtx& c) {
 // Conv/ConvTranspose: a batched bias alone is added after a bias-free convolution.
 BatchResult conv_rule(BatchCtx& c) {
   const bool weight_batched = c.has(1) && c.batched[1];
+  if (weight_batched && c.node.op_type() == "Conv")
+    if (auto vectorized = conv_batched_weight(c)) return *vectorized;
   if (!c.has(2) || !c.batched[2] || weight_batched) return merge_rule(c);
   BatchCtx inner = c;
   inner.in.resize(2);

@@ -1062,6 +1062,35 @@ def _conv_cases() -> None:
     add("Conv-1d-same_upper-x_batched", m, (2, None), 1, rtol=tol, atol=tol)
     m = single("Conv", ["x", "w"], [("x", F, ["N", 2, 4, 4])], inits={"w": w})
     add("Conv-symN", m, 0, 0, dims={"N": 2}, rtol=tol, atol=tol)
+    # Batched weights (per-example gradients of CNNs) are vectorized by window extraction
+    # plus a batched MatMul; these cover its index algebra.
+    m = single(
+        "Conv",
+        ["x", "w", "b"],
+        [("x", F, [2, 4, 7, 6]), ("w", F, [6, 2, 3, 2]), ("b", F, [6])],
+        group=2,
+        strides=[2, 1],
+        dilations=[1, 2],
+        pads=[1, 0, 2, 1],
+    )
+    add("Conv-group2-strides-dilations-pads-all_batched", m, (0, 0, 0), 0, rtol=tol, atol=tol)
+    add("Conv-group2-strides-dilations-pads-w_b_batched", m, (None, 1, 0), 2, rtol=tol, atol=tol)
+    m = single(
+        "Conv", ["x", "w"], [("x", F, [1, 3, 4, 5, 3]), ("w", F, [2, 3, 2, 3, 1])], pads=[0, 1, 0, 1, 0, 0]
+    )
+    add("Conv-3d-w_batched", m, (None, 0), 0, rtol=tol, atol=tol)
+    add("Conv-3d-both_batched", m, (3, 1), 0, rtol=tol, atol=tol)
+    m = single(
+        "Conv",
+        ["x", "w"],
+        [("x", F, [2, 2, 8]), ("w", F, [4, 1, 4])],
+        auto_pad="SAME_LOWER",
+        strides=[3],
+        group=2,
+    )
+    add("Conv-1d-same_lower-group2-both", m, (0, 0), 0, rtol=tol, atol=tol)
+    m = single("Conv", ["x", "w"], [("x", F, ["N", 2, 5, 5]), ("w", F, [3, 2, 3, 3])], kernel_shape=[3, 3])
+    add("Conv-symN-kernel_shape-both", m, (0, 0), 0, dims={"N": 3}, rtol=tol, atol=tol)
 
     wt = rng.standard_normal((2, 3, 3, 3)).astype(np.float32)
     xt = ("x", F, [1, 2, 4, 4])
@@ -1907,3 +1936,27 @@ EMPTY_BATCH_IDS = [
 def test_vmap_empty_batch(case_id: str) -> None:
     case = _BY_ID[case_id]
     assert_vmap_empty_batch(case.model, case.in_axes, case.out_axes, gens=case.gens, dims=case.dims)
+
+
+# ---- vectorized rules stay vectorized ---------------------------------------------------------
+
+VECTORIZED_IDS = [
+    "Conv-x_shared_w_batched",
+    "Conv-all_batched",
+    "Conv-group2-dilations-both",
+    "Conv-1d-same_upper-both",
+    "Conv-group2-strides-dilations-pads-all_batched",
+    "Conv-3d-w_batched",
+    "Conv-symN-kernel_shape-both",
+]
+
+
+@pytest.mark.parametrize("case_id", VECTORIZED_IDS)
+def test_vmap_is_vectorized(case_id: str) -> None:
+    """No per-example Scan/Loop: the numbers are checked by test_vmap_rule; this pins the speed."""
+    import onnax
+
+    case = _BY_ID[case_id]
+    out = onnax.vmap(case.model, in_axes=case.in_axes, out_axes=case.out_axes)
+    ops = {n.op_type for n in out.graph.node}
+    assert not ops & {"Scan", "Loop"}, sorted(ops)

@@ -1,0 +1,91 @@
+// vmap of Conv with per-example weights (the case per-example gradients of CNNs produce).
+// ONNX's group count is a static attribute and the batch size is symbolic, so the usual
+// "fold the batch into groups" trick is unavailable. Instead the windows are extracted once
+// by a Conv with constant one-hot kernels (same pads, strides, dilations and auto_pad, so the
+// windows are exactly the ones the original Conv sees), and each example's weights are
+// applied to its windows by one batched MatMul:
+//   patches  (B?, N, C*K, S...)   K = prod(kernel), channel c*K + j = x[c] at offset j
+//   weights  (B, M, C/g, k...)  -> (B, 1, g, M/g, Q)      Q = (C/g)*K
+//   patches                     -> (B?, N, g, Q, prod(S))
+//   MatMul                      -> (B, N, g, M/g, prod(S)) -> (B, N, M, S...)
+#include "rules/conv_batched_weight.h"
+
+#include <string>
+#include <vector>
+
+namespace onnax {
+namespace {
+
+// Constant one-hot kernels (C*K, 1, k...) in row-major window order, as `like`'s dtype.
+V window_kernels(BatchCtx& c, int64_t channels, const std::vector<int64_t>& kernel) {
+  int64_t k_total = 1;
+  for (int64_t k : kernel) k_total *= k;
+  onnx::TensorProto t;
+  t.set_data_type(onnx::TensorProto::FLOAT);
+  t.add_dims(channels * k_total);
+  t.add_dims(1);
+  for (int64_t k : kernel) t.add_dims(k);
+  for (int64_t o = 0; o < channels * k_total; ++o)
+    for (int64_t j = 0; j < k_total; ++j) t.add_float_data(j == o % k_total ? 1.0f : 0.0f);
+  V e = c.b.tensor_const(t);
+  if (c.dtype(0) != onnx::TensorProto::FLOAT) e = c.b.op1("CastLike", {e, c.in[0]});
+  return e;
+}
+
+}  // namespace
+
+std::optional<BatchResult> conv_batched_weight(BatchCtx& c) {
+  const Facts* xf = c.facts[0];
+  const Facts* wf = c.facts[1];
+  if (!xf || !wf || !xf->has_shape || !wf->has_shape || xf->rank() < 3 || wf->rank() != xf->rank()) return std::nullopt;
+  const int64_t spatial = xf->rank() - 2;
+  const Dim& channels = xf->dims[1];
+  std::vector<int64_t> kernel = c.attr_ints("kernel_shape");
+  if (kernel.empty())
+    for (int64_t k = 0; k < spatial; ++k) {
+      if (!wf->dims[2 + k].known()) return std::nullopt;
+      kernel.push_back(wf->dims[2 + k].value);
+    }
+  const int64_t group = c.attr_i("group", 1);
+  if (!channels.known() || static_cast<int64_t>(kernel.size()) != spatial || group < 1 || channels.value % group)
+    return std::nullopt;
+  int64_t k_total = 1;
+  for (int64_t k : kernel) k_total *= k;
+  const int64_t q = channels.value / group * k_total;
+
+  // Windows of every (example's) input: a depthwise Conv with the one-hot kernels.
+  Attrs window_attrs{Attr::i("group", channels.value), Attr::ints("kernel_shape", kernel)};
+  for (const char* name : {"auto_pad", "dilations", "pads", "strides"})
+    if (const auto* a = c.attr(name)) window_attrs.push_back(Attr{*a});
+  V kernels = window_kernels(c, channels.value, kernel);
+  V x = c.in[0];
+  if (c.batched[0]) x = c.b.reshape(x, c.b.concat({c.b.i64s({-1}), c.b.shape_of(x, 2)}, 0));
+  V patches = c.b.op1("Conv", {x, kernels}, window_attrs);
+  if (c.batched[0])
+    patches =
+        c.b.reshape(patches, c.b.concat({c.batch_size(), c.b.shape_of(c.in[0], 1, 2), c.b.shape_of(patches, 1)}, 0));
+  const std::vector<int64_t> lead(c.batched[0] ? 2 : 1, 0);  // keep B? and N
+  std::vector<int64_t> p_shape = lead;
+  p_shape.insert(p_shape.end(), {group, q, -1});
+  V p = c.b.reshape(patches, c.b.i64s(p_shape));
+
+  const Dim& m = wf->dims[0];
+  const int64_t per_group = m.known() && m.value % group == 0 ? m.value / group : -1;
+  V w = c.b.unsqueeze(c.b.reshape(c.in[1], c.b.i64s({0, group, per_group, q})), {1});  // (B, 1, g, M/g, Q)
+  V y = c.b.op1("MatMul", {w, p});                                                     // (B, N, g, M/g, S)
+  // (B, N, M, S...): M from the weights, the output's spatial sizes from the windows.
+  V out_shape = c.b.concat({c.b.shape_of(y, 0, 2), c.b.shape_of(c.in[1], 1, 2),
+                            c.b.shape_of(patches, c.batched[0] ? 3 : 2, c.batched[0] ? 3 + spatial : 2 + spatial)},
+                           0);
+  y = c.b.reshape(y, out_shape);
+  if (c.has(2)) {
+    // Bias (B?, M) -> (B?, 1, M, 1...) or (M, 1...) against y (B, N, M, S...).
+    std::vector<int64_t> axes;
+    if (c.batched[2]) axes.push_back(1);
+    for (int64_t k = 0; k < spatial; ++k) axes.push_back((c.batched[2] ? 3 : 1) + k);
+    y = c.b.op1("Add", {y, c.b.unsqueeze(c.in[2], axes)});
+  }
+  return all_batched({y});
+}
+
+}  // namespace onnax
