@@ -48,11 +48,12 @@ class Manifest:
     tolerances: dict[str, float] = field(default_factory=dict)
 
 
-def paths(name: str, root: Path = MODELS_DIR) -> tuple[Path, Path, Path]:
+def paths(name: str, root: Path | None = None) -> tuple[Path, Path, Path]:
+    root = root or MODELS_DIR
     return root / f"{name}.onnx", root / f"{name}.json", root / f"{name}.npz"
 
 
-def write_manifest(manifest: Manifest, root: Path = MODELS_DIR) -> None:
+def write_manifest(manifest: Manifest, root: Path | None = None) -> None:
     _, js, _ = paths(manifest.name, root)
     js.write_text(json.dumps(asdict(manifest), indent=1) + "\n")
 
@@ -61,9 +62,9 @@ def read_manifest(path: Path) -> Manifest:
     return Manifest(**json.loads(path.read_text()))
 
 
-def write_arrays(name: str, arrays: Mapping[str, np.ndarray], root: Path = MODELS_DIR) -> None:
+def write_arrays(name: str, arrays: Mapping[str, np.ndarray], root: Path | None = None) -> None:
     _, _, npz = paths(name, root)
-    np.savez_compressed(npz, **{k: np.asarray(v) for k, v in arrays.items()})
+    np.savez_compressed(npz, **{k: np.asarray(v) for k, v in arrays.items()})  # type: ignore[arg-type]
 
 
 def read_arrays(path: Path) -> dict[str, np.ndarray]:
@@ -71,5 +72,5 @@ def read_arrays(path: Path) -> dict[str, np.ndarray]:
         return {k: data[k] for k in data.files}
 
 
-def list_entries(root: Path = MODELS_DIR) -> list[str]:
-    return sorted(p.stem for p in root.glob("*.json"))
+def list_entries(root: Path | None = None) -> list[str]:
+    return sorted(p.stem for p in (root or MODELS_DIR).glob("*.json"))

@@ -130,11 +130,11 @@ def write_references(
 
     put("vjp", base, [*primal, *oracle.gradient(feeds, pairing, vjp_inputs)])
 
-    v = {n: rng.standard_normal(feeds[n].shape) for n in params}
-    for n, d in v.items():
+    hvp_dir = {n: rng.standard_normal(feeds[n].shape) for n in params}
+    for n, d in hvp_dir.items():
         arrays[f"jvp_grad/tangent/{n}"] = d.astype(np.float32)
     plus, minus = dict(feeds), dict(feeds)
-    for n, d in v.items():
+    for n, d in hvp_dir.items():
         plus[n] = feeds[n] + EPS_OUTER * d
         minus[n] = feeds[n] - EPS_OUTER * d
     hvp = [

@@ -81,7 +81,7 @@ def build(seed: int = 0) -> onnx.ModelProto:
         n("Mul", ["pred", "pred"], ["pred_sq"]),
         n("ReduceMean", ["pred_sq"], ["loss"], keepdims=0),
     ]
-    inits = [numpy_helper.from_array(v, name=k) for k, v in {**params, **consts}.items()]
+    inits = [numpy_helper.from_array(np.asarray(v), name=k) for k, v in {**params, **consts}.items()]
     graph = helper.make_graph(
         nodes,
         NAME,
@@ -123,8 +123,8 @@ def generate(seed: int = 0) -> str:
     )
     manifest = artifacts.Manifest(
         name=NAME,
-        description="2-layer message-passing GNN (Gather, ScatterND/ScatterElements add, MatMul, Relu, Tanh), "
-        "symbolic num_nodes / num_edges",
+        description="2-layer message-passing GNN (Gather, ScatterND / ScatterElements add, MatMul, "
+        "Relu, Tanh), symbolic num_nodes / num_edges",
         origin=f"built with onnx.helper (onnx {metadata.version('onnx')}), float32, opset 18",
         reference="float64 central differences and per-example loops (tests/python oracles)",
         loss="loss",

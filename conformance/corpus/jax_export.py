@@ -20,6 +20,7 @@ import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib import metadata
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -101,7 +102,7 @@ def _pure(spec: JaxModel, module: Any) -> tuple[Callable[..., Any], list[str], l
     import jax.numpy as jnp
     from flax import nnx
 
-    graphdef, params, rest = nnx.split(module, nnx.Param, ...)
+    graphdef, params, rest = nnx.split(module, nnx.Param, ...)  # type: ignore[misc]
     with_path, p_def = jax.tree_util.tree_flatten_with_path(params)
     paths = [jax.tree_util.keystr(k) for k, _ in with_path]
     leaves32 = [np.asarray(v) for _, v in with_path]
@@ -259,8 +260,9 @@ def strip_bad_value_info(proto: onnx.ModelProto) -> str | None:
     )
 
 
-def generate(names: Sequence[str] | None = None, seed: int = 0) -> list[str]:
-    artifacts.MODELS_DIR.mkdir(exist_ok=True)
+def generate(names: Sequence[str] | None = None, seed: int = 0, root: Path | None = None) -> list[str]:
+    root = root or artifacts.MODELS_DIR
+    root.mkdir(exist_ok=True)
     done = []
     # Export every model first: references switch JAX to float64 for the rest of the process.
     exported = [(spec, *export(spec)) for spec in MODELS if not names or spec.name in names]
@@ -269,10 +271,10 @@ def generate(names: Sequence[str] | None = None, seed: int = 0) -> list[str]:
         manifest, arrays = references(spec, module, proto, seed)
         if quirk:
             manifest.notes.append(quirk)
-        onnx_path, _, _ = artifacts.paths(spec.name)
+        onnx_path, _, _ = artifacts.paths(spec.name, root)
         onnx.save(proto, onnx_path)
-        artifacts.write_manifest(manifest)
-        artifacts.write_arrays(spec.name, arrays)
+        artifacts.write_manifest(manifest, root)
+        artifacts.write_arrays(spec.name, arrays, root)
         done.append(spec.name)
     return done
 

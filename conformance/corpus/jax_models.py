@@ -115,7 +115,7 @@ class CNNGlobalPool(CNN):
         )
 
 
-def _cnn_build(cls: type[CNN] = CNN) -> CNN:
+def _cnn_build(cls: type[CNN] = CNN) -> nnx.Module:
     m = cls(nnx.Rngs(1))
     # Non-trivial running statistics (the defaults are mean 0, variance 1).
     m.bn.mean[...] = jnp.asarray([0.1, -0.2, 0.05, 0.3], jnp.float32)

@@ -27,6 +27,7 @@ import multiprocessing
 import statistics
 import time
 import traceback
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -219,14 +220,16 @@ def run_case(
         row.status, row.message = "skipped", "nothing to select (no parameters)"
         return row
     expected = {int(k.rsplit("/", 1)[1]): v for k, v in arrays.items() if k.startswith(f"{transform}/out/")}
-    if not expected:
-        row.status, row.message = "skipped", "no reference stored"
-        return row
-    row.tolerance = tolerance(transform, m, source)
+    # Without a reference the case is still built, checked, run and timed, then "skipped".
+    row.tolerance = tolerance(transform, m, source) if expected else None
     try:
-        t0 = time.perf_counter()
-        result = build(transform, source, m)
-        row.transform_s = time.perf_counter() - t0
+        with warnings.catch_warnings(record=True) as notices:
+            warnings.simplefilter("always")
+            t0 = time.perf_counter()
+            result = build(transform, source, m)
+            row.transform_s = time.perf_counter() - t0
+        # onnax's notices (e.g. an op batched by a per-example Scan) go into the table.
+        row.message = "; ".join(str(w.message).removeprefix("onnax: ").split(";")[0] for w in notices)
     except onnax.OnnaxError as err:
         row.status, row.message = "unsupported", str(err).strip().splitlines()[0]
         return row
@@ -244,18 +247,23 @@ def run_case(
             want = src_types.get(o.name, o.type.tensor_type.elem_type)
             if onnx.helper.np_dtype_to_tensor_dtype(np.asarray(val).dtype) != want:
                 raise AssertionError(f"output {o.name!r} has dtype {np.asarray(val).dtype}")
-        err, where = max_error(actual, expected, output_groups(transform, len(source.graph.output), m))
-        row.max_error = err
+        error, where = 0.0, ""
+        if expected:
+            error, where = max_error(actual, expected, output_groups(transform, len(source.graph.output), m))
+            row.max_error = error
         fwd_key = "vmap" if transform in ("vmap", "vmap_grad") else transform
         src_feeds = {
             n: arrays[f"{fwd_key}/feed/{n}"][0] if fwd_key == "vmap" else arrays[f"{fwd_key}/feed/{n}"]
             for n in (v.name for v in runtime_inputs(source))
         }
         row.runtime_ratio = timed_run(sess, feeds) / timed_run(session(source), src_feeds)
-        if err <= row.tolerance:
+        if not expected:
+            why = m.reference_by_transform.get(transform, "none stored")
+            row.status, row.message = "skipped", f"no reference: {why}. {row.message}".strip()
+        elif row.tolerance is not None and error <= row.tolerance:
             row.status = "passed"
         else:
-            row.message = f"max error {err:.3g} at {where} exceeds {row.tolerance:g}"
+            row.message = f"max error {error:.3g} at {where} exceeds {row.tolerance:g}. {row.message}".strip()
     except Exception as err:
         row.message = f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}"
     return row
@@ -271,7 +279,20 @@ def run_entry(
     m = artifacts.read_manifest(js)
     source = onnx.load(onnx_path)
     arrays = artifacts.read_arrays(npz)
+    _warm_up(source)
     return [run_case(t, source, m, arrays, extra_checks) for t in transforms]
+
+
+def _warm_up(source: onnx.ModelProto) -> None:
+    """One untimed transform: the first onnax call of a process pays one-time setup."""
+    import onnax
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            onnax.vmap(source, in_axes=0)
+    except Exception:
+        pass  # the timed cases report any problem
 
 
 def _entry_worker(name: str, transforms: Sequence[str], root: str) -> list[dict[str, Any]]:
