@@ -154,3 +154,24 @@ def write_references(
         per_grad.append([*oracle.run(f), *oracle.gradient(f, loss_of, params)])
     put("vmap_grad", stacked, [np.stack(col) for col in zip(*per_grad, strict=True)])
     return arrays
+
+
+def loop_reference(model: onnx.ModelProto, base: Feeds, batch: Sequence[Feeds]) -> dict[str, np.ndarray]:
+    """Inputs for every transform, and only the vmap reference: the model itself run once per
+    example (its own dtype; for models whose float64 twin cannot run). Tangents and
+    cotangents are not stored (the runner draws them for cases without a reference)."""
+    arrays: dict[str, np.ndarray] = {}
+    stacked = {n: np.stack([ex[n] for ex in batch]) for n in batch[0]}
+    for t in artifacts_transforms():
+        for n, v in (stacked if t.startswith("vmap") else base).items():
+            arrays[f"{t}/feed/{n}"] = np.asarray(v)
+    per_example = [ad_oracle.run(model, ex) for ex in batch]
+    for k, o in enumerate(model.graph.output):
+        arrays[f"vmap/out/{k}"] = np.stack([res[o.name] for res in per_example]).astype(np.float64)
+    return arrays
+
+
+def artifacts_transforms() -> tuple[str, ...]:
+    from conformance.corpus.artifacts import TRANSFORMS
+
+    return TRANSFORMS

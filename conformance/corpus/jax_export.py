@@ -16,63 +16,21 @@ through the same permutation and reshape.
 from __future__ import annotations
 
 import argparse
-import itertools
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import onnx
-from onnx import numpy_helper
 
-from conformance.corpus import artifacts
+from conformance.corpus import artifacts, framework_refs
 from conformance.corpus.jax_models import MODELS, JaxModel, example
+from conformance.corpus.params import locate_params
 
 BATCH_IN_MODEL = 4  # value of the symbolic batch "B" in the reference inputs
 VMAP_BATCH = 3  # examples stacked on the new vmap axis
 QUICK = {"jax_mlp", "jax_cnn", "jax_cnn_gap", "jax_transformer", "jax_embed_xent", "jax_gru"}
-
-
-@dataclass(frozen=True)
-class ParamSite:
-    """Where a JAX parameter lives in the ONNX file: ``init = reshape(transpose(p, perm))``."""
-
-    index: int  # position among the JAX parameter leaves
-    path: str  # JAX tree path, for the manifest
-    init: str
-    perm: tuple[int, ...]
-    shape: tuple[int, ...]
-
-    def to_onnx(self, value: Any) -> np.ndarray:
-        return np.transpose(np.asarray(value), self.perm).reshape(self.shape)
-
-
-def locate_params(
-    paths: Sequence[str], leaves: Sequence[np.ndarray], proto: onnx.ModelProto
-) -> tuple[list[ParamSite], list[str]]:
-    """Finds each parameter's initializer; returns the sites and the paths not found."""
-    inits = {t.name: numpy_helper.to_array(t) for t in proto.graph.initializer}
-    sites: list[ParamSite] = []
-    missing: list[str] = []
-    for i, (path, leaf) in enumerate(zip(paths, leaves, strict=True)):
-        leaf = np.asarray(leaf)
-        found = []
-        for name, val in inits.items():
-            if val.size != leaf.size or val.dtype != leaf.dtype:
-                continue
-            for perm in itertools.permutations(range(leaf.ndim)):
-                if np.array_equal(np.transpose(leaf, perm).reshape(val.shape), val):
-                    found.append(ParamSite(i, path, name, perm, tuple(val.shape)))
-                    break
-        if len(found) > 1:
-            raise RuntimeError(f"parameter {path} matches several initializers: {[f.init for f in found]}")
-        if found:
-            sites.append(found[0])
-        else:
-            missing.append(path)
-    return sites, missing
 
 
 def export(spec: JaxModel) -> tuple[onnx.ModelProto, Any]:
@@ -109,11 +67,72 @@ def _pure(spec: JaxModel, module: Any) -> tuple[Callable[..., Any], list[str], l
     r_leaves, r_def = jax.tree.flatten(rest)
     r64 = [jnp.asarray(v, jnp.float64) if jnp.issubdtype(v.dtype, jnp.floating) else v for v in r_leaves]
 
-    def f(p_leaves: list[Any], *xs: Any) -> tuple[Any, ...]:
+    def f(p_leaves: Arrays, *xs: Any) -> tuple[Any, ...]:
         m = nnx.merge(graphdef, jax.tree.unflatten(p_def, p_leaves), jax.tree.unflatten(r_def, r64))
         return tuple(spec.apply(m, *xs))
 
     return f, paths, leaves32
+
+
+Arrays = list[Any]
+
+
+class JaxFramework:
+    """:class:`framework_refs.Framework` by jax.grad / jax.jvp / jax.vjp / jax.vmap."""
+
+    def __init__(self, f: Callable[..., Any], all_params: Arrays, selected: list[int]) -> None:
+        self.f, self.all_params, self.selected = f, all_params, selected
+
+    def _f(self, ps: Sequence[Any], *xs: Any) -> tuple[Any, ...]:
+        full = list(self.all_params)
+        for i, v in zip(self.selected, ps, strict=True):
+            full[i] = v
+        return self.f(full, *xs)  # type: ignore[no-any-return]
+
+    def _loss_grad(self, ps: Sequence[Any], *xs: Any) -> Any:
+        import jax
+
+        return jax.grad(lambda p, *a: self._f(p, *a)[0])(list(ps), *xs)
+
+    def _of_selected(self, xs: Sequence[Any], float_idx: list[int]) -> Callable[..., Any]:
+        def g(xf: Sequence[Any], ps: Sequence[Any]) -> tuple[Any, ...]:
+            full = list(xs)
+            for k, v in zip(float_idx, xf, strict=True):
+                full[k] = v
+            return self._f(ps, *full)
+
+        return g
+
+    def outputs(self, ps: Arrays, xs: Arrays) -> Arrays:
+        return [np.asarray(o) for o in self._f(ps, *xs)]
+
+    def grad(self, ps: Arrays, xs: Arrays) -> Arrays:
+        return [np.asarray(g) for g in self._loss_grad(ps, *xs)]
+
+    def jvp(self, ps: Arrays, xs: Arrays, float_idx: list[int], t_x: Arrays, t_p: Arrays) -> Arrays:
+        import jax
+
+        _, tan = jax.jvp(self._of_selected(xs, float_idx), ([xs[k] for k in float_idx], list(ps)), (t_x, t_p))
+        return [np.asarray(t) for t in tan]
+
+    def vjp(self, ps: Arrays, xs: Arrays, float_idx: list[int], cts: Arrays) -> tuple[Arrays, Arrays]:
+        import jax
+
+        _, pullback = jax.vjp(self._of_selected(xs, float_idx), [xs[k] for k in float_idx], list(ps))
+        ct_x, ct_p = pullback(tuple(cts))
+        return [np.asarray(c) for c in ct_x], [np.asarray(c) for c in ct_p]
+
+    def hvp(self, ps: Arrays, xs: Arrays, v_p: Arrays) -> tuple[Arrays, Arrays]:
+        import jax
+
+        g, h = jax.jvp(lambda p: self._loss_grad(p, *xs), (list(ps),), (v_p,))
+        return [np.asarray(x) for x in g], [np.asarray(x) for x in h]
+
+    def batched(self, ps: Arrays, batch: Arrays) -> tuple[Arrays, Arrays]:
+        import jax
+
+        outs, grads = jax.vmap(lambda *a: (self._f(ps, *a), self._loss_grad(ps, *a)))(*batch)
+        return [np.asarray(o) for o in outs], [np.asarray(g) for g in grads]
 
 
 def references(
@@ -122,102 +141,22 @@ def references(
     import jax
 
     jax.config.update("jax_enable_x64", True)
-    import jax.numpy as jnp
 
     f, paths, leaves32 = _pure(spec, module)
     sites, missing = locate_params(paths, leaves32, proto)
-    p64 = [jnp.asarray(v, jnp.float64) for v in leaves32]
+    p64 = [np.asarray(v, np.float64) for v in leaves32]
+    fw = JaxFramework(f, p64, [s.index for s in sites])
     rng = np.random.default_rng(seed)
     xs32 = example(spec.inputs, BATCH_IN_MODEL, rng)
-    is_float = [np.issubdtype(x.dtype, np.floating) for x in xs32]
-    xs = [jnp.asarray(x, jnp.float64) if fl else jnp.asarray(x) for x, fl in zip(xs32, is_float, strict=True)]
+
+    def draw_batch() -> list[np.ndarray]:
+        examples = [example(spec.inputs, BATCH_IN_MODEL, rng) for _ in range(VMAP_BATCH)]
+        return [np.stack(col) for col in zip(*examples, strict=True)]
+
     names = [s.name for s in spec.inputs]
-    float_inputs = [n for n, fl in zip(names, is_float, strict=True) if fl]
-    sel = [s.index for s in sites]
-    arrays: dict[str, np.ndarray] = {}
-
-    def put_feeds(t: str, values: Sequence[np.ndarray]) -> None:
-        for n, v in zip(names, values, strict=True):
-            arrays[f"{t}/feed/{n}"] = np.asarray(v)
-
-    def put_outs(t: str, values: Sequence[Any]) -> None:
-        for k, v in enumerate(values):
-            arrays[f"{t}/out/{k}"] = np.asarray(v, dtype=np.float64)
-
-    def with_params(chosen: Sequence[Any]) -> list[Any]:
-        full = list(p64)
-        for i, v in zip(sel, chosen, strict=True):
-            full[i] = v
-        return full
-
-    primal = f(p64, *xs)
-    loss_grad = jax.grad(lambda ps, *a: f(with_params(ps), *a)[0])
-    chosen = [p64[i] for i in sel]
-    grads = loss_grad(chosen, *xs)
-
-    # forward and grad
-    for t in ("grad", "jvp", "vjp", "jvp_grad"):
-        put_feeds(t, xs32)
-    put_outs("grad", [*primal, *(s.to_onnx(g) for s, g in zip(sites, grads, strict=True))])
-
-    # jvp over the float runtime inputs, then the parameters; tangents of every output
-    float_idx = [k for k, fl in enumerate(is_float) if fl]
-    t_x = [rng.standard_normal(xs32[k].shape) for k in float_idx]
-    t_p = [rng.standard_normal(p64[i].shape) for i in sel]
-
-    def of_selected(xf: Sequence[Any], ps: Sequence[Any]) -> tuple[Any, ...]:
-        full_x = list(xs)
-        for k, v in zip(float_idx, xf, strict=True):
-            full_x[k] = v
-        return f(with_params(ps), *full_x)
-
-    prim, tan = jax.jvp(of_selected, ([xs[k] for k in float_idx], chosen), (t_x, t_p))
-    for n, v in zip(float_inputs, t_x, strict=True):
-        arrays[f"jvp/tangent/{n}"] = v.astype(np.float32)
-    for s, v in zip(sites, t_p, strict=True):
-        arrays[f"jvp/tangent/{s.init}"] = s.to_onnx(v).astype(np.float32)
-    put_outs("jvp", [*prim, *tan])
-
-    # vjp: cotangents on every output, cotangents of the same selection as jvp
-    prim, pullback = jax.vjp(of_selected, [xs[k] for k in float_idx], chosen)
-    cts = [rng.standard_normal(np.shape(o)) for o in prim]
-    ct_x, ct_p = pullback(tuple(jnp.asarray(c) for c in cts))
-    for o, c in zip(spec.outputs, cts, strict=True):
-        arrays[f"vjp/cotangent/{o}"] = np.asarray(c, dtype=np.float32)
-    put_outs("vjp", [*prim, *ct_x, *(s.to_onnx(c) for s, c in zip(sites, ct_p, strict=True))])
-
-    # jvp(grad): the gradient and its tangent along a parameter direction (an HVP)
-    v_p = [rng.standard_normal(p64[i].shape) for i in sel]
-    g, hvp = jax.jvp(lambda ps: loss_grad(ps, *xs), (chosen,), (v_p,))
-    for s, v in zip(sites, v_p, strict=True):
-        arrays[f"jvp_grad/tangent/{s.init}"] = s.to_onnx(v).astype(np.float32)
-    put_outs(
-        "jvp_grad",
-        [
-            *primal,
-            *(s.to_onnx(x) for s, x in zip(sites, g, strict=True)),
-            *(s.to_onnx(x) for s, x in zip(sites, hvp, strict=True)),
-        ],
-    )
-
-    # vmap and vmap(grad): every runtime input batched on a new leading axis
-    batch32 = [
-        np.stack(col)
-        for col in zip(*(example(spec.inputs, BATCH_IN_MODEL, rng) for _ in range(VMAP_BATCH)), strict=True)
-    ]
-    batch = [
-        jnp.asarray(x, jnp.float64) if fl else jnp.asarray(x) for x, fl in zip(batch32, is_float, strict=True)
-    ]
-    put_feeds("vmap", batch32)
-    put_feeds("vmap_grad", batch32)
-    put_outs("vmap", jax.vmap(lambda *a: f(p64, *a))(*batch))
-    per_example = jax.vmap(lambda *a: (f(p64, *a), loss_grad(chosen, *a)))(*batch)
-    outs, gs = per_example
-    put_outs(
-        "vmap_grad",
-        [*outs, *(np.stack([s.to_onnx(x) for x in np.asarray(gv)]) for s, gv in zip(sites, gs, strict=True))],
-    )
-
+    chosen = [p64[s.index] for s in sites]
+    arrays = framework_refs.assemble(fw, sites, chosen, names, xs32, draw_batch, spec.outputs, rng)
+    float_inputs = [n for n, x in zip(names, xs32, strict=True) if np.issubdtype(x.dtype, np.floating)]
     versions = ", ".join(f"{p} {metadata.version(p)}" for p in ("jax", "flax", "jax2onnx"))
     notes = [f"parameters {', '.join(f'{s.path} -> {s.init}' for s in sites)}"]
     if missing:

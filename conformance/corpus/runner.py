@@ -124,8 +124,16 @@ def feeds_for(
         keys = []
     if len(keys) != len(appended):
         raise AssertionError(f"{transform} appended inputs {appended}, expected one per {keys}")
+    declared = {v.name: v for v in runtime_inputs(result)}
+    rng = np.random.default_rng(0)
     for name, key in zip(appended, keys, strict=True):
-        feeds[name] = arrays[key]
+        if key in arrays:
+            feeds[name] = arrays[key]
+            continue
+        # Entries without references (large models) store no tangents: any direction will do.
+        tt = declared[name].type.tensor_type
+        shape = [d.dim_value for d in tt.shape.dim]
+        feeds[name] = rng.standard_normal(shape).astype(onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type))
     return feeds
 
 
