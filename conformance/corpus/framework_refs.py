@@ -59,6 +59,7 @@ def assemble(
     is_float = [np.issubdtype(x.dtype, np.floating) for x in xs32]
     float_idx = [k for k, fl in enumerate(is_float) if fl]
     xs = [x.astype(np.float64) if fl else x for x, fl in zip(xs32, is_float, strict=True)]
+    # Only float inputs get tangents / cotangents.
 
     def to_onnx(values: Arrays) -> Arrays:
         return [s.to_onnx(v) for s, v in zip(sites, values, strict=True)]

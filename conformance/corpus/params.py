@@ -21,10 +21,10 @@ from onnx import numpy_helper
 
 @dataclass(frozen=True)
 class ParamSite:
-    """Where a JAX parameter lives in the ONNX file: ``init = reshape(transpose(p, perm))``."""
+    """Where a parameter lives in the ONNX file: ``init = reshape(transpose(p, perm))``."""
 
-    index: int  # position among the JAX parameter leaves
-    path: str  # JAX tree path, for the manifest
+    index: int  # position among the framework's parameters
+    path: str  # the framework's name for it (tree path, module path)
     init: str
     perm: tuple[int, ...]
     shape: tuple[int, ...]
@@ -56,4 +56,9 @@ def locate_params(
             sites.append(found[0])
         else:
             missing.append(path)
+    taken = [s.init for s in sites]
+    if len(set(taken)) != len(taken):
+        raise RuntimeError(
+            f"several parameters match the same initializer: {taken}; make their values distinct"
+        )
     return sites, missing
