@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One command for a fresh machine: system packages, the Python environment (.venv/), the
-# ONNX C++ library (built from the pinned onnx source distribution), onnax itself, and then
+# ONNX C++ library (built from the pinned onnx source distribution), onnax itself,
+# onnxruntime-web for `onnax validate --web` (when npm is present), and then
 # the main job on a built-in example (vmap of the seed README's linear_loss model).
 set -euo pipefail
 root=$(cd "$(dirname "$0")" && pwd)
@@ -9,4 +10,10 @@ cd "$root"
 ./scripts/build_onnx.sh
 ./build.sh
 .venv/bin/python -m pip install -q --no-deps --no-build-isolation -e .
+# onnxruntime-web (pinned in web/package-lock.json) for `onnax validate --web`.
+if command -v npm >/dev/null 2>&1; then
+  (cd web && npm ci --no-audit --no-fund --loglevel=error)
+else
+  echo "setup: npm not found; skipping onnxruntime-web (onnax validate --web and its tests will be unavailable)"
+fi
 .venv/bin/python examples/linear_loss.py --out-dir out

@@ -6,6 +6,7 @@
 
 #include <chrono>
 
+#include "check/model_check.h"
 #include "cli/cli.h"
 #include "rules/batching.h"
 #include "rules/derivative.h"
@@ -101,6 +102,29 @@ PYBIND11_MODULE(_core, m) {
   m.def(
       "cli_main", [](const std::vector<std::string>& args) { return onnax::cli::run(args); }, py::arg("args"),
       "Runs the onnax command line (without the program name); returns the exit code.");
+
+  // The checks behind `onnax check`, for onnax.testing: each returns "" or a list of problems.
+  m.def(
+      "checker", [](const py::bytes& model) { return onnax::check::checker(onnax::parse_model(std::string(model))); },
+      py::arg("model"), "onnx::checker::check_model structure checks; '' when the model passes.");
+  m.def(
+      "strict_shape_inference",
+      [](const py::bytes& model) {
+        return onnax::check::strict_shape_inference(onnax::parse_model(std::string(model)));
+      },
+      py::arg("model"), "Strict ONNX shape inference (check_type, strict mode); '' when it passes.");
+  m.def(
+      "symbolic_lengths",
+      [](const py::bytes& model, const std::map<std::string, std::vector<int64_t>>& axes) {
+        return onnax::check::symbolic_lengths(onnax::parse_model(std::string(model)), axes);
+      },
+      py::arg("model"), py::arg("axes"), "Problems with axes that should be symbolic (empty when none).");
+  m.def(
+      "embedded_weights",
+      [](const py::bytes& model, const std::vector<std::string>& names) {
+        return onnax::check::embedded_weights(onnax::parse_model(std::string(model)), names);
+      },
+      py::arg("model"), py::arg("names"), "Problems with weights that should be initializers (empty when none).");
 
   m.def("version", &onnax::version);
   m.def(

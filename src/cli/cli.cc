@@ -6,7 +6,9 @@
 #include <functional>
 #include <iostream>
 #include <optional>
-#include <sstream>
+
+#include "cli/args.h"
+#include "cli/check_command.h"
 
 namespace onnax::cli {
 namespace {
@@ -31,37 +33,23 @@ commands:
       Forward mode: appends <input>_tangent inputs and <output>_tangent outputs.
   vjp IN.onnx -o OUT.onnx [--inputs w] [--outputs loss]
       Reverse mode: appends <output>_cotangent inputs and <input>_cotangent outputs.
+  check MODEL.onnx [--symbolic INPUT:AXIS[,AXIS]]... [--embedded WEIGHT[,WEIGHT]]
+      The ONNX checker (onnx::checker::check_model, full_check) and strict shape inference,
+      as a report; exit 1 if anything fails.
+      --symbolic   fail if these axes of a graph input/output are fixed numbers instead of
+                   symbolic dim_params (repeat for several inputs)
+      --embedded   fail if these weights are graph inputs instead of initializers
+  validate SOURCE.onnx GENERATED.onnx [...]
+  bench MODEL.onnx [--transforms vmap,grad,...] [...]
+      Implemented in the Python command (.venv/bin/onnax, python -m onnax): they run models
+      with NumPy and ONNX Runtime. The standalone build/onnax points there (exit 2).
   version         print the onnax version
 
-common options:
+common options (vmap, grad, jvp, vjp):
   -o, --output PATH      where to write the result (required)
   --external-data        write tensors to PATH.data (automatic above 2 GB)
   -h, --help             show this help
 )";
-
-struct UsageError {
-  std::string message;
-};
-
-// Comma-separated items; empty items are kept ("0," is two items) so they are reported.
-std::vector<std::string> split(const std::string& s, char sep) {
-  std::vector<std::string> out;
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, sep)) out.push_back(item);
-  if (!s.empty() && s.back() == sep) out.push_back("");
-  return out;
-}
-
-int64_t parse_int(const std::string& s, const std::string& option) {
-  try {
-    size_t used = 0;
-    int64_t v = std::stoll(s, &used);
-    if (used == s.size()) return v;
-  } catch (const std::exception&) {
-  }
-  throw UsageError{option + ": '" + s + "' is not an integer"};
-}
 
 Axis parse_axis(const std::string& s, const std::string& option) {
   if (s == "none" || s == "None" || s == "null") return std::nullopt;
@@ -186,18 +174,24 @@ int cmd_derivative(const std::string& mode, const std::vector<std::string>& args
 int run(const std::vector<std::string>& args) {
   try {
     if (args.empty() || args[0] == "-h" || args[0] == "--help" || args[0] == "help") {
-      std::cout << kUsage;
+      std::cout << kUsage << std::flush;
       return args.empty() ? 2 : 0;
     }
     const std::string& cmd = args[0];
     std::vector<std::string> rest(args.begin() + 1, args.end());
     for (const auto& a : rest)
       if (a == "-h" || a == "--help") {
-        std::cout << kUsage;
+        std::cout << kUsage << std::flush;
         return 0;
       }
     if (cmd == "vmap") return cmd_vmap(rest);
     if (cmd == "jvp" || cmd == "vjp" || cmd == "grad") return cmd_derivative(cmd, rest);
+    if (cmd == "check") return cmd_check(rest);
+    if (cmd == "validate" || cmd == "bench")
+      throw UsageError{"'" + cmd +
+                       "' runs models with ONNX Runtime and NumPy, so it lives in the Python command. Fix: run "
+                       "`.venv/bin/onnax " +
+                       cmd + " ...` (or `python -m onnax " + cmd + " ...`) from an environment with onnax installed"};
     if (cmd == "version" || cmd == "--version") {
       std::cout << "onnax " << version() << "\n";
       return 0;

@@ -9,6 +9,9 @@
 #include <set>
 #include <stdexcept>
 
+#include "facts/fast_shapes.h"
+#include "facts/schemas.h"
+
 namespace onnax {
 
 Attr Attr::i(std::string_view name, int64_t v) {
@@ -48,6 +51,7 @@ struct Builder::Inference {
   std::unordered_map<std::string, const onnx::SparseTensorProto*> sparse;
   onnx::shape_inference::DataValueMap generated;
   std::unordered_map<std::string, int> ids;  // value name -> latest V id
+  SchemaCache schemas;
 };
 
 Builder::Builder(onnx::GraphProto& out, NameScope& value_names, NameScope& node_names, int64_t opset)
@@ -92,10 +96,20 @@ void Builder::infer(onnx::NodeProto& node, const std::vector<V>& outputs) {
     write_type(values_[id->second].facts, &inf.storage.back());
     inf.types[in] = &inf.storage.back();
   }
+  if (outputs.size() == 1 && outputs[0].valid()) {
+    onnx::TypeProto t;
+    auto def = inf.opsets.find("");
+    if (fast_infer(node, def == inf.opsets.end() ? 0 : def->second, inf.types, &t)) {
+      values_[outputs[0].id].facts = facts_from_type(t);
+      inf.storage.push_back(std::move(t));
+      inf.types[name(outputs[0])] = &inf.storage.back();
+      return;
+    }
+  }
   const std::string domain = node.domain() == "ai.onnx" ? "" : node.domain();
   auto op = inf.opsets.find(domain);
   const onnx::OpSchema* schema =
-      op == inf.opsets.end() ? nullptr : onnx::OpSchemaRegistry::Schema(node.op_type(), op->second, domain);
+      op == inf.opsets.end() ? nullptr : inf.schemas.find(node.op_type(), domain, op->second);
   if (!schema || !schema->has_type_and_shape_inference_function()) return;
   try {
     const onnx::ShapeInferenceOptions options(false, 0, true);

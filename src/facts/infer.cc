@@ -4,6 +4,8 @@
 #include <deque>
 
 #include "facts/facts.h"
+#include "facts/fast_shapes.h"
+#include "facts/schemas.h"
 
 namespace onnax {
 namespace {
@@ -43,16 +45,20 @@ void infer_facts(onnx::GraphProto& g, const std::unordered_map<std::string, int>
   for (const auto& vi : g.value_info()) declared[vi.name()] = &vi;
   for (const auto& vi : g.output()) declared[vi.name()] = &vi;
 
+  const auto default_domain = opsets.find("");
+  const int default_opset = default_domain == opsets.end() ? 0 : default_domain->second;
   const onnx::ShapeInferenceOptions options(/*check_type=*/false, /*error_mode=*/0, /*data_prop=*/true);
   onnx::shape_inference::DataValueMap generated;
   onnx::shape_inference::GraphInferenceContext graph_ctx(types, opsets, nullptr, {}, onnx::OpSchemaRegistry::Instance(),
                                                          &generated);
+  SchemaCache schemas;
   for (auto& n : *g.mutable_node()) {
-    const std::string domain = n.domain() == "ai.onnx" ? "" : n.domain();
-    auto op = opsets.find(domain);
-    const onnx::OpSchema* schema =
-        op == opsets.end() ? nullptr : onnx::OpSchemaRegistry::Schema(n.op_type(), op->second, domain);
     std::vector<onnx::TypeProto> inferred(n.output_size());
+    const bool fast = n.output_size() == 1 && fast_infer(n, default_opset, types, &inferred[0]);
+    if (!fast && !inferred.empty()) inferred[0].Clear();
+    const std::string domain = n.domain() == "ai.onnx" ? "" : n.domain();
+    auto op = fast ? opsets.end() : opsets.find(domain);
+    const onnx::OpSchema* schema = op == opsets.end() ? nullptr : schemas.find(n.op_type(), domain, op->second);
     if (schema && schema->has_type_and_shape_inference_function()) {
       try {
         onnx::shape_inference::InferenceContextImpl ctx(n, types, data, sparse, options, &generated, &graph_ctx);

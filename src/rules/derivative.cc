@@ -119,8 +119,8 @@ V unbroadcast(Builder& b, V ct, V target, V witness) {
     V sum_axes = b.op1("Compress", {idx, ones}, {Attr::i("axis", 0)});
     V res = b.op1("ReduceSum", {out, sum_axes}, {Attr::i("keepdims", 1), Attr::i("noop_with_empty_axes", 1)});
     b.set_facts(res, tf);
-    // ONNX inference cannot type a reduction over run-time axes; declare the result so a
-    // later transform of the generated model (vmap(grad(f))) still knows its rank.
+    // ONNX's inference cannot type a ReduceSum over run-time axes; record the shape so later
+    // transforms of the result (vmap of a gradient) still know its rank.
     b.declare(res);
     return res;
   }

@@ -11,6 +11,7 @@
 
 #include "diagnostics/error.h"
 #include "emit/builder.h"
+#include "facts/schemas.h"
 #include "notice.h"
 #include "rules/batching.h"
 #include "transforms/prepare.h"
@@ -223,6 +224,7 @@ onnx::ModelProto vmap(const onnx::ModelProto& source, const VmapOptions& opt) {
   }
 
   const BatchRules& rules = BatchRules::instance();
+  SchemaCache schemas;
   std::map<std::string, int> looped;
   for (int ni = 0; ni < src_graph->node_size(); ++ni) {
     onnx::NodeProto& node = *src_graph->mutable_node(ni);
@@ -258,11 +260,15 @@ onnx::ModelProto vmap(const onnx::ModelProto& source, const VmapOptions& opt) {
       continue;
     }
     const std::string domain = node.domain() == "ai.onnx" ? "" : node.domain();
-    const std::string where = node.name().empty() ? "output '" + (node.output_size() ? node.output(0) : "") + "'"
-                                                  : "node '" + node.name() + "'";
-    const std::string op_label = (domain.empty() ? "ai.onnx" : domain) + "::" + node.op_type() + " (opset " +
-                                 std::to_string(p.opset) + ") at " + where;
-    const onnx::OpSchema* schema = onnx::OpSchemaRegistry::Schema(node.op_type(), static_cast<int>(p.opset), domain);
+    // Only for diagnostics: built when a rule fails, not for every node.
+    auto op_label = [&] {
+      const std::string where = node.name().empty()
+                                    ? "output '" + (node.output_size() ? node.output(0) : std::string()) + "'"
+                                    : "node '" + node.name() + "'";
+      return (domain.empty() ? "ai.onnx" : domain) + "::" + node.op_type() + " (opset " + std::to_string(p.opset) +
+             ") at " + where;
+    };
+    const onnx::OpSchema* schema = schemas.find(node.op_type(), domain, static_cast<int>(p.opset));
     if (!schema) {
       std::string batched_inputs;
       for (const auto& in : node.input())
@@ -270,7 +276,7 @@ onnx::ModelProto vmap(const onnx::ModelProto& source, const VmapOptions& opt) {
           batched_inputs += (batched_inputs.empty() ? "'" : ", '") + in + "' (per-example shape " +
                             src_facts(in).shape_string() + ", " + diag::dtype_name(src_facts(in).dtype) + ")";
       diag::fail(Error::Kind::kUnsupported,
-                 "vmap: cannot batch " + op_label +
+                 "vmap: cannot batch " + op_label() +
                      ": ONNX has no schema for this operator at this opset (unknown or custom op), so onnax cannot "
                      "tell how it treats the batch axis; batched inputs: " +
                      batched_inputs +
@@ -307,14 +313,14 @@ onnx::ModelProto vmap(const onnx::ModelProto& source, const VmapOptions& opt) {
       const std::string& src_name = node.output(o);
       if (src_name.empty()) continue;
       if (o >= static_cast<int>(res.out.size()) || !res.out[o].valid())
-        diag::fail(Error::Kind::kUnsupported, "vmap: cannot batch " + op_label + ": optional output " +
+        diag::fail(Error::Kind::kUnsupported, "vmap: cannot batch " + op_label() + ": optional output " +
                                                   std::to_string(o) +
                                                   " is not supported by its batching rule. "
                                                   "Fix: remove the use of output '" +
                                                   src_name + "'");
       V v = res.out[o];
       const bool bat = res.batched[o];
-      Facts f = src_facts(src_name);
+      Facts f = std::move(ctx.out_facts[o]);  // the rule has run; its copy of the facts is free
       b.set_facts(v, bat ? f.with_dim(0, batch_dim) : f);
       // Give the final value the source's readable name when it was made by this rule and
       // the name is free to take (graph outputs may need one more node to reach their axis).

@@ -13,6 +13,7 @@ checked against the float64 finite differences with looser tolerances. Input val
 generators ``gen(rng, dtype) -> ndarray`` that keep away from non-smooth points and domain
 edges. Models run on ONNX Runtime (opset <= 26) or the ONNX reference evaluator (27-28, or
 when ONNX Runtime has no kernel), through :func:`vmap_oracle.run_model` and its session cache.
+The dtype rewriting and initializer lifting are ``onnax.testing``'s (shared with ``onnax validate``).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from typing import Any
 
 import numpy as np
 import onnx
+from onnax.testing._inputs import convert_model_dtype, lift_initializers
 from onnx import TensorProto, helper, numpy_helper
 from vmap_oracle import assert_vmap_matches, make_model, np_dtype, run_model, to_proto
 
@@ -241,24 +243,6 @@ def initializer_values(model: onnx.ModelProto) -> dict[str, np.ndarray]:
     return {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
 
 
-def lift_initializers(model: onnx.ModelProto, names: Sequence[str]) -> onnx.ModelProto:
-    """A copy of ``model`` in which the initializers ``names`` are runtime graph inputs."""
-    names = [n for n in names if n in initializer_values(model)]
-    if not names:
-        return model
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
-    keep = [t for t in out.graph.initializer if t.name not in names]
-    lifted = [t for t in out.graph.initializer if t.name in names]
-    del out.graph.initializer[:]
-    out.graph.initializer.extend(keep)
-    listed = {v.name for v in out.graph.input}
-    for t in lifted:
-        if t.name not in listed:
-            out.graph.input.append(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
-    return out
-
-
 def make_feeds(
     model: onnx.ModelProto, gens: Mapping[str, ADGen], rng: np.random.Generator
 ) -> dict[str, np.ndarray]:
@@ -291,44 +275,6 @@ def run(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> dict[str, np
 
 # --------------------------------------------------------------------------------------------
 # Precision variants
-
-
-_DTYPE_ATTRS = {("to", "Cast"), ("dtype", "EyeLike"), ("dtype", "RandomNormal"), ("dtype", "RandomUniform")}
-
-
-def convert_model_dtype(model: onnx.ModelProto, src: int, dst: int) -> onnx.ModelProto:
-    """Rewrites every ``src`` float type (inputs, outputs, value_info, initializers, Cast ``to``,
-    tensor attributes) to ``dst``. Lets a case built once be checked in float32 and float64."""
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
-
-    def fix_vi(vi: onnx.ValueInfoProto) -> None:
-        if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type == src:
-            vi.type.tensor_type.elem_type = dst
-
-    def fix_tensor(t: onnx.TensorProto) -> onnx.TensorProto:
-        if t.data_type != src:
-            return t
-        arr = numpy_helper.to_array(t).astype(np_dtype(dst))
-        return numpy_helper.from_array(arr, name=t.name)
-
-    def fix_graph(g: onnx.GraphProto) -> None:
-        for vi in list(g.input) + list(g.output) + list(g.value_info):
-            fix_vi(vi)
-        new_inits = [fix_tensor(t) for t in g.initializer]
-        del g.initializer[:]
-        g.initializer.extend(new_inits)
-        for n in g.node:
-            for a in n.attribute:
-                if a.type == onnx.AttributeProto.TENSOR:
-                    a.t.CopyFrom(fix_tensor(a.t))
-                elif a.type == onnx.AttributeProto.GRAPH:
-                    fix_graph(a.g)
-                elif (a.name, n.op_type) in _DTYPE_ATTRS and a.i == src:
-                    a.i = dst
-
-    fix_graph(out.graph)
-    return out
 
 
 def as_double(model: onnx.ModelProto) -> onnx.ModelProto:

@@ -115,8 +115,18 @@ W = RNG.standard_normal((4, 2)).astype(np.float32)
         (["--in-axes", "0"], {"x": X, "w": np.stack([W] * 5) * 0.5}, {"x": 0, "w": 0}, 0),
         (["--in-axes", "0,none", "--axis-name", "examples"], {"x": X, "w": W}, {"x": 0, "w": None}, 0),
     ],
-    ids=["0,none", "by-name", "by-name-both", "out-axes-1", "out-axes-neg", "in-axis-2", "in-axis-neg",
-         "default", "single-int", "axis-name"],
+    ids=[
+        "0,none",
+        "by-name",
+        "by-name-both",
+        "out-axes-1",
+        "out-axes-neg",
+        "in-axis-2",
+        "in-axis-neg",
+        "default",
+        "single-int",
+        "axis-name",
+    ],
 )
 def test_vmap_matches_per_example_loop(cli, small: Path, tmp_path: Path, options, feeds, in_axes, out_axis):
     before = small.read_bytes()
@@ -351,8 +361,16 @@ def test_unwritable_output(cli, small: Path, tmp_path: Path):
         (["--in-axes", "0,none", "--out-axes", "3"], ["axis 3", "'y'"]),
         (["--in-axes", "0,none", "--out-axes", "0,0"], ["out_axes"]),
     ],
-    ids=["in-axis-too-big", "in-axis-too-small", "3-entries", "4-entries", "unknown-name", "all-none",
-         "out-axis-too-big", "out-axes-count"],
+    ids=[
+        "in-axis-too-big",
+        "in-axis-too-small",
+        "3-entries",
+        "4-entries",
+        "unknown-name",
+        "all-none",
+        "out-axis-too-big",
+        "out-axes-count",
+    ],
 )
 def test_selection_errors(cli, small: Path, tmp_path: Path, options: list[str], expected: list[str]):
     out = tmp_path / "out.onnx"
@@ -381,9 +399,23 @@ def test_selection_errors(cli, small: Path, tmp_path: Path, options: list[str], 
         (["vmap", "{small}", "-o", "{out}", "--bogus"], ["unknown option '--bogus'"]),
         (["frobnicate", "{small}"], ["unknown command 'frobnicate'"]),
     ],
-    ids=["bad-int", "float", "overflow", "trailing-comma", "empty", "name-twice", "mixed-forms",
-         "bad-out-axes", "in-axes-no-value", "o-no-value", "missing-o", "missing-input", "extra-arg",
-         "unknown-option", "unknown-command"],
+    ids=[
+        "bad-int",
+        "float",
+        "overflow",
+        "trailing-comma",
+        "empty",
+        "name-twice",
+        "mixed-forms",
+        "bad-out-axes",
+        "in-axes-no-value",
+        "o-no-value",
+        "missing-o",
+        "missing-input",
+        "extra-arg",
+        "unknown-option",
+        "unknown-command",
+    ],
 )
 def test_usage_errors(cli, small: Path, tmp_path: Path, args: list[str], expected: list[str]):
     out = tmp_path / "out.onnx"

@@ -7,7 +7,8 @@ along the output's batch axis.
 Models with an ``ai.onnx`` opset up to :data:`ORT_MAX_OPSET` run on ONNX Runtime; newer
 opsets (and models ONNX Runtime has no kernel for) run on ``onnx.reference.ReferenceEvaluator``.
 Sessions are cached by the model's serialized bytes, so a vmapped model is loaded once and then
-run for every batch size.
+run for every batch size. Random inputs come from ``onnax.testing`` (shared with
+``onnax validate``; ``np_dtype`` and ``random_tensor`` are re-exported here).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 import numpy as np
 import onnx
 import onnxruntime as ort
+from onnax.testing._inputs import np_dtype, random_tensor
 from onnx import helper
 from onnx.reference import ReferenceEvaluator
 
@@ -170,23 +172,6 @@ def run_model(
 
 # --------------------------------------------------------------------------------------------
 # Inputs
-
-
-def np_dtype(elem_type: int) -> np.dtype:
-    return np.dtype(helper.tensor_dtype_to_np_dtype(elem_type))
-
-
-def random_tensor(rng: np.random.Generator, dtype: np.dtype, shape: Sequence[int]) -> np.ndarray:
-    shape = tuple(shape)
-    if dtype == np.bool_:
-        return np.asarray(rng.random(shape) < 0.5)
-    if np.issubdtype(dtype, np.floating):
-        return np.asarray(rng.standard_normal(shape), dtype=dtype)
-    if np.issubdtype(dtype, np.unsignedinteger):
-        return np.asarray(rng.integers(0, 10, size=shape), dtype=dtype)
-    if np.issubdtype(dtype, np.integer):
-        return np.asarray(rng.integers(-5, 6, size=shape), dtype=dtype)
-    raise NotImplementedError(f"no random generator for {dtype}")
 
 
 def input_signature(model: onnx.ModelProto) -> list[tuple[str, np.dtype, list[Dim] | None]]:

@@ -1,0 +1,129 @@
+#include "facts/fast_shapes.h"
+
+#include <algorithm>
+
+namespace onnax {
+namespace {
+
+enum class Kind { kNone, kUnary, kBroadcast, kMatMul };
+
+// Operators whose ONNX inference is "element type and shape of the first input" (for
+// floating inputs) or a plain broadcast of all inputs, in every opset from 18 to 28.
+Kind kind_of(const std::string& op, int opset) {
+  static const std::unordered_map<std::string, Kind> kinds = [] {
+    std::unordered_map<std::string, Kind> m;
+    for (const char* u : {"Abs",       "Acos",     "Acosh",   "Asin",        "Asinh",      "Atan",
+                          "Atanh",     "Ceil",     "Celu",    "Cos",         "Cosh",       "Elu",
+                          "Erf",       "Exp",      "Floor",   "HardSigmoid", "HardSwish",  "Identity",
+                          "LeakyRelu", "Log",      "Mish",    "Neg",         "Reciprocal", "Relu",
+                          "Round",     "Selu",     "Sigmoid", "Sign",        "Sin",        "Sinh",
+                          "Softplus",  "Softsign", "Sqrt",    "Tan",         "Tanh",       "ThresholdedRelu"})
+      m[u] = Kind::kUnary;
+    for (const char* b : {"Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Sum", "Mean"}) m[b] = Kind::kBroadcast;
+    m["MatMul"] = Kind::kMatMul;
+    return m;
+  }();
+  if (op == "Gelu") return opset >= 20 ? Kind::kUnary : Kind::kNone;
+  auto it = kinds.find(op);
+  return it == kinds.end() ? Kind::kNone : it->second;
+}
+
+bool floating(int32_t t) {
+  return t == onnx::TensorProto::FLOAT || t == onnx::TensorProto::DOUBLE || t == onnx::TensorProto::FLOAT16 ||
+         t == onnx::TensorProto::BFLOAT16;
+}
+
+// The leading `size` dims of a shape (all of them, or the batch dims of a MatMul operand).
+struct Operand {
+  const onnx::TensorShapeProto* shape;
+  int size;
+};
+
+// The same dimension algebra as ONNX's multidirectional broadcast inference: a known size
+// other than 1 wins; one distinct symbolic dim survives; several give an unknown dim.
+// False when known sizes conflict (ONNX's inference fails there; leave it to report).
+bool broadcast(const Operand* ops, int count, onnx::TensorShapeProto* out) {
+  int rank = 0;
+  for (int k = 0; k < count; ++k) rank = std::max(rank, ops[k].size);
+  for (int i = 0; i < rank; ++i) {
+    int64_t value = 1;
+    const onnx::TensorShapeProto_Dimension* symbolic = nullptr;
+    int symbolic_count = 0;
+    for (int k = 0; k < count; ++k) {
+      const Operand& op = ops[k];
+      if (i < rank - op.size) continue;
+      const auto& d = op.shape->dim(i - rank + op.size);
+      if (d.has_dim_value()) {
+        if (d.dim_value() == 1) continue;
+        if (value != 1 && value != d.dim_value()) return false;
+        value = d.dim_value();
+      } else if (symbolic_count == 0) {
+        symbolic = &d;
+        symbolic_count = 1;
+      } else if (d.dim_param() != symbolic->dim_param()) {
+        ++symbolic_count;
+      }
+    }
+    auto* dim = out->add_dim();
+    if (value != 1 || symbolic_count == 0)
+      dim->set_dim_value(value);
+    else if (symbolic_count == 1)
+      *dim = *symbolic;
+  }
+  return true;
+}
+
+// MatMul of operands of rank >= 2: broadcast batch dims, then [.., M, K] x [.., K, N].
+bool matmul(const onnx::TensorShapeProto& a, const onnx::TensorShapeProto& b, onnx::TensorShapeProto* out) {
+  const int ra = a.dim_size(), rb = b.dim_size();
+  if (ra < 2 || rb < 2) return false;  // vector promotion: leave to ONNX
+  const auto& k1 = a.dim(ra - 1);
+  const auto& k2 = b.dim(rb - 2);
+  if (k1.has_dim_value() && k2.has_dim_value() && k1.dim_value() != k2.dim_value()) return false;
+  const Operand batch[2] = {{&a, ra - 2}, {&b, rb - 2}};
+  if (!broadcast(batch, 2, out)) return false;
+  *out->add_dim() = a.dim(ra - 2);
+  *out->add_dim() = b.dim(rb - 1);
+  return true;
+}
+
+}  // namespace
+
+bool fast_infer(const onnx::NodeProto& node, int opset, const std::unordered_map<std::string, onnx::TypeProto*>& types,
+                onnx::TypeProto* outputs) {
+  if (!node.domain().empty() && node.domain() != "ai.onnx") return false;
+  const Kind kind = kind_of(node.op_type(), opset);
+  if (kind == Kind::kNone || node.output_size() != 1 || node.input_size() == 0) return false;
+  if (kind == Kind::kUnary && node.input_size() != 1) return false;
+  if ((kind == Kind::kMatMul || (kind == Kind::kBroadcast && node.op_type() != "Sum" && node.op_type() != "Mean" &&
+                                 node.op_type() != "Max" && node.op_type() != "Min")) &&
+      node.input_size() != 2)
+    return false;
+  constexpr int kMaxInputs = 8;  // Sum/Max/... with more inputs go to ONNX
+  if (node.input_size() > kMaxInputs) return false;
+  const onnx::TypeProto::Tensor* in[kMaxInputs];
+  bool all_shapes = true;
+  for (int i = 0; i < node.input_size(); ++i) {
+    const std::string& name = node.input(i);
+    if (name.empty()) return false;
+    auto it = types.find(name);
+    if (it == types.end() || !it->second->has_tensor_type()) return false;
+    const auto& t = it->second->tensor_type();
+    if (!floating(t.elem_type())) return false;
+    all_shapes = all_shapes && t.has_shape();
+    in[i] = &t;
+  }
+  auto* out = outputs->mutable_tensor_type();
+  out->set_elem_type(in[0]->elem_type());
+  if (kind == Kind::kUnary) {
+    if (in[0]->has_shape()) *out->mutable_shape() = in[0]->shape();
+    return true;
+  }
+  if (!all_shapes) return kind == Kind::kBroadcast;  // ONNX then types the output without a shape
+  if (kind == Kind::kMatMul) return matmul(in[0]->shape(), in[1]->shape(), out->mutable_shape());
+  Operand ops[kMaxInputs];
+  for (int i = 0; i < node.input_size(); ++i) ops[i] = {&in[i]->shape(), in[i]->shape().dim_size()};
+  return broadcast(ops, node.input_size(), out->mutable_shape());
+}
+
+}  // namespace onnax
