@@ -26,6 +26,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--regenerate", action="store_true", help="re-export models and references first")
     parser.add_argument("--quick", action="store_true", help="only the models marked quick (the CI subset)")
     parser.add_argument("--no-light", action="store_true", help="skip the onnx backend 'light' models")
+    parser.add_argument(
+        "--validate", action="store_true", help="also run onnax.testing.validate on every result (slow)"
+    )
     parser.add_argument("--md", type=Path, default=DEFAULT_MD, help="markdown output (default: %(default)s)")
     parser.add_argument("--json", type=Path, default=None, help="also write the rows as JSON")
     args = parser.parse_args(argv)
@@ -43,10 +46,10 @@ def main(argv: list[str] | None = None) -> int:
     def progress(name: str) -> None:
         print(f"ran {name}", file=sys.stderr)
 
-    rows = runner.run_corpus(list(manifests), progress=progress)
+    rows = runner.run_corpus(list(manifests), progress=progress, validate=args.validate)
     if not (args.no_light or args.quick or args.names):
         light = onnx_light.generate()
-        rows += runner.run_corpus(light, root=onnx_light.CACHE_DIR, progress=progress)
+        rows += runner.run_corpus(light, root=onnx_light.CACHE_DIR, progress=progress, validate=args.validate)
         for n in light:
             manifests[n] = artifacts.read_manifest(artifacts.paths(n, onnx_light.CACHE_DIR)[1])
     args.md.write_text(report.markdown(rows, manifests))

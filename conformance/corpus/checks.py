@@ -1,8 +1,9 @@
-"""Structural checks every transformed model must pass before it is run.
+"""Checks every transformed model must pass before its numbers are compared.
 
-The runner applies :data:`DEFAULT_CHECKS` in order; each raises on a problem. A later
-``onnax.testing.validate`` step plugs in by appending a callable ``(model) -> None`` to the list
-passed to :func:`conformance.corpus.runner.run_entry` (or to ``DEFAULT_CHECKS``).
+The runner applies :data:`DEFAULT_CHECKS` in order, then any extra checks it is given (each a
+callable ``(source, generated) -> None`` that raises on a problem). :func:`onnax_validate`
+is such an extra: ``onnax.testing.validate``'s own independent parity check
+(``python -m conformance.corpus --validate``).
 """
 
 from __future__ import annotations
@@ -11,17 +12,27 @@ from collections.abc import Callable
 
 import onnx
 
-Check = Callable[[onnx.ModelProto], None]
+Check = Callable[[onnx.ModelProto, onnx.ModelProto], None]
 
 
-def checker(model: onnx.ModelProto) -> None:
+def checker(source: onnx.ModelProto, model: onnx.ModelProto) -> None:
     """``onnx.checker`` with full_check (includes ONNX shape inference in strict mode)."""
     onnx.checker.check_model(model, full_check=True)
 
 
-def strict_shape_inference(model: onnx.ModelProto) -> None:
+def strict_shape_inference(source: onnx.ModelProto, model: onnx.ModelProto) -> None:
     """Shape inference with data propagation must accept every node of the generated graph."""
     onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True, data_prop=True)
+
+
+def onnax_validate(source: onnx.ModelProto, model: onnx.ModelProto) -> None:
+    """``onnax.testing.validate``: checker, strict inference, runtime and numerical parity
+    with the recorded transform chain (per-example loops, float64 finite differences)."""
+    from onnax.testing import validate
+
+    report = validate(source, model, max_coords=16)
+    if report.failed_step is not None:
+        raise AssertionError(f"onnax.testing.validate failed: {report.format()}")
 
 
 DEFAULT_CHECKS: list[Check] = [checker, strict_shape_inference]

@@ -246,7 +246,7 @@ def run_case(
         return row
     try:
         for check in [*checks.DEFAULT_CHECKS, *extra_checks]:
-            check(result)
+            check(source, result)
         feeds = feeds_for(transform, source, result, m, arrays)
         sess = session(result)
         actual = sess.run(None, feeds)
@@ -303,9 +303,10 @@ def _warm_up(source: onnx.ModelProto) -> None:
         pass  # the timed cases report any problem
 
 
-def _entry_worker(name: str, transforms: Sequence[str], root: str) -> list[dict[str, Any]]:
+def _entry_worker(name: str, transforms: Sequence[str], root: str, validate: bool) -> list[dict[str, Any]]:
+    extra = [checks.onnax_validate] if validate else []
     try:
-        return [asdict(r) for r in run_entry(name, transforms, Path(root))]
+        return [asdict(r) for r in run_entry(name, transforms, Path(root), extra)]
     except Exception:
         return [
             asdict(Row(name, t, "failed", message=traceback.format_exc(limit=2).splitlines()[-1]))
@@ -319,13 +320,14 @@ def run_corpus(
     root: Path = artifacts.MODELS_DIR,
     timeout: float = ENTRY_TIMEOUT,
     progress: Callable[[str], None] | None = None,
+    validate: bool = False,
 ) -> list[Row]:
     """Every entry in its own child process (a crash or a hang fails that entry's rows)."""
     rows: list[Row] = []
     ctx = multiprocessing.get_context("spawn")
     for name in names:
         with concurrent.futures.ProcessPoolExecutor(1, mp_context=ctx) as pool:
-            fut = pool.submit(_entry_worker, name, list(transforms), str(root))
+            fut = pool.submit(_entry_worker, name, list(transforms), str(root), validate)
             try:
                 got = [Row(**r) for r in fut.result(timeout=timeout)]
             except concurrent.futures.TimeoutError:

@@ -113,3 +113,16 @@ def test_jax_export_reproduces_committed_artifacts(tmp_path: Path) -> None:
     assert new.keys() == old.keys()
     for k in old:
         np.testing.assert_allclose(new[k], old[k], rtol=1e-12, atol=1e-12, err_msg=k)
+
+
+@pytest.mark.skipif(not FULL, reason="set ONNAX_CORPUS_FULL=1 (generates ~800 MB, a few minutes)")
+def test_onnx_light_architectures(onnax) -> None:
+    """The onnx package's light architectures: vmap matches per-example loops; the other
+    transforms either build, check and run, or stop at onnax's diagnostic."""
+    from conformance.corpus import onnx_light
+
+    names = onnx_light.generate()
+    rows = runner.run_corpus(names, root=onnx_light.CACHE_DIR)
+    failed = [f"{r.model}/{r.transform}: {r.message}" for r in rows if r.status == "failed"]
+    assert not failed, "\n".join(failed)
+    assert all(r.status == "passed" for r in rows if r.transform == "vmap")
