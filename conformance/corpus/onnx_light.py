@@ -8,7 +8,9 @@ does not depend on the input, so each entry here is the shipped graph with
 
 * the opset upgraded from 9 to 18 (``onnx.version_converter``; onnax accepts 13-28),
 * each ``ConstantOfShape`` weight replaced by a seeded random initializer (scale
-  ``1 / sqrt(fan_in)``), and initializers removed from the graph inputs (IR 3 listed them),
+  ``gain / sqrt(fan_in)``, the gain halved until the forward pass is finite; BatchNorm
+  variances uniform in [0.5, 1.5]), and initializers removed from the graph inputs (IR 3
+  listed them),
 * a scalar ``loss`` output (``ad_oracle.scalarize``: a fixed random weighting of the outputs).
 
 References: ``vmap`` against a per-example loop of the source model in ONNX Runtime. The other
