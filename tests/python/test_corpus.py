@@ -1,12 +1,13 @@
 """The real-model corpus (``conformance/corpus``) against its framework references.
 
 By default the entries marked ``quick`` run from the committed artifacts (ONNX files and
-reference ``.npz``; no JAX needed): every transform must match JAX (or the float64
-finite-difference / loop oracle for built models) within the entry's tolerance, pass
-``onnx.checker`` and strict shape inference, and run in ONNX Runtime. When jax2onnx is
-installed (requirements.txt), one model is re-exported and its JAX references recomputed to
-check the committed files are what the generator produces. ``ONNAX_CORPUS_FULL=1`` runs every
-entry, including the larger ones not marked ``quick``.
+reference ``.npz``; no JAX or PyTorch needed): every transform must match JAX / torch.func
+(or the float64 finite-difference / loop oracle for the built graph network) within the
+entry's tolerance, pass ``onnx.checker`` and strict shape inference, and run in ONNX Runtime.
+When jax2onnx is installed (requirements.txt), one model is re-exported and its JAX
+references recomputed to check the committed files are what the generator produces.
+``ONNAX_CORPUS_FULL=1`` also runs entries not marked ``quick`` and the onnx package's light
+architectures (generated on the fly).
 """
 
 from __future__ import annotations
