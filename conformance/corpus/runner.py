@@ -245,9 +245,9 @@ def run_case(
         row.message = f"transform raised {type(err).__name__}: {err}"
         return row
     try:
-        for check in [*checks.DEFAULT_CHECKS, *extra_checks]:
-            check(source, result)
         feeds = feeds_for(transform, source, result, m, arrays)
+        for check in [*checks.DEFAULT_CHECKS, *extra_checks]:
+            check(source, result, feeds)
         sess = session(result)
         actual = sess.run(None, feeds)
         src_types = {o.name: o.type.tensor_type.elem_type for o in source.graph.output}
