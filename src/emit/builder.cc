@@ -270,8 +270,24 @@ V Builder::op_named(std::string_view type, const std::vector<V>& inputs, const A
   return out;
 }
 
+bool Builder::same_input_names(const onnx::NodeProto& node, const std::vector<V>& inputs) const {
+  if (static_cast<int>(inputs.size()) != node.input_size()) return false;
+  for (int i = 0; i < node.input_size(); ++i)
+    if (inputs[i].valid() ? name(inputs[i]) != node.input(i) : !node.input(i).empty()) return false;
+  return true;
+}
+
 std::vector<V> Builder::clone(const onnx::NodeProto& node, const std::vector<V>& inputs, const Attrs& overrides,
                               const std::vector<std::string>& drop, int num_outputs) {
+  if (source_names_node_ == &node && overrides.empty() && drop.empty() && num_outputs < 0 &&
+      same_input_names(node, inputs)) {
+    source_names_node_ = nullptr;  // the names can be taken once
+    *out_.add_node() = node;
+    std::vector<V> outs;
+    for (const auto& o : node.output()) outs.push_back(o.empty() ? V{} : add_value(o, Facts{}));
+    finish(inputs, outs);
+    return outs;
+  }
   auto* n = new_node(node.op_type());
   n->set_domain(node.domain());
   for (V v : inputs) n->add_input(v.valid() ? name(v) : std::string());

@@ -107,6 +107,10 @@ class Builder {
   // num_outputs >= 0 emits that many outputs instead of the node's own count.
   std::vector<V> clone(const onnx::NodeProto& node, const std::vector<V>& inputs, const Attrs& overrides = {},
                        const std::vector<std::string>& drop = {}, int num_outputs = -1);
+  // While a transform rewrites `node` (nullptr: none), the first clone of it with unchanged
+  // attributes and inputs that carry the source's input names is emitted as an exact copy,
+  // keeping the source's node and output names: no fresh names, and a readable result.
+  void allow_source_names(const onnx::NodeProto* node) { source_names_node_ = node; }
   // Emits `node` unchanged (moves it); registers its outputs with the given facts.
   void copy_node(onnx::NodeProto&& node);
   // Emits a one-output node whose output has exactly `output_name` (already reserved).
@@ -146,6 +150,7 @@ class Builder {
   };
   V add_value(std::string name, Facts facts);
   onnx::NodeProto* new_node(std::string_view type);
+  bool same_input_names(const onnx::NodeProto& node, const std::vector<V>& inputs) const;
   // Bookkeeping after a node is complete: tangent flags, inferred facts, tape routing.
   void finish(const std::vector<V>& inputs, const std::vector<V>& outputs);
   void infer(onnx::NodeProto& node, const std::vector<V>& outputs);
@@ -164,6 +169,7 @@ class Builder {
   bool forbid_tangents_ = false;
   std::vector<V> declared_;
   std::unordered_map<int, V> witness_;
+  const onnx::NodeProto* source_names_node_ = nullptr;
   struct Inference;
   std::unique_ptr<Inference> inference_;
 };

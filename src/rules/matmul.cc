@@ -36,7 +36,7 @@ BatchResult matmul_rule(BatchCtx& c) {
   };
   a = pad(a, ra, c.batched[0]);
   bm = pad(bm, rb, c.batched[1]);
-  V y = c.b.op1("MatMul", {a, bm});
+  V y = c.b.clone(c.node, {a, bm})[0];  // (an unchanged node keeps its names)
   // A shared 1-D B already drops the trailing dim, leaving the added m axis last.
   const bool n_dropped = rb == 1 && !c.batched[1];
   if (squeeze_m && squeeze_n)

@@ -307,7 +307,13 @@ onnx::ModelProto vmap(const onnx::ModelProto& source, const VmapOptions& opt) {
     }
     b.set_origin(node.output_size() && !node.output(0).empty() ? node.output(0) : node.op_type());
     const int first = b.node_count();
+    // Graph outputs may need their names for a final transpose or broadcast, so only other
+    // nodes keep their source names in place.
+    bool feeds_output = false;
+    for (const auto& o : node.output()) feeds_output = feeds_output || output_index.count(o);
+    b.allow_source_names(feeds_output ? nullptr : &node);
     BatchResult res = (*rule)(ctx);
+    b.allow_source_names(nullptr);
     if (ctx.used_scan) looped[(domain.empty() ? "ai.onnx" : domain) + "::" + node.op_type()]++;
     for (int o = 0; o < node.output_size(); ++o) {
       const std::string& src_name = node.output(o);
@@ -326,10 +332,13 @@ onnx::ModelProto vmap(const onnx::ModelProto& source, const VmapOptions& opt) {
       // the name is free to take (graph outputs may need one more node to reach their axis).
       auto oi = output_index.find(src_name);
       bool may_take = oi == output_index.end() || (bat && out_axes[oi->second] == 0);
-      bool made_here = false;
-      for (int ni2 = first; ni2 < b.node_count() && !made_here; ++ni2)
-        for (const auto& on : out_graph.node(ni2).output()) made_here = made_here || on == b.name(v);
-      if (may_take && made_here && b.name(v) != src_name) b.rename(v, src_name, first);
+      bool made_here = false, name_taken = false;
+      for (int ni2 = first; ni2 < b.node_count(); ++ni2)
+        for (const auto& on : out_graph.node(ni2).output()) {
+          made_here = made_here || on == b.name(v);
+          name_taken = name_taken || on == src_name;  // by an intermediate that kept it
+        }
+      if (may_take && made_here && !name_taken) b.rename(v, src_name, first);
       env[src_name] = Mapped{v, bat};
     }
   }

@@ -1,5 +1,8 @@
 // Structural properties of vmap that need no runtime: source isolation, determinism,
 // shared values staying shared, symbolic dims, names. (Numbers are checked in tests/python.)
+#include <string>
+#include <vector>
+
 #include "test_util.h"
 
 namespace onnax {
@@ -131,6 +134,38 @@ g (float[3] x, bool c) => (float[3] y) {
   const std::string slice = body.input(0).name();
   EXPECT_NE(slice, "x");
   for (const auto& a : if_node.attribute()) EXPECT_EQ(a.g().node(0).input(0), slice);
+}
+
+TEST(VmapStructure, NodesThatBatchInPlaceKeepTheirNodeAndValueNames) {
+  auto m = parse(R"(
+<ir_version: 10, opset_import: ["" : 18]>
+g (float[4, 3] x, float[3, 3] w, float[3] b) => (float[4, 3] y) {
+  h = MatMul(x, w)
+  a = Add(h, b)
+  y = Tanh(a)
+}
+)");
+  auto* g = m.mutable_graph();
+  g->mutable_node(0)->set_name("layer0/matmul");
+  g->mutable_node(1)->set_name("layer0/bias");
+  g->mutable_node(2)->set_name("layer0/act");
+  VmapOptions opt;
+  opt.in_axes_form = VmapOptions::InAxesForm::kPerInput;
+  opt.in_axes = {Axis{0}, std::nullopt, std::nullopt};
+  auto out = vmap(m, opt);
+  std::vector<std::string> names, outputs;
+  for (const auto& n : out.graph().node()) {
+    names.push_back(n.name());
+    outputs.push_back(n.output(0));
+  }
+  // MatMul and Add batch in place (the weights broadcast over the batch axis); Tanh feeds the
+  // graph output, which takes its name through the rule's own renaming.
+  ASSERT_GE(names.size(), 3u);
+  EXPECT_EQ(names[0], "layer0/matmul");
+  EXPECT_EQ(names[1], "layer0/bias");
+  EXPECT_EQ(outputs[0], "h");
+  EXPECT_EQ(outputs[1], "a");
+  EXPECT_EQ(outputs.back(), "y");
 }
 
 }  // namespace
