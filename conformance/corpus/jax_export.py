@@ -30,7 +30,7 @@ from conformance.corpus.params import locate_params
 
 BATCH_IN_MODEL = 4  # value of the symbolic batch "B" in the reference inputs
 VMAP_BATCH = 3  # examples stacked on the new vmap axis
-QUICK = {"jax_mlp", "jax_cnn", "jax_cnn_gap", "jax_transformer", "jax_embed_xent", "jax_gru"}
+QUICK = {"jax_mlp", "jax_cnn", "jax_cnn_gap", "jax_transformer", "jax_embed_xent", "jax_gru", "jax_gru_scan"}
 
 
 def export(spec: JaxModel) -> tuple[onnx.ModelProto, Any]:

@@ -190,6 +190,15 @@ def _gru_apply(m: GRU3, xs: jax.Array, h0: jax.Array) -> tuple[jax.Array, jax.Ar
     return jnp.mean(h**2), h
 
 
+class GRUScan(GRU3):
+    """The same cell over the whole sequence with ``jax.lax.scan`` (a full-sequence export:
+    jax2onnx lowers the scan to an ONNX ``Loop``)."""
+
+    def __call__(self, xs: jax.Array, h: jax.Array) -> jax.Array:
+        h, _ = jax.lax.scan(lambda c, x: self.cell(c, x), h, jnp.swapaxes(xs, 0, 1))
+        return h
+
+
 def _f32(name: str, *shape: int | str) -> InputSpec:
     return InputSpec(name, tuple(shape), "float32")
 
@@ -239,6 +248,14 @@ MODELS: tuple[JaxModel, ...] = (
         "jax_gru",
         "Flax NNX GRUCell(4, 6) unrolled over 3 steps (no scan), mean-square loss of the state",
         lambda: _offset_params(GRU3(nnx.Rngs(4)), 4),
+        _gru_apply,
+        (_f32("xs", "B", 3, 4), _f32("h0", "B", 6)),
+        ("loss", "h"),
+    ),
+    JaxModel(
+        "jax_gru_scan",
+        "Flax NNX GRUCell(4, 6) over 3 steps with jax.lax.scan (exported as an ONNX Loop)",
+        lambda: _offset_params(GRUScan(nnx.Rngs(4)), 4),
         _gru_apply,
         (_f32("xs", "B", 3, 4), _f32("h0", "B", 6)),
         ("loss", "h"),
