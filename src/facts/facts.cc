@@ -109,9 +109,19 @@ const onnx::TypeProto* FactTable::type(const std::string& name) const {
   return it == types_.end() ? nullptr : it->second;
 }
 
-onnx::TypeProto* FactTable::store(onnx::TypeProto type) {
-  storage_.push_back(std::move(type));
-  return &storage_.back();
+FactTable::FactTable() : arena_(std::make_unique<google::protobuf::Arena>()) {}
+FactTable::~FactTable() = default;
+FactTable::FactTable(FactTable&&) noexcept = default;
+FactTable& FactTable::operator=(FactTable&&) noexcept = default;
+
+onnx::TypeProto* FactTable::make() {
+  return google::protobuf::Arena::CreateMessage<onnx::TypeProto>(arena_.get());
+}
+
+onnx::TypeProto* FactTable::store(const onnx::TypeProto& type) {
+  onnx::TypeProto* t = make();
+  t->CopyFrom(type);
+  return t;
 }
 
 void FactTable::set(const std::string& name, const onnx::TypeProto& type) {

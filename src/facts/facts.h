@@ -1,10 +1,11 @@
 // Per-value facts the rules need: element type and (possibly symbolic) shape.
 #pragma once
 
+#include <google/protobuf/arena.h>
 #include <onnx/onnx_pb.h>
 
 #include <cstdint>
-#include <deque>
+#include <memory>
 #include <optional>
 #include <string>
 #include <unordered_map>
@@ -44,6 +45,11 @@ void write_type(const Facts& facts, onnx::TypeProto* type);
 // (facts/infer.cc); the TypeProtos double as the inference functions' inputs.
 class FactTable {
  public:
+  FactTable();
+  ~FactTable();
+  FactTable(FactTable&&) noexcept;
+  FactTable& operator=(FactTable&&) noexcept;
+
   Facts get(const std::string& name) const;
   const onnx::TypeProto* type(const std::string& name) const;
   void set(const std::string& name, const onnx::TypeProto& type);
@@ -51,11 +57,15 @@ class FactTable {
 
   // For the inference pass.
   std::unordered_map<std::string, onnx::TypeProto*>& types() { return types_; }
-  onnx::TypeProto* store(onnx::TypeProto type);
+  // A copy of `type` / an empty TypeProto owned by the table. They live on a protobuf arena:
+  // large graphs hold hundreds of thousands of them, and one allocation (and one free) each,
+  // with their nested shapes and dims, dominated building and tearing the table down.
+  onnx::TypeProto* store(const onnx::TypeProto& type);
+  onnx::TypeProto* make();
 
  private:
+  std::unique_ptr<google::protobuf::Arena> arena_;
   std::unordered_map<std::string, onnx::TypeProto*> types_;
-  std::deque<onnx::TypeProto> storage_;
 };
 
 // The tensor a Constant node produces (from value, value_int(s) or value_float(s)), if any.
@@ -64,6 +74,6 @@ std::optional<onnx::TensorProto> constant_tensor(const onnx::NodeProto& node);
 // Runs ONNX's per-node type and shape inference (and partial data propagation, so shapes
 // computed with Shape/Gather/Concat stay known) over `graph`, whose nodes must be in
 // topological order. Declared value_info fills in what inference cannot tell.
-void infer_facts(onnx::GraphProto& graph, const std::unordered_map<std::string, int>& opsets, FactTable& table);
+void infer_facts(const onnx::GraphProto& graph, const std::unordered_map<std::string, int>& opsets, FactTable& table);
 
 }  // namespace onnax

@@ -2,6 +2,7 @@
 #include <onnx/shape_inference/implementation.h>
 
 #include <deque>
+#include <optional>
 
 #include "facts/facts.h"
 #include "facts/fast_shapes.h"
@@ -25,7 +26,7 @@ bool has_rank(const onnx::TypeProto* t) {
 
 }  // namespace
 
-void infer_facts(onnx::GraphProto& g, const std::unordered_map<std::string, int>& opsets, FactTable& table) {
+void infer_facts(const onnx::GraphProto& g, const std::unordered_map<std::string, int>& opsets, FactTable& table) {
   auto& types = table.types();
   types.reserve(types.size() + static_cast<size_t>(g.node_size()) * 2 + g.input_size() + g.initializer_size());
   std::unordered_map<std::string, const onnx::TensorProto*> data;
@@ -40,8 +41,8 @@ void infer_facts(onnx::GraphProto& g, const std::unordered_map<std::string, int>
     types[s.values().name()] = table.store(tensor_type_of(s.values()));
     sparse[s.values().name()] = &s;
   }
-  for (auto& vi : *g.mutable_input())
-    if (vi.has_type() && !types.count(vi.name())) types[vi.name()] = vi.mutable_type();
+  for (const auto& vi : g.input())
+    if (vi.has_type() && !types.count(vi.name())) types[vi.name()] = table.store(vi.type());
   for (const auto& vi : g.value_info()) declared[vi.name()] = &vi;
   for (const auto& vi : g.output()) declared[vi.name()] = &vi;
 
@@ -52,20 +53,28 @@ void infer_facts(onnx::GraphProto& g, const std::unordered_map<std::string, int>
   onnx::shape_inference::GraphInferenceContext graph_ctx(types, opsets, nullptr, {}, onnx::OpSchemaRegistry::Instance(),
                                                          &generated);
   SchemaCache schemas;
-  for (auto& n : *g.mutable_node()) {
-    std::vector<onnx::TypeProto> inferred(n.output_size());
-    const bool fast = n.output_size() == 1 && fast_infer(n, default_opset, types, &inferred[0]);
-    if (!fast && !inferred.empty()) inferred[0].Clear();
+  for (const auto& n : g.node()) {
+    std::vector<onnx::TypeProto*> inferred(n.output_size());
+    for (auto& t : inferred) t = table.make();
+    const bool fast = n.output_size() == 1 && fast_infer(n, default_opset, types, inferred[0]);
+    if (!fast && !inferred.empty()) inferred[0]->Clear();
     const std::string domain = n.domain() == "ai.onnx" ? "" : n.domain();
     auto op = fast ? opsets.end() : opsets.find(domain);
     const onnx::OpSchema* schema = op == opsets.end() ? nullptr : schemas.find(n.op_type(), domain, op->second);
     if (schema && schema->has_type_and_shape_inference_function()) {
       try {
-        onnx::shape_inference::InferenceContextImpl ctx(n, types, data, sparse, options, &generated, &graph_ctx);
+        // ONNX's context takes the node mutably only because inferring a subgraph attribute
+        // (If/Loop/Scan bodies) records value_info in it; give such nodes a private copy so
+        // the graph (possibly the caller's source model) is never written.
+        std::optional<onnx::NodeProto> with_subgraphs;
+        for (const auto& a : n.attribute())
+          if (a.has_g() || a.graphs_size() > 0) with_subgraphs = n;
+        onnx::NodeProto& node = with_subgraphs ? *with_subgraphs : const_cast<onnx::NodeProto&>(n);
+        onnx::shape_inference::InferenceContextImpl ctx(node, types, data, sparse, options, &generated, &graph_ctx);
         schema->GetTypeAndShapeInferenceFunction()(ctx);
-        for (int i = 0; i < n.output_size(); ++i) inferred[i] = *ctx.getOutputType(i);
+        for (int i = 0; i < n.output_size(); ++i) inferred[i]->CopyFrom(*ctx.getOutputType(i));
         if (schema->has_data_propagation_function()) {
-          onnx::shape_inference::DataPropagationContextImpl dctx(n, types, data, generated);
+          onnx::shape_inference::DataPropagationContextImpl dctx(node, types, data, generated);
           schema->GetDataPropagationFunction()(dctx);
         }
       } catch (const std::exception&) {
@@ -75,7 +84,7 @@ void infer_facts(onnx::GraphProto& g, const std::unordered_map<std::string, int>
     }
     if (auto t = constant_tensor(n)) {
       constants.push_back(std::move(*t));
-      inferred[0] = tensor_type_of(constants.back());
+      *inferred[0] = tensor_type_of(constants.back());
       data[n.output(0)] = &constants.back();
     }
     for (int i = 0; i < n.output_size(); ++i) {
@@ -83,12 +92,12 @@ void infer_facts(onnx::GraphProto& g, const std::unordered_map<std::string, int>
       if (name.empty()) continue;
       onnx::TypeProto* t = nullptr;
       auto d = declared.find(name);
-      const bool inferred_typed = inferred[i].value_case() != onnx::TypeProto::VALUE_NOT_SET;
+      const bool inferred_typed = inferred[i]->value_case() != onnx::TypeProto::VALUE_NOT_SET;
       if (d != declared.end() && d->second->has_type() &&
-          (!inferred_typed || (!has_rank(&inferred[i]) && has_rank(&d->second->type()))))
+          (!inferred_typed || (!has_rank(inferred[i]) && has_rank(&d->second->type()))))
         t = table.store(d->second->type());
       else if (inferred_typed)
-        t = table.store(std::move(inferred[i]));
+        t = inferred[i];
       if (t) types[name] = t;
     }
   }

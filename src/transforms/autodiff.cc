@@ -41,7 +41,7 @@ struct Resolved {
 
 Resolved resolve(const Prepared& p, const onnx::ModelProto& source, Mode mode, const Selection& sel) {
   const std::string m = mode_name(mode);
-  const auto& g = p.model.graph();
+  const auto& g = *p.graph;
   std::vector<std::string> runtime, float_runtime, float_inits, outputs, float_outputs;
   for (const auto* vi : p.runtime_inputs) {
     runtime.push_back(vi->name());
@@ -163,7 +163,7 @@ onnx::ModelProto differentiate(const onnx::ModelProto& source, Mode mode, const 
     opsets[o.domain() == "ai.onnx" ? std::string() : o.domain()] = static_cast<int>(o.version());
   opsets[""] = static_cast<int>(p.opset);
 
-  onnx::GraphProto* src = p.model.release_graph();
+  const onnx::GraphProto* src = p.graph;
   onnx::GraphProto out;
   out.set_name(src->name());
   out.set_doc_string(src->doc_string());
@@ -387,12 +387,10 @@ onnx::ModelProto differentiate(const onnx::ModelProto& source, Mode mode, const 
     *out.add_output() = vi;
   }
   for (auto& vi : new_outputs) *out.add_output() = std::move(vi);
-  out.mutable_initializer()->Swap(src->mutable_initializer());
-  out.mutable_sparse_initializer()->Swap(src->mutable_sparse_initializer());
+  take_initializers(p, out);
   for (const auto& vi : source.graph().value_info()) *out.add_value_info() = vi;
   for (V v : b.declared())
     if (b.facts(v).dtype) *out.add_value_info() = value_info_like(b.name(v), b.facts(v));
-  delete src;
   onnx::ModelProto result = std::move(p.model);
   *result.mutable_graph() = std::move(out);
 

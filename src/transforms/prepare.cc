@@ -195,10 +195,85 @@ std::vector<std::string> outer_scope_reads(const onnx::NodeProto& node) {
   return reads;
 }
 
+namespace {
+
+// Copies every field of `from` except its graph into `to` (fields by reflection, so none is
+// forgotten, and unknown fields too, so a round trip loses nothing).
+void copy_all_but_graph(const onnx::ModelProto& from, onnx::ModelProto* to) {
+  using google::protobuf::FieldDescriptor;
+  const auto* rf = from.GetReflection();
+  const auto* rt = to->GetReflection();
+  std::vector<const FieldDescriptor*> fields;
+  rf->ListFields(from, &fields);
+  for (const FieldDescriptor* f : fields) {
+    if (f->number() == onnx::ModelProto::kGraphFieldNumber) continue;
+    if (!f->is_repeated()) {
+      switch (f->cpp_type()) {
+        case FieldDescriptor::CPPTYPE_INT32: rt->SetInt32(to, f, rf->GetInt32(from, f)); break;
+        case FieldDescriptor::CPPTYPE_INT64: rt->SetInt64(to, f, rf->GetInt64(from, f)); break;
+        case FieldDescriptor::CPPTYPE_UINT32: rt->SetUInt32(to, f, rf->GetUInt32(from, f)); break;
+        case FieldDescriptor::CPPTYPE_UINT64: rt->SetUInt64(to, f, rf->GetUInt64(from, f)); break;
+        case FieldDescriptor::CPPTYPE_DOUBLE: rt->SetDouble(to, f, rf->GetDouble(from, f)); break;
+        case FieldDescriptor::CPPTYPE_FLOAT: rt->SetFloat(to, f, rf->GetFloat(from, f)); break;
+        case FieldDescriptor::CPPTYPE_BOOL: rt->SetBool(to, f, rf->GetBool(from, f)); break;
+        case FieldDescriptor::CPPTYPE_ENUM: rt->SetEnumValue(to, f, rf->GetEnumValue(from, f)); break;
+        case FieldDescriptor::CPPTYPE_STRING: rt->SetString(to, f, rf->GetString(from, f)); break;
+        case FieldDescriptor::CPPTYPE_MESSAGE: rt->MutableMessage(to, f)->CopyFrom(rf->GetMessage(from, f)); break;
+      }
+      continue;
+    }
+    for (int i = 0; i < rf->FieldSize(from, f); ++i) {
+      switch (f->cpp_type()) {
+        case FieldDescriptor::CPPTYPE_INT32: rt->AddInt32(to, f, rf->GetRepeatedInt32(from, f, i)); break;
+        case FieldDescriptor::CPPTYPE_INT64: rt->AddInt64(to, f, rf->GetRepeatedInt64(from, f, i)); break;
+        case FieldDescriptor::CPPTYPE_UINT32: rt->AddUInt32(to, f, rf->GetRepeatedUInt32(from, f, i)); break;
+        case FieldDescriptor::CPPTYPE_UINT64: rt->AddUInt64(to, f, rf->GetRepeatedUInt64(from, f, i)); break;
+        case FieldDescriptor::CPPTYPE_DOUBLE: rt->AddDouble(to, f, rf->GetRepeatedDouble(from, f, i)); break;
+        case FieldDescriptor::CPPTYPE_FLOAT: rt->AddFloat(to, f, rf->GetRepeatedFloat(from, f, i)); break;
+        case FieldDescriptor::CPPTYPE_BOOL: rt->AddBool(to, f, rf->GetRepeatedBool(from, f, i)); break;
+        case FieldDescriptor::CPPTYPE_ENUM: rt->AddEnumValue(to, f, rf->GetRepeatedEnumValue(from, f, i)); break;
+        case FieldDescriptor::CPPTYPE_STRING: rt->AddString(to, f, rf->GetRepeatedString(from, f, i)); break;
+        case FieldDescriptor::CPPTYPE_MESSAGE:
+          rt->AddMessage(to, f)->CopyFrom(rf->GetRepeatedMessage(from, f, i));
+          break;
+      }
+    }
+  }
+  to->GetReflection()->MutableUnknownFields(to)->MergeFrom(rf->GetUnknownFields(from));
+}
+
+void collect_runtime_inputs(Prepared& p) {
+  p.runtime_inputs.clear();
+  for (const auto& vi : p.graph->input())
+    if (!p.initializer_names.count(vi.name())) p.runtime_inputs.push_back(&vi);
+}
+
+}  // namespace
+
+onnx::GraphProto& mutable_graph(Prepared& p) {
+  if (p.graph != &p.model.graph()) {
+    *p.model.mutable_graph() = *p.graph;
+    p.graph = &p.model.graph();
+    collect_runtime_inputs(p);
+  }
+  return *p.model.mutable_graph();
+}
+
+void take_initializers(Prepared& p, onnx::GraphProto& out) {
+  if (p.graph == &p.model.graph()) {
+    out.mutable_initializer()->Swap(p.model.mutable_graph()->mutable_initializer());
+    out.mutable_sparse_initializer()->Swap(p.model.mutable_graph()->mutable_sparse_initializer());
+  } else {
+    *out.mutable_initializer() = p.graph->initializer();
+    *out.mutable_sparse_initializer() = p.graph->sparse_initializer();
+  }
+}
+
 Prepared prepare(const onnx::ModelProto& source, const std::string& mode) {
   Prepared p;
-  p.model = source;
-  if (!p.model.has_graph())
+  copy_all_but_graph(source, &p.model);
+  p.graph = &source.graph();
+  if (!source.has_graph())
     diag::fail(Error::Kind::kInvalidModel,
                mode + ": the model has no graph. Fix: pass an ONNX ModelProto with a graph");
   int64_t opset = default_opset(p.model);
@@ -215,6 +290,7 @@ Prepared prepare(const onnx::ModelProto& source, const std::string& mode) {
                    ". Fix: convert the model with onnx.version_converter.convert_version(model, " +
                    std::to_string(opset > kMaxOpset ? kMaxOpset : kMinOpset) + ") first");
   if (p.model.functions_size() > 0) {
+    mutable_graph(p);  // inlining rewrites the graph
     try {
       onnx::inliner::InlineLocalFunctions(p.model, /*convert_version=*/true);
     } catch (const std::exception& e) {
@@ -225,7 +301,9 @@ Prepared prepare(const onnx::ModelProto& source, const std::string& mode) {
   }
   if (opset < kMinOpset) {
     try {
+      mutable_graph(p);
       p.model = onnx::version_conversion::ConvertVersion(p.model, static_cast<int>(kMinOpset));
+      p.graph = &p.model.graph();
     } catch (const std::exception& e) {
       diag::fail(Error::Kind::kVersion,
                  mode + ": the model's ai.onnx opset is " + std::to_string(opset) + "; " + interval +
@@ -237,8 +315,8 @@ Prepared prepare(const onnx::ModelProto& source, const std::string& mode) {
     opset = kMinOpset;
   }
   p.opset = opset;
-  auto& g = *p.model.mutable_graph();
-  if (!already_sorted(g, p.value_names)) sort_nodes(g);
+  if (!already_sorted(*p.graph, p.value_names)) sort_nodes(mutable_graph(p));
+  const auto& g = *p.graph;
   collect_names(g, p);
   for (const auto& t : g.initializer()) p.initializer_names.insert(t.name());
   for (const auto& s : g.sparse_initializer()) p.initializer_names.insert(s.values().name());
@@ -249,8 +327,7 @@ Prepared prepare(const onnx::ModelProto& source, const std::string& mode) {
     opsets[o.domain() == "ai.onnx" ? std::string() : o.domain()] = static_cast<int>(o.version());
   opsets[""] = static_cast<int>(opset);
   infer_facts(g, opsets, p.facts);
-  for (const auto& vi : g.input())
-    if (!p.initializer_names.count(vi.name())) p.runtime_inputs.push_back(&vi);
+  collect_runtime_inputs(p);
   return p;
 }
 

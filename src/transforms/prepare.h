@@ -18,8 +18,12 @@ inline constexpr int64_t kMaxOpset = 28;
 inline constexpr int64_t kMinConvertibleOpset = 13;
 
 struct Prepared {
-  onnx::ModelProto model;  // a private working copy; its graph's nodes are in topological order
-  int64_t opset = 0;       // default-domain opset
+  // A private copy of the model's other fields. It holds a graph only when prepare had to
+  // change it (sort, inline, upgrade); otherwise `graph` is the caller's, read but never
+  // written, which spares copying and freeing every node of large models.
+  onnx::ModelProto model;
+  const onnx::GraphProto* graph = nullptr;  // the graph to transform; nodes in topological order
+  int64_t opset = 0;                        // default-domain opset
   FactTable facts;
   NameScope value_names;  // every value name in the model and its subgraphs
   NameScope node_names;
@@ -29,6 +33,13 @@ struct Prepared {
 };
 
 Prepared prepare(const onnx::ModelProto& source, const std::string& mode);
+
+// The graph, made private to `p` first when it is still the source's (copy on write).
+// Invalidates pointers into the previous graph (runtime_inputs are recomputed).
+onnx::GraphProto& mutable_graph(Prepared& p);
+
+// The initializers of p's graph for the output graph: moved when private, else copied.
+void take_initializers(Prepared& p, onnx::GraphProto& out);
 
 // Names a subgraph reads from enclosing scopes (recursively), for batchedness checks.
 std::vector<std::string> outer_scope_reads(const onnx::NodeProto& node);

@@ -115,18 +115,20 @@ onnx::ModelProto vmap(const onnx::ModelProto& source, const VmapOptions& opt) {
   const Dim batch_dim = Dim::named(axis_name);
 
   std::unordered_map<std::string, std::string> output_alias;  // output name -> renamed initializer
-  onnx::GraphProto* src_graph = p.model.release_graph();
+  const onnx::GraphProto* src_graph = p.graph;
   // An initializer that is also a graph output must be broadcast under the output's name, so
-  // the (still shared) initializer takes a new one.
+  // the (still shared) initializer takes a new one (in a private copy of the graph).
   for (const auto& o : source.graph().output()) {
     if (!p.initializer_names.count(o.name())) continue;
     bool is_input = false;
-    for (const auto& vi : src_graph->input()) is_input = is_input || vi.name() == o.name();
+    for (const auto& vi : p.graph->input()) is_input = is_input || vi.name() == o.name();
     if (is_input) continue;
+    onnx::GraphProto* private_graph = &mutable_graph(p);
+    src_graph = private_graph;
     const std::string renamed = p.value_names.fresh(o.name() + "_shared");
-    for (auto& t : *src_graph->mutable_initializer())
+    for (auto& t : *private_graph->mutable_initializer())
       if (t.name() == o.name()) t.set_name(renamed);
-    for (auto& n : *src_graph->mutable_node()) {
+    for (auto& n : *private_graph->mutable_node()) {
       for (auto& in : *n.mutable_input())
         if (in == o.name()) in = renamed;
       for (auto& a : *n.mutable_attribute()) {
@@ -227,7 +229,7 @@ onnx::ModelProto vmap(const onnx::ModelProto& source, const VmapOptions& opt) {
   SchemaCache schemas;
   std::map<std::string, int> looped;
   for (int ni = 0; ni < src_graph->node_size(); ++ni) {
-    onnx::NodeProto& node = *src_graph->mutable_node(ni);
+    const onnx::NodeProto& node = src_graph->node(ni);
     bool any_batched = false;
     for (const auto& in : node.input()) {
       if (in.empty()) continue;
@@ -247,15 +249,20 @@ onnx::ModelProto vmap(const onnx::ModelProto& source, const VmapOptions& opt) {
       // Shared computation: copy the node unchanged. Graph outputs get a private name so the
       // broadcast to the batch can take the output's own name at the end.
       std::vector<std::pair<std::string, V>> outs;
-      for (auto& o : *node.mutable_output()) {
+      onnx::NodeProto copy;
+      if (src_graph == &p.model.graph())
+        copy = std::move(*p.model.mutable_graph()->mutable_node(ni));  // private graph: take it
+      else
+        copy = node;
+      for (auto& o : *copy.mutable_output()) {
         if (o.empty()) continue;
         std::string src_name = o;
         if (output_index.count(o)) o = p.value_names.fresh(o + "_shared");
         // Rules read per-example facts from the fact table; shared values need none here.
         outs.emplace_back(src_name, b.existing(o, Facts{}));
       }
-      if (auto t = constant_tensor(node)) remember_tensor(*t);
-      b.copy_node(std::move(node));
+      if (auto t = constant_tensor(copy)) remember_tensor(*t);
+      b.copy_node(std::move(copy));
       for (auto& [n, v] : outs) env[n] = Mapped{v, false};
       continue;
     }
@@ -385,15 +392,13 @@ onnx::ModelProto vmap(const onnx::ModelProto& source, const VmapOptions& opt) {
 
   for (auto& vi : new_inputs) *out_graph.add_input() = std::move(vi);
   for (auto& vi : new_outputs) *out_graph.add_output() = std::move(vi);
-  out_graph.mutable_initializer()->Swap(src_graph->mutable_initializer());
-  out_graph.mutable_sparse_initializer()->Swap(src_graph->mutable_sparse_initializer());
-  out_graph.mutable_quantization_annotation()->Swap(src_graph->mutable_quantization_annotation());
+  *out_graph.mutable_quantization_annotation() = src_graph->quantization_annotation();
+  take_initializers(p, out_graph);
   // Value info stays valid only for values that kept their name and stayed unbatched.
   for (const auto& vi : source.graph().value_info()) {
     auto it = env.find(vi.name());
     if (it != env.end() && !it->second.batched && b.name(it->second.v) == vi.name()) *out_graph.add_value_info() = vi;
   }
-  // (runtime_inputs point into src_graph: describe the call before releasing it)
   std::vector<std::string> axes_json, out_json;
   size_t ri = 0;
   for (const auto* vi : p.runtime_inputs) {
@@ -404,7 +409,6 @@ onnx::ModelProto vmap(const onnx::ModelProto& source, const VmapOptions& opt) {
   const std::string step = "{\"transform\": \"vmap\", \"in_axes\": {" + diag::join(axes_json) +
                            "}, \"out_axes\": " + provenance::list(out_json) +
                            ", \"axis_name\": " + provenance::quote(axis_name) + "}";
-  delete src_graph;
   for (const auto& [op, count] : looped)
     notice(
         "vmap: " + op + " (" + std::to_string(count) + " node" + (count > 1 ? "s" : "") +

@@ -168,5 +168,31 @@ g (float[4, 3] x, float[3, 3] w, float[3] b) => (float[4, 3] y) {
   EXPECT_EQ(outputs.back(), "y");
 }
 
+// prepare reads the caller's graph in place (no private copy unless it must sort, inline or
+// upgrade); ONNX's inference of subgraph attributes writes value_info into them, which must
+// never reach the source.
+TEST(VmapStructure, SourceWithSubgraphsIsNeverWritten) {
+  auto m = parse(R"(
+<ir_version: 10, opset_import: ["" : 18]>
+g (float[3] x, bool c) => (float[3] y, float[3] z) {
+  y = If(c) <then_branch = t () => (float[3] a) { r = Relu(x) a = Neg(r) },
+             else_branch = e () => (float[3] b) { b = Neg(x) }>
+  z = Tanh(x)
+}
+)");
+  const std::string before = m.SerializeAsString();
+  VmapOptions opt;
+  opt.in_axes_form = VmapOptions::InAxesForm::kPerInput;
+  opt.in_axes = {Axis{0}, std::nullopt};
+  const std::string a = vmap(m, opt).SerializeAsString();
+  EXPECT_EQ(m.SerializeAsString(), before);
+  EXPECT_EQ(vmap(m, opt).SerializeAsString(), a);
+  Selection sel;
+  sel.inputs = std::vector<std::string>{"x"};
+  sel.outputs = std::vector<std::string>{"z"};
+  jvp(m, sel);
+  EXPECT_EQ(m.SerializeAsString(), before);
+}
+
 }  // namespace
 }  // namespace onnax
