@@ -311,13 +311,36 @@ std::vector<V> conv_jvp(D& c) {
   return {c.like_out(t)};
 }
 
-// Explicit [begin..., end...] pads of a Conv whose auto_pad is NOTSET or VALID.
+// Explicit [begin..., end...] pads of a Conv. SAME_UPPER / SAME_LOWER are resolved from the
+// static spatial sizes (ONNX: total = max(0, (ceil(in / s) - 1) * s + (k - 1) * d + 1 - in),
+// the odd unit at the end for SAME_UPPER, at the beginning for SAME_LOWER); Flax and
+// TensorFlow exports use them with a symbolic batch but static image sizes.
 std::vector<int64_t> conv_pads(TransposeCtx& c, int64_t spatial) {
   const auto* ap = c.attr("auto_pad");
   const std::string mode = ap ? ap->s() : "NOTSET";
   if (mode == "VALID") return std::vector<int64_t>(2 * spatial, 0);
+  if (mode == "SAME_UPPER" || mode == "SAME_LOWER") {
+    const Facts& xf = c.b.facts(c.in(0));
+    const Facts& wf = c.b.facts(c.in(1));
+    const std::vector<int64_t> strides = c.attr_ints("strides"), dil = c.attr_ints("dilations");
+    const std::vector<int64_t> kshape = c.attr_ints("kernel_shape");
+    std::vector<int64_t> pads(2 * spatial, 0);
+    for (int64_t k = 0; k < spatial; ++k) {
+      const bool x_known = xf.has_shape && xf.rank() == spatial + 2 && xf.dims[2 + k].known();
+      const bool w_known = !kshape.empty() || (wf.has_shape && wf.rank() == spatial + 2 && wf.dims[2 + k].known());
+      if (!x_known || !w_known)
+        c.unsupported("auto_pad=" + mode + " needs the input's spatial sizes, which are not static");
+      const int64_t in = xf.dims[2 + k].value, s = strides.empty() ? 1 : strides[k], d = dil.empty() ? 1 : dil[k];
+      const int64_t kk = kshape.empty() ? wf.dims[2 + k].value : kshape[k];
+      const int64_t total = std::max<int64_t>(0, ((in + s - 1) / s - 1) * s + (kk - 1) * d + 1 - in);
+      const int64_t small = total / 2, big = total - small;
+      pads[k] = mode == "SAME_UPPER" ? small : big;
+      pads[spatial + k] = mode == "SAME_UPPER" ? big : small;
+    }
+    return pads;
+  }
   if (mode != "NOTSET" && !mode.empty())
-    c.unsupported("auto_pad=" + mode + " needs run-time pads; reverse mode supports NOTSET and VALID");
+    c.unsupported("auto_pad=" + mode + " is not supported in reverse mode (NOTSET, VALID, SAME_UPPER, SAME_LOWER are)");
   std::vector<int64_t> pads = c.attr_ints("pads");
   if (pads.empty()) pads.assign(2 * spatial, 0);
   return pads;
