@@ -46,11 +46,12 @@ Attr Attr::ints(std::string_view name, const std::vector<int64_t>& v) {
 struct Builder::Inference {
   std::unordered_map<std::string, int> opsets;
   std::unordered_map<std::string, onnx::TypeProto*> types;
-  std::deque<onnx::TypeProto> storage;
+  // The types of emitted values, on an arena: one per emitted node, with nested shapes.
+  google::protobuf::Arena arena;
+  onnx::TypeProto* make() { return google::protobuf::Arena::CreateMessage<onnx::TypeProto>(&arena); }
   std::unordered_map<std::string, const onnx::TensorProto*> data;
   std::unordered_map<std::string, const onnx::SparseTensorProto*> sparse;
   onnx::shape_inference::DataValueMap generated;
-  std::unordered_map<std::string, int> ids;  // value name -> latest V id
   SchemaCache schemas;
 };
 
@@ -63,7 +64,6 @@ V Builder::add_value(std::string name, Facts facts) {
   values_.push_back(Value{std::move(name), std::move(facts)});
   tangent_.push_back(0);
   const int id = static_cast<int>(values_.size() - 1);
-  if (inference_) inference_->ids[values_[id].name] = id;
   return V{id};
 }
 
@@ -75,9 +75,9 @@ void Builder::enable_inference(const std::unordered_map<std::string, int>& opset
 void Builder::set_facts(V v, Facts f) {
   values_[v.id].facts = std::move(f);
   if (inference_ && values_[v.id].facts.dtype) {
-    inference_->storage.emplace_back();
-    write_type(values_[v.id].facts, &inference_->storage.back());
-    inference_->types[values_[v.id].name] = &inference_->storage.back();
+    onnx::TypeProto* t = inference_->make();
+    write_type(values_[v.id].facts, t);
+    inference_->types[values_[v.id].name] = t;
   }
 }
 
@@ -85,24 +85,23 @@ void Builder::register_data(const std::string& n, const onnx::TensorProto* tenso
   if (inference_) inference_->data[n] = tensor;
 }
 
-void Builder::infer(onnx::NodeProto& node, const std::vector<V>& outputs) {
+void Builder::infer(onnx::NodeProto& node, const std::vector<V>& inputs, const std::vector<V>& outputs) {
   auto& inf = *inference_;
-  // Inputs' types from their facts (values registered without a TypeProto yet).
-  for (const auto& in : node.input()) {
-    if (in.empty() || inf.types.count(in)) continue;
-    auto id = inf.ids.find(in);
-    if (id == inf.ids.end() || !values_[id->second].facts.dtype) continue;
-    inf.storage.emplace_back();
-    write_type(values_[id->second].facts, &inf.storage.back());
-    inf.types[in] = &inf.storage.back();
+  // Inputs' types from their facts (values registered without a TypeProto yet). `inputs`
+  // are the node's inputs in order.
+  for (V in : inputs) {
+    if (!in.valid() || !values_[in.id].facts.dtype) continue;
+    auto [it, added] = inf.types.try_emplace(name(in), nullptr);
+    if (!added) continue;
+    it->second = inf.make();
+    write_type(values_[in.id].facts, it->second);
   }
   if (outputs.size() == 1 && outputs[0].valid()) {
-    onnx::TypeProto t;
+    onnx::TypeProto* t = inf.make();
     auto def = inf.opsets.find("");
-    if (fast_infer(node, def == inf.opsets.end() ? 0 : def->second, inf.types, &t)) {
-      values_[outputs[0].id].facts = facts_from_type(t);
-      inf.storage.push_back(std::move(t));
-      inf.types[name(outputs[0])] = &inf.storage.back();
+    if (fast_infer(node, def == inf.opsets.end() ? 0 : def->second, inf.types, t)) {
+      values_[outputs[0].id].facts = facts_from_type(*t);
+      inf.types[name(outputs[0])] = t;
       return;
     }
   }
@@ -123,8 +122,9 @@ void Builder::infer(onnx::NodeProto& node, const std::vector<V>& outputs) {
       if (!outputs[i].valid()) continue;
       const auto* t = ctx.getOutputType(i);
       if (!t || t->value_case() == onnx::TypeProto::VALUE_NOT_SET) continue;
-      inf.storage.push_back(*t);
-      inf.types[name(outputs[i])] = &inf.storage.back();
+      onnx::TypeProto* stored = inf.make();
+      stored->CopyFrom(*t);
+      inf.types[name(outputs[i])] = stored;
       values_[outputs[i].id].facts = facts_from_type(*t);
     }
   } catch (const std::exception&) {
@@ -144,7 +144,7 @@ void Builder::finish(const std::vector<V>& inputs, const std::vector<V>& outputs
   if (node->op_type() == "Constant" && inference_)
     for (const auto& a : node->attribute())
       if (a.name() == "value" && a.has_t()) inference_->data[node->output(0)] = &a.t();
-  if (inference_) infer(*node, outputs);
+  if (inference_) infer(*node, inputs, outputs);
   if (linear) propagate_witness(*node, inputs, outputs);
   if (linear && tape_) {
     std::unique_ptr<onnx::NodeProto> released(out_.mutable_node()->ReleaseLast());
@@ -332,7 +332,6 @@ void Builder::rename(V v, const std::string& new_name, int first_node) {
   }
   values_[v.id].name = new_name;
   if (inference_) {
-    inference_->ids[new_name] = v.id;
     if (auto t = inference_->types.find(old); t != inference_->types.end()) inference_->types[new_name] = t->second;
   }
   auto it = known_i64_.find(old);
@@ -353,7 +352,6 @@ void Builder::rename_all(const std::vector<std::pair<V, std::string>>& renames) 
     const std::string old = values_[v.id].name;
     values_[v.id].name = n;
     if (inference_) {
-      inference_->ids[n] = v.id;
       if (auto t = inference_->types.find(old); t != inference_->types.end()) inference_->types[n] = t->second;
     }
   }

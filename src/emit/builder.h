@@ -153,7 +153,7 @@ class Builder {
   bool same_input_names(const onnx::NodeProto& node, const std::vector<V>& inputs) const;
   // Bookkeeping after a node is complete: tangent flags, inferred facts, tape routing.
   void finish(const std::vector<V>& inputs, const std::vector<V>& outputs);
-  void infer(onnx::NodeProto& node, const std::vector<V>& outputs);
+  void infer(onnx::NodeProto& node, const std::vector<V>& inputs, const std::vector<V>& outputs);
   void propagate_witness(const onnx::NodeProto& node, const std::vector<V>& inputs, const std::vector<V>& outputs);
 
   onnx::GraphProto& out_;
