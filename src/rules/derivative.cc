@@ -197,6 +197,8 @@ const DerivativeRules& DerivativeRules::instance() {
     register_shape_derivatives(r);
     register_index_derivatives(r);
     register_nn_derivatives(r);
+    register_pool_derivatives(r);
+    register_expanded_derivatives(r);
     return r;
   }();
   return rules;

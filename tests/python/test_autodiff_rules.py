@@ -716,6 +716,180 @@ add(
     ),
 )
 
+# Conv with auto_pad: reverse mode derives the pads from the run-time input size
+for _tag, _xs, _ws, _attrs in [
+    ("same-upper-s2", (1, 2, 5, 5), (2, 2, 3, 3), {"auto_pad": "SAME_UPPER", "strides": [2, 2]}),
+    ("same-lower-k2", (1, 2, 5, 4), (2, 2, 2, 2), {"auto_pad": "SAME_LOWER"}),
+    ("valid-s2", (1, 2, 6, 5), (3, 2, 2, 2), {"auto_pad": "VALID", "strides": [2, 2]}),
+    (
+        "same-upper-symbolic-batch",
+        ("N", 2, 5, 5),
+        (2, 2, 3, 3),
+        {"auto_pad": "SAME_UPPER", "strides": [2, 1]},
+    ),
+]:
+    add(
+        f"Conv-autopad-{_tag}",
+        build([node("Conv", ["x", "w"], ["y"], **_attrs)], [In("x", _xs), In("w", _ws)]),
+        {"x": normal(tuple(2 if d == "N" else d for d in _xs)), "w": normal(_ws)},
+    )
+
+# ConvTranspose: its transpose is a Conv with the same geometry
+for _tag, _xs, _ws, _attrs in [
+    ("basic", (1, 2, 3, 3), (2, 3, 3, 3), {}),
+    (
+        "strides2-pads1-outpad1",
+        (2, 2, 3, 3),
+        (2, 2, 3, 3),
+        {"strides": [2, 2], "pads": [1, 1, 1, 0], "output_padding": [1, 1]},
+    ),
+    ("dilations2", (1, 2, 3, 4), (2, 1, 2, 2), {"dilations": [2, 2]}),
+    ("output-shape", (1, 1, 3, 3), (1, 2, 3, 3), {"strides": [3, 2], "output_shape": [10, 8]}),
+    ("same-upper", (1, 1, 3, 3), (1, 2, 3, 3), {"strides": [2, 2], "auto_pad": "SAME_UPPER"}),
+    ("same-lower", (1, 1, 3, 4), (1, 2, 2, 3), {"strides": [2, 2], "auto_pad": "SAME_LOWER"}),
+    ("1d-symbolic-batch", ("N", 2, 5), (2, 3, 3), {"strides": [2], "pads": [1, 2]}),
+]:
+    add(
+        f"ConvTranspose-{_tag}",
+        build(
+            [node("ConvTranspose", ["x", "w", "b"], ["y"], **_attrs)],
+            [In("x", _xs), In("w", _ws), In("b", (_ws[1] * _attrs.get("group", 1),))],
+        ),
+        {"x": normal(tuple(2 if d == "N" else d for d in _xs))},
+    )
+add(
+    "ConvTranspose-group2",
+    build(
+        [node("ConvTranspose", ["x", "w"], ["y"], group=2, strides=[2, 1])],
+        [In("x", (1, 4, 3, 3), F), In("w", (4, 1, 2, 2), F)],
+    ),
+    variants="native",
+    float_only=True,
+)
+
+# AveragePool (all attributes) and the other pools
+for _tag, _xs, _attrs in [
+    ("2x2-s2", (1, 2, 4, 4), {"kernel_shape": [2, 2], "strides": [2, 2]}),
+    ("3x3-pads-exclude", (1, 2, 5, 5), {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}),
+    (
+        "3x3-pads-include",
+        (1, 2, 5, 5),
+        {"kernel_shape": [3, 3], "pads": [1, 0, 1, 2], "count_include_pad": 1},
+    ),
+    ("ceil-exclude", (1, 1, 5, 6), {"kernel_shape": [2, 3], "strides": [2, 2], "ceil_mode": 1}),
+    # the last window per axis overhangs the end pad, which does not count
+    (
+        "ceil-include-pads",
+        (1, 1, 6, 6),
+        {
+            "kernel_shape": [3, 3],
+            "strides": [2, 2],
+            "pads": [1, 1, 1, 1],
+            "ceil_mode": 1,
+            "count_include_pad": 1,
+        },
+    ),
+    ("dilations2", (1, 2, 6, 6), {"kernel_shape": [2, 2], "dilations": [2, 2], "strides": [1, 2]}),
+    ("same-upper", (1, 2, 5, 5), {"kernel_shape": [3, 3], "strides": [2, 2], "auto_pad": "SAME_UPPER"}),
+    (
+        "same-lower-include",
+        (1, 2, 5, 4),
+        {"kernel_shape": [2, 2], "auto_pad": "SAME_LOWER", "count_include_pad": 1},
+    ),
+    ("valid", (1, 2, 5, 5), {"kernel_shape": [2, 2], "strides": [2, 1], "auto_pad": "VALID"}),
+    ("1d", (2, 3, 7), {"kernel_shape": [3], "strides": [2], "pads": [1, 1]}),
+    ("3d", (1, 1, 3, 4, 4), {"kernel_shape": [2, 2, 2], "pads": [0, 1, 1, 1, 0, 0]}),
+    ("symbolic-batch", ("N", 2, 5, 5), {"kernel_shape": [2, 2], "strides": [2, 2], "pads": [1, 1, 0, 0]}),
+]:
+    add(
+        f"AveragePool-{_tag}",
+        # dilations exist since opset 19
+        build(
+            [node("AveragePool", ["x"], ["y"], **_attrs)],
+            [In("x", _xs)],
+            opset=19 if "dilations" in _attrs else 18,
+        ),
+        {"x": normal(tuple(2 if d == "N" else d for d in _xs))},
+    )
+for _tag, _xs, _attrs in [
+    ("p2", (1, 2, 4, 4), {"kernel_shape": [2, 2], "p": 2}),
+    (
+        "p3-strides-pads",
+        (1, 2, 5, 5),
+        {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1], "p": 3},
+    ),
+    ("p1-dilations", (1, 1, 5, 5), {"kernel_shape": [2, 2], "dilations": [2, 2], "p": 1}),
+    (
+        "p2-same-upper-ceil",
+        (1, 1, 5, 6),
+        {"kernel_shape": [2, 2], "strides": [2, 2], "auto_pad": "SAME_UPPER"},
+    ),
+]:
+    add(
+        f"LpPool-{_tag}",
+        build(
+            [node("LpPool", ["x"], ["y"], **_attrs)],
+            [In("x", _xs)],
+            opset=19 if "dilations" in _attrs else 18,
+        ),
+        {"x": avoiding(_xs, [0.0])},
+    )
+add(
+    "GlobalMaxPool",
+    build([node("GlobalMaxPool", ["x"], ["y"])], [In("x", (2, 2, 3, 3))]),
+    {"x": distinct((2, 2, 3, 3))},
+)
+for _p in (1, 2, 3):
+    add(
+        f"GlobalLpPool-p{_p}",
+        build([node("GlobalLpPool", ["x"], ["y"], p=_p)], [In("x", (2, 3, 2, 3), F)]),
+        {"x": avoiding((2, 3, 2, 3), [0.0])},
+        # ONNX Runtime has GlobalLpPool for FLOAT only, the reference evaluator none
+        variants="native",
+        float_only=True,
+    )
+
+
+# GroupNormalization: per-group affine parameters in opset 18, per-channel in 21
+def _groupnorm18() -> onnx.ModelProto:
+    # The checker rejects the deprecated opset-18 op in a fully shaped model, so the output's
+    # shape is declared after building (ONNX infers none for this function op).
+    m = build(
+        [node("GroupNormalization", ["x", "s", "b"], ["y"], num_groups=2, epsilon=1e-3)],
+        [In("x", (2, 4, 3, 2)), In("s", (2,)), In("b", (2,))],
+        outputs=(("y", D, None),),
+    )
+    m.graph.output[0].CopyFrom(onnx.helper.make_tensor_value_info("y", D, [2, 4, 3, 2]))
+    return m
+
+
+add("GroupNormalization-18", _groupnorm18())
+add(
+    "GroupNormalization-21",
+    build(
+        [node("GroupNormalization", ["x", "s", "b"], ["y"], num_groups=2, epsilon=1e-3)],
+        [In("x", (2, 4, 3)), In("s", (4,)), In("b", (4,))],
+        outputs=(("y", D, [2, 4, 3]),),
+        opset=21,
+    ),
+    # ONNX Runtime computes opset 21's statistics in float32 (stash_type=1): a float32-accurate
+    # oracle, hence the larger FD step and looser tolerance
+    eps=1e-3,
+    tol=LOWP_TOL,
+)
+add(
+    "GroupNormalization-21-symbolic-batch",
+    build(
+        [node("GroupNormalization", ["x", "s", "b"], ["y"], num_groups=3)],
+        [In("x", ("N", 6, 2, 2)), In("s", (6,)), In("b", (6,))],
+        outputs=(("y", D, ["N", 6, 2, 2]),),
+        opset=21,
+    ),
+    {"x": normal((3, 6, 2, 2))},
+    eps=1e-3,
+    tol=LOWP_TOL,
+)
+
 # --------------------------------------------------------------------------------------------
 # Small composite models
 
