@@ -114,7 +114,8 @@ std::vector<V> expand_jvp(JvpCtx& c) {
 
 void register_expanded_derivatives(DerivativeRules& r) {
   // Function ops whose math is easiest read from (and kept consistent with) ONNX's own body.
-  for (const char* op : {"Attention", "RotaryEmbedding", "CenterCropPad", "Swish", "SwiGLU"}) r.jvp(op, expand_jvp);
+  for (const char* op : {"Attention", "RotaryEmbedding", "CenterCropPad", "Swish", "SwiGLU", "CausalConvWithState"})
+    r.jvp(op, expand_jvp);
 }
 
 }  // namespace onnax
