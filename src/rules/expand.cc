@@ -92,7 +92,15 @@ std::vector<V> expand_jvp(JvpCtx& c) {
     for (const V& y : ys) float_out = float_out || (y.valid() && float_dtype(c.b.facts(y).dtype));
     if (!float_out) continue;
     const JvpRule* rule = rules.find_jvp(n.op_type());
-    JvpCtx inner{c.b, n, c.opset, xs, ys, ts};
+    std::vector<V> rule_ys = ys;
+    if (n.op_type() == "Softmax") {
+      // Function bodies (Attention) softmax fully masked rows (NaN) and then replace them by
+      // zeros with a Where. The op itself is finite there, so its derivative must be too:
+      // a zero in place of the NaN keeps 0 * NaN out of the tangent and the transposed graph.
+      V nan = c.b.op1("IsNaN", {ys[0]});
+      rule_ys[0] = c.b.op1("Where", {nan, c.b.scalar(0.0, c.b.facts(ys[0]).dtype), ys[0]});
+    }
+    JvpCtx inner{c.b, n, c.opset, xs, rule_ys, ts};
     std::vector<V> touts;
     if (rule != nullptr)
       touts = (*rule)(inner);
