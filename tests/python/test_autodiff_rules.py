@@ -890,6 +890,70 @@ add(
     tol=LOWP_TOL,
 )
 
+# Resize: linear in X; the transpose applies the per-axis interpolation matrices' transposes.
+# Sizes (int64) rather than scales: the float64 oracle model would turn FLOAT scales into
+# DOUBLE, which Resize rejects; a FLOAT-only case covers scales.
+for _tag, _xs, _attrs, _sizes in [
+    ("nearest-up", (1, 2, 3, 4), {"mode": "nearest"}, [1, 2, 7, 5]),
+    ("nearest-floor-down", (1, 1, 5, 6), {"mode": "nearest", "nearest_mode": "floor"}, [1, 1, 3, 3]),
+    ("linear-half-pixel-up", (2, 1, 3, 3), {"mode": "linear"}, [2, 1, 6, 4]),
+    (
+        "linear-align-corners",
+        (1, 2, 4, 3),
+        {"mode": "linear", "coordinate_transformation_mode": "align_corners"},
+        [1, 2, 6, 5],
+    ),
+    ("linear-antialias-down", (1, 1, 6, 8), {"mode": "linear", "antialias": 1}, [1, 1, 3, 4]),
+    (
+        "cubic-exclude-outside",
+        (1, 1, 4, 4),
+        {"mode": "cubic", "exclude_outside": 1, "cubic_coeff_a": -0.5},
+        [1, 1, 6, 8],
+    ),
+    (
+        "cubic-asymmetric",
+        (1, 1, 3, 5),
+        {"mode": "cubic", "coordinate_transformation_mode": "asymmetric"},
+        [1, 1, 6, 3],
+    ),
+    ("linear-axes-attr", (1, 2, 3, 4), {"mode": "linear", "axes": [3, 2]}, [8, 4]),
+]:
+    add(
+        f"Resize-{_tag}",
+        build(
+            [node("Resize", ["x", "", "", "sizes"], ["y"], **_attrs)],
+            [In("x", _xs)],
+            inits={"sizes": i64(_sizes)},
+        ),
+    )
+add(
+    "Resize-linear-scales-float",
+    build(
+        [node("Resize", ["x", "", "scales"], ["y"], mode="linear")],
+        [In("x", (1, 2, 3, 4), F)],
+        inits={"scales": np.asarray([1, 1, 1.5, 0.75], np.float32)},
+    ),
+    variants="native",
+    float_only=True,
+)
+add(
+    "Resize-tf-crop-and-resize",
+    build(
+        [
+            node(
+                "Resize",
+                ["x", "roi", "", "sizes"],
+                ["y"],
+                mode="linear",
+                coordinate_transformation_mode="tf_crop_and_resize",
+                extrapolation_value=2.0,
+            )
+        ],
+        [In("x", (1, 1, 4, 4))],
+        inits={"roi": np.asarray([0, 0, 0.2, -0.1, 1, 1, 0.9, 1.2], np.float32), "sizes": i64([1, 1, 3, 5])},
+    ),
+)
+
 # --------------------------------------------------------------------------------------------
 # Small composite models
 

@@ -111,15 +111,16 @@ CORPUS = {
         [("loss", [])],
         [_w("kt", (2, 2, 3, 3)), _w("k", (3, 2, 2, 2), 1)],
     ),
-    "groupnorm": _model(
+    "groupnorm-resize": _model(
         [
             helper.make_node("GroupNormalization", ["x", "s", "b"], ["n"], num_groups=2),
-            helper.make_node("Mul", ["n", "n"], ["r"]),
+            helper.make_node("Resize", ["n", "", "", "sizes"], ["z"], mode="cubic"),
+            helper.make_node("Mul", ["z", "z"], ["r"]),
             *_loss("r"),
         ],
         [("x", [2, 4, 3, 3])],
         [("loss", [])],
-        [_w("s", (2,)), _w("b", (2,), 1)],
+        [_w("s", (2,)), _w("b", (2,), 1), numpy_helper.from_array(np.array([2, 4, 5, 2], np.int64), "sizes")],
         # ONNX infers no shape for the GroupNormalization function op
         value_info=[("n", [2, 4, 3, 3])],
     ),
