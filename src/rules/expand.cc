@@ -6,6 +6,8 @@
 #include <onnx/defs/function.h>
 #include <onnx/defs/schema.h>
 
+#include <set>
+#include <string>
 #include <unordered_map>
 
 #include "rules/derivative.h"
@@ -56,6 +58,18 @@ bool function_body(JvpCtx& c, onnx::FunctionProto& fp) {
   return false;
 }
 
+// ONNX infers no type for some body nodes whose sizes are run-time values (Split by computed
+// lengths in RotaryEmbedding); these ops keep their input's rank, which reverse mode needs.
+void keep_rank(Builder& b, const onnx::NodeProto& n, const std::vector<V>& xs, const std::vector<V>& ys) {
+  static const std::set<std::string> same_rank{"Split", "Slice", "Transpose", "Concat", "Pad", "Tile", "Identity"};
+  if (!same_rank.count(n.op_type()) || xs.empty() || !xs[0].valid()) return;
+  const Facts& in = b.facts(xs[0]);
+  if (in.rank() < 0) return;
+  for (const V& y : ys)
+    if (y.valid() && b.facts(y).rank() < 0)
+      b.set_facts(y, Facts::of(b.facts(y).dtype ? b.facts(y).dtype : in.dtype, std::vector<Dim>(in.rank(), Dim{})));
+}
+
 }  // namespace
 
 std::vector<V> expand_jvp(JvpCtx& c) {
@@ -85,6 +99,7 @@ std::vector<V> expand_jvp(JvpCtx& c) {
       active = active || ts.back().valid();
     }
     std::vector<V> ys = c.b.clone(n, xs);
+    keep_rank(c.b, n, xs, ys);
     for (int k = 0; k < n.output_size() && k < static_cast<int>(ys.size()); ++k)
       if (!n.output(k).empty()) primal[n.output(k)] = ys[k];
     if (!active || rules.is_zero(n.op_type())) continue;
@@ -112,6 +127,8 @@ std::vector<V> expand_jvp(JvpCtx& c) {
     for (int k = 0; k < n.output_size() && k < static_cast<int>(touts.size()); ++k) {
       if (n.output(k).empty() || !touts[k].valid() || !float_dtype(c.b.facts(ys[k]).dtype)) continue;
       if (!c.b.witness(touts[k]).valid()) c.b.set_witness(touts[k], ys[k]);
+      // A tangent has its primal's shape; inference may know less about it.
+      if (c.b.facts(touts[k]).rank() < 0 && c.b.facts(ys[k]).rank() >= 0) c.b.set_facts(touts[k], c.b.facts(ys[k]));
       tangent[n.output(k)] = touts[k];
     }
   }

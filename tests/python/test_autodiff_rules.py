@@ -954,6 +954,69 @@ add(
     ),
 )
 
+# Function ops differentiated through their ONNX function body (Attention, ...)
+for _tag, _ins, _shapes, _attrs in [
+    ("4d", ["q", "k", "v"], [(2, 2, 3, 4), (2, 2, 5, 4), (2, 2, 5, 3)], {}),
+    (
+        "4d-causal-scale",
+        ["q", "k", "v"],
+        [(1, 2, 4, 4), (1, 2, 4, 4), (1, 2, 4, 4)],
+        {"is_causal": 1, "scale": 0.3},
+    ),
+    (
+        "3d-gqa",
+        ["q", "k", "v"],
+        [(2, 3, 8), (2, 5, 4), (2, 5, 6)],
+        {"q_num_heads": 4, "kv_num_heads": 2},
+    ),
+    (
+        "4d-float-mask-softcap",
+        ["q", "k", "v", "m"],
+        [(1, 2, 3, 4), (1, 2, 5, 4), (1, 2, 5, 4), (3, 5)],
+        {"softcap": 2.0},
+    ),
+    (
+        "4d-past-kv",
+        ["q", "k", "v", "", "pk", "pv"],
+        [(1, 2, 2, 4), (1, 2, 3, 4), (1, 2, 3, 4), (1, 2, 4, 4), (1, 2, 4, 4)],
+        {},
+    ),
+]:
+    _names = [n for n in _ins if n]
+    _outs: tuple[str, ...] = ("y", "present_k", "present_v") if "pk" in _ins else ("y",)
+    add(
+        f"Attention-{_tag}",
+        build(
+            [node("Attention", _ins, list(_outs), **_attrs)],
+            [In(n, sh) for n, sh in zip(_names, _shapes, strict=True)],
+            outputs=_outs,
+            opset=23,
+        ),
+    )
+add(
+    "Attention-bool-mask",
+    build(
+        [node("Attention", ["q", "k", "v", "m"], ["y"])],
+        [In("q", (1, 2, 3, 4)), In("k", (1, 2, 4, 4)), In("v", (1, 2, 4, 4)), In("m", (3, 4), B)],
+        opset=23,
+    ),
+    {"m": fixed(np.array([[1, 0, 1, 1], [0, 1, 1, 0], [1, 1, 1, 1]], bool))},
+    inputs=["q", "k", "v"],
+)
+add(
+    "RotaryEmbedding",
+    build(
+        [node("RotaryEmbedding", ["x", "cos", "sin", "pos"], ["y"])],
+        [In("x", (1, 2, 3, 4), F), In("cos", (5, 2), F), In("sin", (5, 2), F), In("pos", (1, 3), I64)],
+        opset=23,
+    ),
+    {"pos": fixed(np.array([[0, 2, 4]], np.int64))},
+    inputs=["x", "cos", "sin"],
+    # ONNX Runtime has RotaryEmbedding for FLOAT only
+    variants="native",
+    float_only=True,
+)
+
 # --------------------------------------------------------------------------------------------
 # Small composite models
 
