@@ -328,9 +328,12 @@ std::vector<V> groupnorm_jvp(D& c) {
 // Resize is linear in X for fixed roi/scales/sizes (every mode interpolates with weights that
 // depend only on the geometry), so its tangent is the Resize of X's tangent. The constant
 // extrapolation_value of tf_crop_and_resize is not part of the linear map: the tangent uses 0.
+// In nearest mode the output is piecewise constant in roi and scales (they only choose which
+// element is copied), so their derivative is zero almost everywhere, as for Floor or Round.
 std::vector<V> resize_jvp(D& c) {
+  const bool nearest = node_s(c.node, "mode", "nearest") == "nearest";
   for (int i : {1, 2})
-    if (c.t(i).valid())
+    if (c.t(i).valid() && !nearest)
       c.unsupported(std::string("the derivative with respect to ") + (i == 1 ? "roi" : "scales") + " (input " +
                         std::to_string(i) + ") is not implemented; only X is differentiable",
                     "make '" + c.node.input(i) + "' a constant (initializer) or leave it out of the selected inputs");

@@ -927,6 +927,18 @@ for _tag, _xs, _attrs, _sizes in [
         ),
     )
 add(
+    "Resize-nearest-scales-input-float",
+    build(
+        [node("Resize", ["x", "", "scales"], ["y"], mode="nearest")],
+        [In("x", (1, 2, 3, 4), F), In("scales", (4,), F)],
+    ),
+    # away from the jumps (output sizes and picked elements stay put under small changes),
+    # d y / d scales = 0
+    {"scales": fixed(np.asarray([1.2, 1.3, 1.7, 0.8], np.float32))},
+    variants="native",
+    float_only=True,
+)
+add(
     "Resize-linear-scales-float",
     build(
         [node("Resize", ["x", "", "scales"], ["y"], mode="linear")],
