@@ -196,9 +196,10 @@ V per_channel(Builder& b, V p, int64_t r) {
   return b.unsqueeze(p, axes);
 }
 
+std::vector<V> batchnorm_training_jvp(D& c);
+
 std::vector<V> batchnorm_jvp(D& c) {
-  if (c.attr_i("training_mode", 0))
-    c.unsupported("training_mode=1 is not differentiable yet", "differentiate the model in inference mode");
+  if (c.attr_i("training_mode", 0)) return batchnorm_training_jvp(c);
   auto& b = c.b;
   const int64_t r = c.rank(0);
   V scale = per_channel(b, c.x(1), r), mean = per_channel(b, c.x(3), r), var = per_channel(b, c.x(4), r);
@@ -264,6 +265,37 @@ std::vector<V> trailing_normalize_jvp(D& c, bool centered) {
   std::vector<int64_t> axes;
   for (int64_t k = axis; k < r; ++k) axes.push_back(k);
   return normalize_jvp(c, axes, centered, [](V v) { return v; });
+}
+
+// Training mode normalises with the batch statistics over (N, spatial...) per channel and
+// updates running = input * momentum + current * (1 - momentum), with the population
+// variance; d var = 2 mean(xc * dx) (the mean of xc is 0, so dx need not be centred).
+std::vector<V> batchnorm_training_jvp(D& c) {
+  auto& b = c.b;
+  const int64_t r = c.rank(0);
+  std::vector<int64_t> axes{0};
+  for (int64_t k = 2; k < r; ++k) axes.push_back(k);
+  std::vector<V> out = normalize_jvp(c, axes, true, [&](V v) { return per_channel(b, v, r); });
+  out.resize(c.ys.size());
+  if (out.size() < 2) return out;
+  const double m = c.attr_f("momentum", 0.9f);
+  V ax = b.i64s(axes);
+  V t_mu, t_var;
+  if (c.t(0).valid()) {
+    auto mean = [&](V v) { return b.op1("ReduceMean", {v, ax}, {Attr::i("keepdims", 0)}); };
+    t_mu = mean(c.t(0));
+    V xc = b.op1("Sub", {c.x(0), b.op1("ReduceMean", {c.x(0), ax}, {Attr::i("keepdims", 1)})});
+    V prod = b.op1("Mul", {xc, c.t(0)});
+    b.set_witness(prod, c.x(0));
+    t_var = b.op1("Mul", {mean(prod), c.scalar(2.0)});
+  }
+  auto running = [&](V t_in, V t_cur) {
+    V t = t_in.valid() ? b.op1("Mul", {t_in, c.scalar(m)}) : V{};
+    return b.add(t, t_cur.valid() ? b.op1("Mul", {t_cur, c.scalar(1.0 - m)}) : V{});
+  };
+  out[1] = running(c.t(3), t_mu);
+  if (out.size() > 2) out[2] = running(c.t(4), t_var);
+  return out;
 }
 
 std::vector<V> instancenorm_jvp(D& c) {

@@ -890,6 +890,30 @@ add(
     tol=LOWP_TOL,
 )
 
+# BatchNormalization in training mode (batch statistics, running-statistics outputs)
+for _tag, _xs, _outs in [
+    ("all-outputs", (3, 2, 2, 3), ("y", "rm", "rv")),
+    ("1d", (4, 3, 5), ("y", "rm", "rv")),
+]:
+    add(
+        f"BatchNormalization-training-{_tag}",
+        build(
+            [
+                node(
+                    "BatchNormalization",
+                    ["x", "s", "b", "m", "v"],
+                    list(_outs),
+                    training_mode=1,
+                    momentum=0.8,
+                    epsilon=1e-3,
+                )
+            ],
+            [In("x", _xs), In("s", (_xs[1],)), In("b", (_xs[1],)), In("m", (_xs[1],)), In("v", (_xs[1],))],
+            outputs=_outs,
+        ),
+        {"v": uniform((_xs[1],), 0.5, 2.0)},
+    )
+
 # Resize: linear in X; the transpose applies the per-axis interpolation matrices' transposes.
 # Sizes (int64) rather than scales: the float64 oracle model would turn FLOAT scales into
 # DOUBLE, which Resize rejects; a FLOAT-only case covers scales.
