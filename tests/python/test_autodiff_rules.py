@@ -531,6 +531,28 @@ add(
     "Pad-constant-default",
     build([node("Pad", ["x", "p"], ["y"])], [In("x", (2, 3))], inits={"p": i64([0, 2, 1, 0])}),
 )
+# the transpose crops with a Slice and re-inserts what negative pads cropped
+add(
+    "Pad-constant-negative-pads-axes",
+    build(
+        [node("Pad", ["x", "p", "", "ax"], ["y"])],
+        [In("x", (3, 4, 5))],
+        inits={"p": i64([2, -1, -1, 3]), "ax": i64([-1, 1])},
+    ),
+)
+add(
+    "Pad-constant-runtime-pads",
+    build(
+        [
+            node("Shape", ["x"], ["s"]),
+            node("Slice", ["s", "z", "o"], ["p1"]),
+            node("Concat", ["p1", "m"], ["p"], axis=0),
+            node("Pad", ["x", "p", "", "ax"], ["y"]),
+        ],
+        [In("x", (2, 3))],
+        inits={"z": i64([0]), "o": i64([1]), "m": i64([-1]), "ax": i64([1])},
+    ),
+)
 for _mode in ("reflect", "edge"):
     add(
         f"Pad-{_mode}",
