@@ -59,10 +59,17 @@ bool function_body(JvpCtx& c, onnx::FunctionProto& fp) {
 }
 
 // ONNX infers no type for some body nodes whose sizes are run-time values (Split by computed
-// lengths in RotaryEmbedding); these ops keep their input's rank, which reverse mode needs.
+// lengths in RotaryEmbedding, reductions over run-time axes in MeanVarianceNormalization);
+// these ops keep their input's rank, which reverse mode needs.
 void keep_rank(Builder& b, const onnx::NodeProto& n, const std::vector<V>& xs, const std::vector<V>& ys) {
   static const std::set<std::string> same_rank{"Split", "Slice", "Transpose", "Concat", "Pad", "Tile", "Identity"};
-  if (!same_rank.count(n.op_type()) || xs.empty() || !xs[0].valid()) return;
+  bool keeps = same_rank.count(n.op_type()) != 0;
+  if (n.op_type().rfind("Reduce", 0) == 0) {
+    keeps = true;  // keepdims defaults to 1
+    for (const auto& a : n.attribute())
+      if (a.name() == "keepdims" && a.i() == 0) keeps = false;
+  }
+  if (!keeps || xs.empty() || !xs[0].valid()) return;
   const Facts& in = b.facts(xs[0]);
   if (in.rank() < 0) return;
   for (const V& y : ys)
@@ -79,6 +86,12 @@ std::vector<V> expand_jvp(JvpCtx& c) {
                   "select inputs/outputs that avoid it, or compute it outside the differentiated model");
   onnx::GraphProto g;
   onnx::FunctionExpandHelper(c.node, fp, g, c.node.name().empty() ? c.node.output(0) : c.node.name());
+  // An attribute the body refers to (ref_attr_name) but the node does not set is left
+  // unresolved by the expansion; the op's default then applies, so drop it.
+  for (auto& n : *g.mutable_node())
+    for (int k = n.attribute_size() - 1; k >= 0; --k)
+      if (!n.attribute(k).ref_attr_name().empty() || n.attribute(k).type() == onnx::AttributeProto::UNDEFINED)
+        n.mutable_attribute()->DeleteSubrange(k, 1);
   const DerivativeRules& rules = DerivativeRules::instance();
   std::unordered_map<std::string, V> primal, tangent;
   for (int i = 0; i < c.node.input_size(); ++i) {
@@ -139,7 +152,8 @@ std::vector<V> expand_jvp(JvpCtx& c) {
 
 void register_expanded_derivatives(DerivativeRules& r) {
   // Function ops whose math is easiest read from (and kept consistent with) ONNX's own body.
-  for (const char* op : {"Attention", "RotaryEmbedding", "CenterCropPad", "Swish", "SwiGLU", "CausalConvWithState"})
+  for (const char* op : {"Attention", "RotaryEmbedding", "CenterCropPad", "Swish", "SwiGLU", "CausalConvWithState",
+                         "NegativeLogLikelihoodLoss", "SoftmaxCrossEntropyLoss", "MeanVarianceNormalization"})
     r.jvp(op, expand_jvp);
 }
 

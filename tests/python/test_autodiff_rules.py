@@ -1061,6 +1061,42 @@ add(
     {"m": fixed(np.array([[1, 0, 1, 1], [0, 1, 1, 0], [1, 1, 1, 1]], bool))},
     inputs=["q", "k", "v"],
 )
+for _red in ("mean", "sum", "none"):
+    add(
+        f"NegativeLogLikelihoodLoss-{_red}-weight-ignore",
+        build(
+            [node("NegativeLogLikelihoodLoss", ["x", "t", "w"], ["y"], reduction=_red, ignore_index=1)],
+            [In("x", (3, 4, 2)), In("t", (3, 2), I64), In("w", (4,))],
+        ),
+        {"t": fixed(np.array([[0, 1], [3, 2], [1, 0]], np.int64)), "w": uniform((4,), 0.5, 1.5)},
+        inputs=["x", "w"],
+    )
+add(
+    "SoftmaxCrossEntropyLoss-mean-log-prob",
+    build(
+        [node("SoftmaxCrossEntropyLoss", ["x", "t"], ["y", "lp"])],
+        [In("x", (3, 5)), In("t", (3,), I64)],
+        outputs=("y", "lp"),
+    ),
+    {"t": fixed(np.array([4, 0, 2], np.int64))},
+    inputs=["x"],
+)
+add(
+    "SoftmaxCrossEntropyLoss-sum-weight",
+    build(
+        [node("SoftmaxCrossEntropyLoss", ["x", "t", "w"], ["y"], reduction="sum")],
+        [In("x", (2, 3, 4)), In("t", (2, 4), I64), In("w", (3,))],
+    ),
+    {"t": fixed(np.array([[0, 1, 2, 1], [2, 2, 0, 1]], np.int64)), "w": uniform((3,), 0.5, 1.5)},
+    inputs=["x", "w"],
+)
+add(
+    "MeanVarianceNormalization",
+    build([node("MeanVarianceNormalization", ["x"], ["y"], axes=[0, 2])], [In("x", (3, 2, 4), F)]),
+    # ONNX's function body has a FLOAT epsilon: the op is FLOAT-only in practice
+    variants="native",
+    float_only=True,
+)
 add(
     "RotaryEmbedding",
     build(
