@@ -248,6 +248,35 @@ void register_reduce_derivatives(DerivativeRules& r) {
     if (!c.t(0).valid()) return {V{}, V{}};
     return {c.b.op1("GatherElements", {c.t(0), c.y(1)}, {Attr::i("axis", c.attr_i("axis", -1))}), V{}};
   });
+  // d cumprod = cumprod * cumsum(dx / x) with the same axis, exclusive and reverse (exact
+  // away from zeros of x, like ReduceProd).
+  r.jvp("CumProd", [](D& c) -> std::vector<V> {
+    if (!c.t(0).valid()) return {V{}};
+    auto& b = c.b;
+    V ratio = b.op1("Div", {c.t(0), c.x(0)});
+    b.set_witness(ratio, c.x(0));
+    V sums = b.op1("CumSum", {ratio, c.x(1)},
+                   {Attr::i("exclusive", c.attr_i("exclusive", 0)), Attr::i("reverse", c.attr_i("reverse", 0))});
+    b.set_witness(sums, c.x(0));
+    return {b.op1("Mul", {c.y(), sums})};
+  });
+  // y = x / n with n = ||x||_p along axis: dy = (dx - y dn) / n, dn = sum(s dx) with s = y
+  // (p = 2) or sign(x) (p = 1).
+  r.jvp("LpNormalization", [](D& c) -> std::vector<V> {
+    if (!c.t(0).valid()) return {V{}};
+    auto& b = c.b;
+    const int64_t p = c.attr_i("p", 2);
+    if (p != 1 && p != 2) c.unsupported("p=" + std::to_string(p) + " is not 1 or 2", "use p=1 or p=2");
+    V axis = b.i64s({c.attr_i("axis", -1)});
+    V n = b.op1(p == 2 ? "ReduceL2" : "ReduceL1", {c.x(0), axis}, {Attr::i("keepdims", 1)});
+    V s = p == 2 ? c.y() : b.op1("Sign", {c.x(0)});
+    V prod = b.op1("Mul", {s, c.t(0)});
+    b.set_witness(prod, c.x(0));
+    V dn = b.op1("ReduceSum", {prod, axis}, {Attr::i("keepdims", 1)});
+    V num = b.op1("Sub", {c.t(0), b.op1("Mul", {c.y(), dn})});
+    b.set_witness(num, c.x(0));
+    return {b.op1("Div", {num, n})};
+  });
   for (const char* op : {"ArgMax", "ArgMin", "Hardmax"}) r.zero(op);
 }
 

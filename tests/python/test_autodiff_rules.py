@@ -936,6 +936,25 @@ for _tag, _xs, _outs in [
         {"v": uniform((_xs[1],), 0.5, 2.0)},
     )
 
+for _tag, _attrs in [
+    ("plain", {}),
+    ("exclusive", {"exclusive": 1}),
+    ("reverse-exclusive", {"reverse": 1, "exclusive": 1}),
+]:
+    add(
+        f"CumProd-{_tag}",
+        build(
+            [node("CumProd", ["x", "a"], ["y"], **_attrs)], [In("x", (3, 4))], inits={"a": i64(1)}, opset=26
+        ),
+        {"x": avoiding((3, 4), [0.0])},
+    )
+for _p, _axis in [(2, -1), (1, 0)]:
+    add(
+        f"LpNormalization-p{_p}-axis{_axis}",
+        build([node("LpNormalization", ["x"], ["y"], p=_p, axis=_axis)], [In("x", (3, 4))]),
+        {"x": avoiding((3, 4), [0.0])},
+    )
+
 # Resize: linear in X; the transpose applies the per-axis interpolation matrices' transposes.
 # Sizes (int64) rather than scales: the float64 oracle model would turn FLOAT scales into
 # DOUBLE, which Resize rejects; a FLOAT-only case covers scales.
