@@ -277,6 +277,30 @@ void register_reduce_derivatives(DerivativeRules& r) {
     b.set_witness(num, c.x(0));
     return {b.op1("Div", {num, n})};
   });
+  // DequantizeLinear is (x - zero_point) * scale: linear in the scale (x and zero_point are
+  // integers), so its tangent is the op applied to the scale's tangent.
+  r.jvp("DequantizeLinear", [](D& c) -> std::vector<V> {
+    if (!c.t(1).valid()) return {V{}};
+    return {c.same_op({c.x(0), c.t(1), c.x(2)})};
+  });
+  r.transpose("DequantizeLinear", [](TransposeCtx& c) -> std::vector<V> {
+    auto& b = c.b;
+    if (c.linear(0) || c.linear(2) || !c.linear(1)) c.unsupported("only the scale can be a tangent");
+    if (c.attr_i("block_size", 0) > 0) c.unsupported("blocked quantization (block_size > 0) has no transpose yet");
+    V sshape = tangent_shape(c, c.in(1));
+    // (x - zero_point) as the scale's dtype: the op itself with unit scales.
+    V ones = b.expand(b.scalar(1.0, b.facts(c.ct()).dtype), sshape);
+    V prod = b.op1("Mul", {c.ct(), b.clone(c.node, {c.in(0), ones, c.in(2)})[0]});
+    const int64_t xrank = c.rank(c.in(0));
+    const int64_t srank = c.rank(c.in(1));
+    int64_t axis = c.attr_i("axis", 1);
+    if (axis < 0) axis += xrank;
+    std::vector<int64_t> axes;
+    for (int64_t k = 0; k < xrank; ++k)
+      if (srank == 0 || k != axis) axes.push_back(k);
+    V sums = axes.empty() ? prod : b.op1("ReduceSum", {prod, b.i64s(axes)}, {Attr::i("keepdims", 1)});
+    return {V{}, b.reshape(sums, sshape), V{}};
+  });
   for (const char* op : {"ArgMax", "ArgMin", "Hardmax"}) r.zero(op);
 }
 

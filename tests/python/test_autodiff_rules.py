@@ -955,6 +955,25 @@ for _p, _axis in [(2, -1), (1, 0)]:
         {"x": avoiding((3, 4), [0.0])},
     )
 
+# DequantizeLinear: differentiable in the scale only
+for _tag, _xs, _ss, _attrs in [("per-tensor", (2, 3), (), {}), ("per-axis", (2, 3, 2), (3,), {"axis": 1})]:
+    add(
+        f"DequantizeLinear-{_tag}",
+        build(
+            [node("DequantizeLinear", ["q", "s", "z"], ["y"], **_attrs)],
+            [In("q", _xs, TensorProto.INT8), In("s", _ss, F), In("z", _ss, TensorProto.INT8)],
+            opset=21,
+        ),
+        {
+            "q": fixed(np.arange(np.prod(_xs), dtype=np.int8).reshape(_xs) - 5),
+            "z": fixed(np.full(_ss, 2, np.int8)),
+        },
+        inputs=["s"],
+        # ONNX Runtime dequantizes to FLOAT (and half types) only
+        variants="native",
+        float_only=True,
+    )
+
 # Resize: linear in X; the transpose applies the per-axis interpolation matrices' transposes.
 # Sizes (int64) rather than scales: the float64 oracle model would turn FLOAT scales into
 # DOUBLE, which Resize rejects; a FLOAT-only case covers scales.
