@@ -199,6 +199,7 @@ const DerivativeRules& DerivativeRules::instance() {
     register_nn_derivatives(r);
     register_pool_derivatives(r);
     register_expanded_derivatives(r);
+    register_linear_op_derivatives(r);
     return r;
   }();
   return rules;

@@ -122,6 +122,7 @@ void register_index_derivatives(DerivativeRules& r);
 void register_nn_derivatives(DerivativeRules& r);
 void register_pool_derivatives(DerivativeRules& r);
 void register_expanded_derivatives(DerivativeRules& r);
+void register_linear_op_derivatives(DerivativeRules& r);
 // JVP of a function op through its ONNX function body (each body node by its own rule).
 std::vector<V> expand_jvp(JvpCtx& c);
 

@@ -21,6 +21,7 @@ from typing import Any
 
 import ad_oracle as ad
 import numpy as np
+import onnax
 import onnx
 import pytest
 from ad_oracle import (
@@ -73,6 +74,9 @@ class Case:
     tol: Tol | None = None
     # reason to skip the float64 grad run (a backend cannot execute the float64 gradient graph)
     skip_grad64: str | None = None
+    # forward mode only: reverse mode raises OnnaxError containing this text (checked by
+    # test_reverse_mode_diagnostic instead of the vjp/grad tests)
+    jvp_only: str | None = None
 
 
 CASES: list[Case] = []
@@ -104,10 +108,23 @@ def add(
     eps: float | None = None,
     tol: Tol | None = None,
     skip_grad64: str | None = None,
+    jvp_only: str | None = None,
 ) -> None:
     assert all(c.id != case_id for c in CASES), f"duplicate case id {case_id}"
     CASES.append(
-        Case(case_id, model, dict(gens or {}), inputs, outputs, variants, float_only, eps, tol, skip_grad64)
+        Case(
+            case_id,
+            model,
+            dict(gens or {}),
+            inputs,
+            outputs,
+            variants,
+            float_only,
+            eps,
+            tol,
+            skip_grad64,
+            jvp_only,
+        )
     )
 
 
@@ -974,6 +991,61 @@ for _tag, _xs, _ss, _attrs in [("per-tensor", (2, 3), (), {}), ("per-axis", (2, 
         float_only=True,
     )
 
+# Linear ops whose JVP is the op on the tangent (reverse mode only for the selections)
+_NO_TRANSPOSE = "has no transpose rule yet"
+add(
+    "DFT-real-axis1",
+    build([node("DFT", ["x"], ["y"], axis=1)], [In("x", (2, 6, 1), F)], opset=18),
+    variants="native",
+    float_only=True,
+    jvp_only=_NO_TRANSPOSE,
+)
+add(
+    "Col2Im",
+    build(
+        [node("Col2Im", ["x", "im", "bl"], ["y"], strides=[1, 1])],
+        [In("x", (1, 4, 6), F)],
+        inits={"im": i64([3, 4]), "bl": i64([2, 2])},
+    ),
+    variants="native",
+    float_only=True,
+    jvp_only=_NO_TRANSPOSE,
+)
+add(
+    "AffineGrid",
+    build(
+        [node("AffineGrid", ["th", "sz"], ["y"], align_corners=0)],
+        [In("th", (2, 2, 3), F)],
+        inits={"sz": i64([2, 1, 3, 4])},
+        opset=20,
+    ),
+    variants="native",
+    float_only=True,
+    jvp_only=_NO_TRANSPOSE,
+)
+add(
+    "ReverseSequence",
+    build(
+        [node("ReverseSequence", ["x", "l"], ["y"], batch_axis=1, time_axis=0)],
+        [In("x", (4, 3, 2))],
+        inits={"l": i64([4, 1, 3])},
+    ),
+)
+add(
+    "MaxUnpool",
+    build(
+        [
+            node("MaxPool", ["x"], ["p", "i"], kernel_shape=[2, 2], strides=[2, 2]),
+            node("MaxUnpool", ["p", "i"], ["y"], kernel_shape=[2, 2], strides=[2, 2]),
+        ],
+        [In("x", (1, 2, 4, 4), F)],
+        outputs=("y",),
+    ),
+    {"x": distinct((1, 2, 4, 4))},
+    variants="native",
+    float_only=True,
+)
+
 # Resize: linear in X; the transpose applies the per-axis interpolation matrices' transposes.
 # Sizes (int64) rather than scales: the float64 oracle model would turn FLOAT scales into
 # DOUBLE, which Resize rejects; a FLOAT-only case covers scales.
@@ -1350,6 +1422,8 @@ def test_jvp(case: Case) -> None:
 
 @pytest.mark.parametrize("case", CASES, ids=IDS)
 def test_vjp_dot(case: Case) -> None:
+    if case.jvp_only:
+        pytest.skip("forward mode only; see test_reverse_mode_diagnostic")
     if case.skip_grad64:
         # The float64 reverse graph needs the same kernels the grad test lacks; the float32
         # grad test checks this case against float64 finite differences instead.
@@ -1359,6 +1433,8 @@ def test_vjp_dot(case: Case) -> None:
 
 @pytest.mark.parametrize("case", CASES, ids=IDS)
 def test_grad(case: Case) -> None:
+    if case.jvp_only:
+        pytest.skip("forward mode only; see test_reverse_mode_diagnostic")
     if case.outputs is not None:
         pytest.skip("covered by the full-output grad of the same model")
     if case.skip_grad64:
@@ -1379,12 +1455,27 @@ def test_jvp_f32(case: Case) -> None:
 
 @pytest.mark.parametrize("case", BOTH, ids=[c.id for c in BOTH])
 def test_grad_f32(case: Case) -> None:
+    if case.jvp_only:
+        pytest.skip("forward mode only; see test_reverse_mode_diagnostic")
     if case.outputs is not None:
         pytest.skip("covered by test_grad")
     loss_model = scalarize(case.model, case.gens)
     check_grad(
         as_float(loss_model), case.inputs, "ad_loss", gens=case.gens, oracle_model=loss_model, eps=case.eps
     )
+
+
+JVP_ONLY = [c for c in CASES if c.jvp_only]
+
+
+@pytest.mark.parametrize("case", JVP_ONLY, ids=[c.id for c in JVP_ONLY])
+def test_reverse_mode_diagnostic(case: Case) -> None:
+    # Reverse mode of these ops is not implemented: the error must name the op and say why.
+    with pytest.raises(onnax.OnnaxError) as err:
+        onnax.vjp(case.model, inputs=case.inputs, outputs=case.outputs)
+    msg = str(err.value)
+    op = case.model.graph.node[-1].op_type
+    assert f"ai.onnx::{op}" in msg and case.jvp_only in msg and "Fix:" in msg, msg
 
 
 def test_unused_input_gradient_is_zero() -> None:
