@@ -454,9 +454,11 @@ std::vector<V> maxpool_jvp(D& c) {
   if (!c.t(0).valid()) return std::vector<V>(c.ys.size());
   auto& b = c.b;
   // The primal's argmax positions (flat over the whole input) select the tangent.
-  V idx = c.ys.size() > 1 && c.ys[1].valid() ? c.ys[1] : b.clone(c.node, {c.x(0)}, {}, {}, 2)[1];
-  if (c.attr_i("storage_order", 0))
-    c.unsupported("storage_order=1 (column-major indices)", "use the default storage_order=0");
+  // Row-major indices: the node's own unless it stores column-major ones (then recomputed).
+  const bool row_major = c.attr_i("storage_order", 0) == 0;
+  V idx = row_major && c.ys.size() > 1 && c.ys[1].valid()
+              ? c.ys[1]
+              : b.clone(c.node, {c.x(0)}, {Attr::i("storage_order", 0)}, {}, 2)[1];
   V flat = b.reshape(c.t(0), b.i64s({-1}));
   b.set_witness(flat, b.reshape(c.x(0), b.i64s({-1})));  // the flat tangent's primal twin
   V picked = b.op1("Gather", {flat, b.reshape(idx, b.i64s({-1}))}, {Attr::i("axis", 0)});

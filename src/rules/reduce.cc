@@ -119,8 +119,12 @@ std::optional<std::vector<int64_t>> reduced_axes(const onnx::NodeProto& node, Bu
 V keep_dims(D& c, V y) {
   if (c.attr_i("keepdims", 1)) return y;
   auto axes = reduced_axes(c.node, c.b, c.x(0), c.x(1));
-  if (!axes) c.unsupported("the reduced axes are computed at run time", "use constant axes");
-  return c.b.unsqueeze(y, *axes);
+  if (axes) return c.b.unsqueeze(y, *axes);
+  // Run-time axes: Unsqueeze takes them as they are (negative ones count from the end of
+  // the unsqueezed, i.e. the input's, rank). Empty axes reduce everything to a scalar (or
+  // nothing with noop_with_empty_axes), which broadcasts as it is.
+  if (!c.has(1)) c.unsupported("the reduced axes are computed at run time", "use constant axes");
+  return c.b.op1("Unsqueeze", {y, c.x(1)});
 }
 
 V reduce_sum_like(D& c, V t) {
@@ -132,7 +136,11 @@ V reduce_sum_like(D& c, V t) {
   Attrs attrs{Attr::i("keepdims", c.attr_i("keepdims", 1))};
   if (c.attr("noop_with_empty_axes"))
     attrs.push_back(Attr::i("noop_with_empty_axes", c.attr_i("noop_with_empty_axes", 0)));
-  return c.b.op1("ReduceSum", ins, attrs);
+  V res = c.b.op1("ReduceSum", ins, attrs);
+  // The sum has the reduction's output shape; with run-time axes inference cannot tell, and
+  // reverse mode needs at least the rank.
+  if (c.b.facts(res).rank() < 0 && c.b.facts(c.y()).rank() >= 0) c.b.set_facts(res, c.b.facts(c.y()));
+  return res;
 }
 
 std::vector<V> linear_same_op(D& c) {

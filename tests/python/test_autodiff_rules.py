@@ -367,6 +367,20 @@ for _op, _gen in _reduce_gens.items():
             {"x": _gen},
         )
 
+# axes fed at run time (a graph input): the reduced dims are restored with Unsqueeze(axes)
+for _op in ("ReduceMax", "ReduceL2", "ReduceLogSumExp", "ReduceProd", "ReduceMin"):
+    for _keep, _yshape in ((0, [3]), (1, [1, 3, 1])):
+        add(
+            f"{_op}-runtime-axes-keepdims{_keep}",
+            build(
+                [node(_op, ["x", "ax"], ["y"], keepdims=_keep)],
+                [In("x", S3), In("ax", (2,), I64)],
+                outputs=(("y", D, _yshape),),
+            ),
+            {"x": _reduce_gens[_op], "ax": fixed(i64([0, -1]))},
+            inputs=["x"],
+        )
+
 for _op in ("Softmax", "LogSoftmax"):
     for _axis in (0, 1, -1):
         add(f"{_op}-axis{_axis}", build([node(_op, ["x"], ["y"], axis=_axis)], [In("x", S3)]))
@@ -722,6 +736,15 @@ add(
     "MaxPool-2x2-stride2",
     build([node("MaxPool", ["x"], ["y"], kernel_shape=[2, 2], strides=[2, 2])], [In("x", (1, 2, 4, 4))]),
     {"x": distinct((1, 2, 4, 4))},
+)
+add(
+    "MaxPool-column-major-indices",
+    build(
+        [node("MaxPool", ["x"], ["y", "i"], kernel_shape=[2, 2], strides=[1, 1], storage_order=1)],
+        [In("x", (1, 2, 3, 4))],
+        outputs=("y", "i"),
+    ),
+    {"x": distinct((1, 2, 3, 4))},
 )
 add(
     "MaxPool-overlapping-pads",
