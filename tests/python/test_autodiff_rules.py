@@ -674,6 +674,27 @@ add(
     ),
 )
 
+# reductions mul/max/min (duplicates included; distinct values keep max/min away from ties)
+for _red in ("mul", "max", "min"):
+    add(
+        f"ScatterElements-{_red}-duplicates",
+        build(
+            [node("ScatterElements", ["x", "i", "u"], ["y"], axis=0, reduction=_red)],
+            [In("x", (3, 4)), In("u", (2, 4))],
+            inits={"i": i64([[0, 2, 2, 1], [0, 2, 1, 1]])},
+        ),
+        {"x": distinct((3, 4)), "u": distinct((2, 4))} if _red != "mul" else {"u": avoiding((2, 4), [0.0])},
+    )
+    add(
+        f"ScatterND-{_red}-duplicates",
+        build(
+            [node("ScatterND", ["x", "i", "u"], ["y"], reduction=_red)],
+            [In("x", (4, 3)), In("u", (3, 3))],
+            inits={"i": i64([[1], [3], [1]])},
+        ),
+        {"x": distinct((4, 3)), "u": distinct((3, 3))} if _red != "mul" else {"u": avoiding((3, 3), [0.0])},
+    )
+
 # --------------------------------------------------------------------------------------------
 # Normalization, pooling, convolution
 
