@@ -148,9 +148,43 @@ std::vector<V> global_max_pool_jvp(D& c) {
   return {b.op1("Div", {num, den})};
 }
 
+// LRN's window sums over channels: an AveragePool (counting pads, times the window size) of
+// (N, 1, C, spatial...) with the window along C.
+V channel_window_sum(D& c, V z, int64_t size) {
+  auto& b = c.b;
+  const int64_t r = c.rank(0);
+  std::vector<int64_t> kernel(r - 1, 1), pads(2 * (r - 1), 0);
+  kernel[0] = size;
+  pads[0] = (size - 1) / 2;
+  pads[r - 1] = size / 2;  // ceil((size - 1) / 2)
+  V avg = b.op1("AveragePool", {b.unsqueeze(z, {1})},
+                {Attr::ints("kernel_shape", kernel), Attr::ints("pads", pads), Attr::i("count_include_pad", 1)});
+  return b.op1("Mul", {b.squeeze(avg, {1}), c.scalar(static_cast<double>(size))});
+}
+
+// y = x d^-beta with d = bias + alpha / size * S, S the channel-window sum of x^2:
+// dy = dx d^-beta - beta x d^(-beta-1) alpha / size * window_sum(2 x dx).
+std::vector<V> lrn_jvp(D& c) {
+  if (!c.t(0).valid()) return {V{}};
+  auto& b = c.b;
+  const int64_t size = c.attr_i("size", 0);
+  if (size <= 0) c.unsupported("size is missing or not positive", "set size");
+  const double alpha = c.attr_f("alpha", 1e-4f), beta = c.attr_f("beta", 0.75f), bias = c.attr_f("bias", 1.0f);
+  const double k = alpha / static_cast<double>(size);
+  V d = b.op1("Add", {b.op1("Mul", {channel_window_sum(c, b.op1("Mul", {c.x(0), c.x(0)}), size), c.scalar(k)}),
+                      c.scalar(bias)});
+  V p = b.op1("Pow", {d, c.scalar(-beta)});
+  V xt = b.op1("Mul", {c.x(0), c.t(0)});
+  b.set_witness(xt, c.x(0));
+  V ds = channel_window_sum(c, xt, size);
+  V coef = b.op1("Mul", {b.op1("Div", {b.op1("Mul", {c.x(0), p}), d}), c.scalar(-2.0 * beta * k)});
+  return {b.op1("Add", {b.op1("Mul", {c.t(0), p}), b.op1("Mul", {ds, coef})})};
+}
+
 }  // namespace
 
 void register_pool_derivatives(DerivativeRules& r) {
+  r.jvp("LRN", lrn_jvp);
   r.jvp("AveragePool", [](D& c) -> std::vector<V> { return {c.t(0).valid() ? c.same_op({c.t(0)}) : V{}}; });
   r.transpose("AveragePool", average_pool_transpose);
   r.jvp("LpPool", lp_pool_jvp);

@@ -933,6 +933,19 @@ for _p in (1, 2, 3):
     )
 
 
+for _size, _xs in ((3, (2, 5, 3, 2)), (5, (1, 4, 5))):  # ONNX Runtime: odd sizes only
+    add(
+        f"LRN-size{_size}-rank{len(_xs)}",
+        build(
+            [node("LRN", ["x"], ["y"], size=_size, alpha=0.5, beta=0.6, bias=1.5)],
+            [In("x", _xs, F)],
+        ),
+        # ONNX Runtime has LRN for FLOAT only
+        variants="native",
+        float_only=True,
+    )
+
+
 # GroupNormalization: per-group affine parameters in opset 18, per-channel in 21
 def _groupnorm18() -> onnx.ModelProto:
     # The checker rejects the deprecated opset-18 op in a fully shaped model, so the output's
