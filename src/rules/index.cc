@@ -195,9 +195,29 @@ std::vector<V> scatter_transpose(TransposeCtx& c, const char* gather_op) {
   return out;
 }
 
+// Unique's values are the input's elements at their first occurrences (output 1), so their
+// tangent selects the input tangent there (along `axis`, or over the flattened input).
+// Moving duplicates apart changes the output's length: the derivative is that of the
+// selection, as for a tie-free input.
+std::vector<V> unique_jvp(D& c) {
+  std::vector<V> out(c.ys.size());
+  if (!c.t(0).valid()) return out;
+  auto& b = c.b;
+  V first = c.ys.size() > 1 && c.ys[1].valid() ? c.ys[1] : b.clone(c.node, {c.x(0)}, {}, {}, 2)[1];
+  if (c.attr("axis")) {
+    out[0] = b.op1("Gather", {c.t(0), first}, {Attr::i("axis", c.attr_i("axis", 0))});
+  } else {
+    V flat = b.reshape(c.t(0), b.i64s({-1}));
+    b.set_witness(flat, b.reshape(c.x(0), b.i64s({-1})));
+    out[0] = b.op1("Gather", {flat, first}, {Attr::i("axis", 0)});
+  }
+  return out;
+}
+
 }  // namespace
 
 void register_index_derivatives(DerivativeRules& r) {
+  r.jvp("Unique", unique_jvp);
   for (const char* op : {"Gather", "GatherElements", "GatherND"}) {
     r.jvp(op, gather_jvp);
     r.transpose(op, [](TransposeCtx& c) { return selection_transpose(c, 0); });

@@ -674,6 +674,19 @@ add(
     ),
 )
 
+# Unique: the values are a selection of the input (first occurrences; distinct values keep
+# the output's length under perturbation)
+add("Unique-flat-sorted", build([node("Unique", ["x"], ["y"])], [In("x", (3, 4))]), {"x": distinct((3, 4))})
+add(
+    "Unique-axis1-unsorted-indices-output",
+    build(
+        [node("Unique", ["x"], ["y", "i"], axis=1, sorted=0)],
+        [In("x", (2, 3))],
+        outputs=("y", "i"),
+    ),
+    {"x": distinct((2, 3))},
+)
+
 # reductions mul/max/min (duplicates included; distinct values keep max/min away from ties)
 for _red in ("mul", "max", "min"):
     add(
