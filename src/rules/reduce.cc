@@ -82,6 +82,7 @@ void register_reduce_rules(BatchRules& r) {
   for (const char* op : {"Softmax", "LogSoftmax", "Hardmax", "ArgMax", "ArgMin", "TopK", "LpNormalization"})
     r.add("", op, 11, axis_attr_rule);
   r.add("", "CumSum", 11, cumsum_rule);
+  r.add("", "CumProd", 26, cumsum_rule);
 }
 
 }  // namespace onnax

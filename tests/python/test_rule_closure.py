@@ -124,6 +124,24 @@ CORPUS = {
         # ONNX infers no shape for the GroupNormalization function op
         value_info=[("n", [2, 4, 3, 3])],
     ),
+    "misc": _model(
+        [
+            helper.make_node("Mul", ["x", "g"], ["xg"]),
+            helper.make_node("LRN", ["xg"], ["l"], size=3),
+            helper.make_node("LpNormalization", ["l"], ["n"], axis=1),
+            helper.make_node("ScatterElements", ["n", "idx", "n"], ["s"], axis=0, reduction="max"),
+            helper.make_node("CumProd", ["s", "ax"], ["c"]),
+            *_loss("c"),
+        ],
+        [("x", [2, 3, 2, 2])],
+        [("loss", [])],
+        [
+            _w("g", (3, 1, 1)),
+            numpy_helper.from_array(np.zeros((2, 3, 2, 2), np.int64), "idx"),
+            numpy_helper.from_array(np.array(1, np.int64), "ax"),
+        ],
+        opset=26,
+    ),
     "attention": _model(
         [
             helper.make_node("Attention", ["x", "k", "v"], ["a"], is_causal=1),
