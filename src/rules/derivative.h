@@ -72,7 +72,10 @@ class TransposeCtx {
   int64_t attr_i(const std::string& name, int64_t fallback) const;
   std::vector<int64_t> attr_ints(const std::string& name) const;
   int64_t rank(V v) const;
+  // `what` failed; the default fix suggests static shapes or forward mode (for rules that
+  // need shapes), the two-argument form states its own.
   [[noreturn]] void unsupported(const std::string& what) const;
+  [[noreturn]] void unsupported(const std::string& what, const std::string& fix) const;
 };
 
 using TransposeRule = std::function<std::vector<V>(TransposeCtx&)>;

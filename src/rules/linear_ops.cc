@@ -46,7 +46,8 @@ std::vector<V> stft_jvp(D& c) {
 // MaxUnpool scatters X to the flat positions I of the output: its transpose gathers there.
 std::vector<V> max_unpool_transpose(TransposeCtx& c) {
   auto& b = c.b;
-  if (c.linear(1) || c.linear(2)) c.unsupported("the indices or output_shape is a tangent");
+  if (c.linear(1) || c.linear(2))
+    c.unsupported("the indices or output_shape is a tangent", "differentiate with respect to X only");
   V flat = b.reshape(c.ct(), b.i64s({-1}));
   V picked = b.op1("Gather", {flat, b.reshape(c.in(1), b.i64s({-1}))}, {Attr::i("axis", 0)});
   std::vector<V> out(c.ins.size());

@@ -389,11 +389,14 @@ std::vector<V> resize_jvp(D& c) {
 // input size are the identity and skipped; with run-time scales every listed axis is applied.
 std::vector<V> resize_transpose(TransposeCtx& c) {
   auto& b = c.b;
-  if (c.linear(1) || c.linear(2) || c.linear(3)) c.unsupported("roi, scales or sizes is a tangent (not linear)");
+  if (c.linear(1) || c.linear(2) || c.linear(3))
+    c.unsupported("roi, scales or sizes is a tangent (Resize is linear in X only)",
+                  "treat roi/scales/sizes as constants (initializers)");
   const std::string policy = node_s(c.node, "keep_aspect_ratio_policy", "stretch");
   const bool by_sizes = c.in(3).valid();
   if (by_sizes && policy != "stretch")
-    c.unsupported("keep_aspect_ratio_policy=" + policy + " couples the axes; reverse mode supports 'stretch'");
+    c.unsupported("keep_aspect_ratio_policy=" + policy + " couples the axes; reverse mode supports 'stretch'",
+                  "use jvp (forward mode), or resize by scales or by sizes with keep_aspect_ratio_policy='stretch'");
   const int64_t r = c.rank(c.in(0));
   std::vector<int64_t> axes = c.attr_ints("axes");
   if (axes.empty())

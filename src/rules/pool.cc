@@ -58,7 +58,8 @@ V window_counts(Builder& b, const Window& w, V in_sp, V out_sp, const std::vecto
 // (output_padding s-1 makes it at least pad_begin + in long), then the input's span is cut out.
 std::vector<V> average_pool_transpose(TransposeCtx& c) {
   auto& b = c.b;
-  if (c.attr("kernel_shape") == nullptr) c.unsupported("it has no kernel_shape attribute");
+  if (c.attr("kernel_shape") == nullptr)
+    c.unsupported("it has no kernel_shape attribute", "add the kernel_shape attribute ONNX requires");
   const std::vector<int64_t> kernel = c.attr_ints("kernel_shape");
   const int64_t spatial = static_cast<int64_t>(kernel.size());
   const int32_t dt = b.facts(c.ct()).dtype;
@@ -99,7 +100,8 @@ std::vector<V> lp_pool_jvp(D& c) {
   if (!c.t(0).valid()) return {V{}};
   auto& b = c.b;
   const int64_t p = c.attr_i("p", 2);
-  if (c.attr("kernel_shape") == nullptr) c.unsupported("it has no kernel_shape attribute", "add kernel_shape");
+  if (c.attr("kernel_shape") == nullptr)
+    c.unsupported("it has no kernel_shape attribute", "add the kernel_shape attribute ONNX requires");
   const std::vector<int64_t> kernel = c.attr_ints("kernel_shape");
   const int64_t spatial = static_cast<int64_t>(kernel.size());
   V in_sp = b.shape_of(c.x(0), 2);

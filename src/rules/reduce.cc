@@ -294,8 +294,11 @@ void register_reduce_derivatives(DerivativeRules& r) {
   });
   r.transpose("DequantizeLinear", [](TransposeCtx& c) -> std::vector<V> {
     auto& b = c.b;
-    if (c.linear(0) || c.linear(2) || !c.linear(1)) c.unsupported("only the scale can be a tangent");
-    if (c.attr_i("block_size", 0) > 0) c.unsupported("blocked quantization (block_size > 0) has no transpose yet");
+    if (c.linear(0) || c.linear(2) || !c.linear(1))
+      c.unsupported("only the scale can be a tangent", "differentiate with respect to the scale only");
+    if (c.attr_i("block_size", 0) > 0)
+      c.unsupported("blocked quantization (block_size > 0) has no transpose yet",
+                    "use jvp (forward mode) for this model, or select inputs whose path avoids it");
     V sshape = tangent_shape(c, c.in(1));
     // (x - zero_point) as the scale's dtype: the op itself with unit scales.
     V ones = b.expand(b.scalar(1.0, b.facts(c.ct()).dtype), sshape);

@@ -1548,6 +1548,50 @@ def test_reverse_mode_diagnostic(case: Case) -> None:
     assert f"ai.onnx::{op}" in msg and case.jvp_only in msg and "Fix:" in msg, msg
 
 
+def _raises(fn: Any, *args: Any, **kwargs: Any) -> str:
+    with pytest.raises(onnax.OnnaxError) as err:
+        fn(*args, **kwargs)
+    return str(err.value)
+
+
+def test_resize_scales_tangent_diagnostic() -> None:
+    m = build(
+        [node("Resize", ["x", "", "scales"], ["y"], mode="linear")],
+        [In("x", (1, 1, 2, 2), F), In("scales", (4,), F)],
+    )
+    msg = _raises(onnax.jvp, m)
+    assert "jvp: cannot differentiate ai.onnx::Resize (opset 18)" in msg
+    assert "with respect to scales (input 2)" in msg and "make 'scales' a constant" in msg, msg
+
+
+def test_resize_keep_aspect_ratio_reverse_diagnostic() -> None:
+    m = build(
+        [node("Resize", ["x", "", "", "sizes"], ["y"], mode="linear", keep_aspect_ratio_policy="not_larger")],
+        [In("x", (1, 1, 2, 4))],
+        inits={"sizes": i64([1, 1, 3, 3])},
+    )
+    onnax.jvp(m)  # forward mode is fine
+    msg = _raises(onnax.vjp, m)
+    assert "ai.onnx::Resize" in msg and "keep_aspect_ratio_policy=not_larger couples the axes" in msg, msg
+    assert "Fix: use jvp (forward mode)" in msg, msg
+
+
+def test_lppool_dilations_need_opset19_diagnostic() -> None:
+    m = build([node("LpPool", ["x"], ["y"], kernel_shape=[2], dilations=[2])], [In("x", (1, 1, 5))])
+    msg = _raises(onnax.jvp, m)
+    assert "ai.onnx::LpPool (opset 18)" in msg and "dilations" in msg and "opset 19" in msg, msg
+
+
+def test_dequantize_blocked_reverse_diagnostic() -> None:
+    m = build(
+        [node("DequantizeLinear", ["q", "s"], ["y"], axis=1, block_size=2)],
+        [In("q", (2, 4), TensorProto.INT8), In("s", (2, 2), F)],
+        opset=21,
+    )
+    msg = _raises(onnax.vjp, m, inputs=["s"])
+    assert "ai.onnx::DequantizeLinear" in msg and "block_size > 0" in msg and "Fix: use jvp" in msg, msg
+
+
 def test_unused_input_gradient_is_zero() -> None:
 
     case = next(c for c in CASES if c.id == "composite-unused-input")
