@@ -31,8 +31,17 @@ V crop(Builder& b, V v, V start, V size, int64_t spatial) {
 // Computed in FLOAT (small exact integers) so the counts also run where a backend lacks
 // float64 Conv, then cast.
 V window_counts(Builder& b, const Window& w, V in_sp, V out_sp, const std::vector<int64_t>& kernel, int32_t dt,
-                bool include_pad) {
+                bool include_pad, bool ceil_mode) {
   const int32_t f = onnx::TensorProto::FLOAT;
+  // Without ceil_mode every window lies within the (explicitly) padded input, so when pads
+  // count or there are none, each window covers the whole kernel: a constant.
+  bool no_pads = w.static_known;
+  for (int64_t p : w.static_pads) no_pads = no_pads && p == 0;
+  if (!ceil_mode && w.static_known && (include_pad || no_pads)) {
+    int64_t n = 1;
+    for (int64_t k : kernel) n *= k;
+    return b.scalar(static_cast<double>(n), dt);
+  }
   V ones = b.expand(b.scalar(1.0, f), b.concat({b.i64s({1, 1}), in_sp}, 0));
   V padded = b.op1("Pad", {ones, nc_pads(b, w.begin, w.end), b.scalar(include_pad ? 1.0 : 0.0, f)});
   // ceil_mode may add one partial window per axis: s - 1 extra zeros cover it.
@@ -67,7 +76,8 @@ std::vector<V> average_pool_transpose(TransposeCtx& c) {
   V in_sp = spatial_dims(b, xshape);
   V out_sp = b.shape_of(c.ct(), 2);
   Window w = window_geometry(b, c.node, spatial, in_sp, b.i64s(kernel));
-  V counts = window_counts(b, w, in_sp, out_sp, kernel, dt, c.attr_i("count_include_pad", 0) != 0);
+  V counts = window_counts(b, w, in_sp, out_sp, kernel, dt, c.attr_i("count_include_pad", 0) != 0,
+                           c.attr_i("ceil_mode", 0) != 0);
   V scaled = b.op1("Div", {c.ct(), counts});
   V merged = b.reshape(scaled, b.concat({b.i64s({-1, 1}), out_sp}, 0));
   std::vector<int64_t> out_pad(spatial);
@@ -122,7 +132,7 @@ std::vector<V> lp_pool_jvp(D& c) {
   V weighted = b.op1("Mul", {c.t(0), lp_weight(c, p)});
   b.set_witness(weighted, c.x(0));
   V out_sp = b.shape_of(c.y(), 2);
-  V counts = window_counts(b, w, in_sp, out_sp, kernel, c.dtype(0), true);
+  V counts = window_counts(b, w, in_sp, out_sp, kernel, c.dtype(0), true, c.attr_i("ceil_mode", 0) != 0);
   V sums = b.op1("Mul", {b.op1("AveragePool", {weighted}, attrs), counts});
   return {p == 1 ? sums : b.op1("Mul", {sums, lp_scale(c, p)})};
 }
