@@ -360,12 +360,22 @@ std::vector<V> groupnorm_jvp(D& c) {
 // Resize is linear in X for fixed roi/scales/sizes (every mode interpolates with weights that
 // depend only on the geometry), so its tangent is the Resize of X's tangent. The constant
 // extrapolation_value of tf_crop_and_resize is not part of the linear map: the tangent uses 0.
-// In nearest mode the output is piecewise constant in roi and scales (they only choose which
-// element is copied), so their derivative is zero almost everywhere, as for Floor or Round.
+// roi and scales carry no derivative (zero almost everywhere, as for Floor or Round) where
+// they only pick the output size or which element is copied: in nearest mode; roi outside
+// tf_crop_and_resize (which ignores it); scales under align_corners and tf_crop_and_resize,
+// whose sampling positions depend on the output size alone (without antialias, whose filter
+// width follows the scale). Otherwise the derivative is not implemented.
+bool resize_piecewise_constant_in(D& c, int i) {
+  const std::string mode = node_s(c.node, "mode", "nearest");
+  const std::string coords = node_s(c.node, "coordinate_transformation_mode", "half_pixel");
+  if (mode == "nearest") return true;
+  if (i == 1) return coords != "tf_crop_and_resize";
+  return (coords == "align_corners" || coords == "tf_crop_and_resize") && c.attr_i("antialias", 0) == 0;
+}
+
 std::vector<V> resize_jvp(D& c) {
-  const bool nearest = node_s(c.node, "mode", "nearest") == "nearest";
   for (int i : {1, 2})
-    if (c.t(i).valid() && !nearest)
+    if (c.t(i).valid() && !resize_piecewise_constant_in(c, i))
       c.unsupported(std::string("the derivative with respect to ") + (i == 1 ? "roi" : "scales") + " (input " +
                         std::to_string(i) + ") is not implemented; only X is differentiable",
                     "make '" + c.node.input(i) + "' a constant (initializer) or leave it out of the selected inputs");

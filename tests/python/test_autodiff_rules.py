@@ -1165,6 +1165,29 @@ add(
     float_only=True,
 )
 add(
+    "Resize-linear-align-corners-scales-roi-inputs-float",
+    build(
+        [
+            node(
+                "Resize",
+                ["x", "roi", "scales"],
+                ["y"],
+                mode="linear",
+                coordinate_transformation_mode="align_corners",
+            )
+        ],
+        [In("x", (3, 4), F), In("roi", (4,), F), In("scales", (2,), F)],
+    ),
+    # align_corners samples at positions set by the output size only, and ignores roi: both
+    # have zero derivative away from output-size jumps
+    {
+        "roi": fixed(np.asarray([0.1, 0.2, 0.9, 0.8], np.float32)),
+        "scales": fixed(np.asarray([1.7, 0.8], np.float32)),
+    },
+    variants="native",
+    float_only=True,
+)
+add(
     "Resize-linear-scales-float",
     build(
         [node("Resize", ["x", "", "scales"], ["y"], mode="linear")],
