@@ -82,6 +82,19 @@ class Case:
 CASES: list[Case] = []
 
 
+def _table(rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    """A case table whose rows mix types (typed as such for mypy)."""
+    return rows
+
+
+# Loop variables the case tables below share (heterogeneous attribute dicts and shapes)
+_attrs: dict[str, Any]
+_xs: tuple[Any, ...]
+_ws: tuple[Any, ...]
+_ins: list[str]
+_inits: dict[str, Any] | None
+
+
 def In(name: str, shape: Sequence[Any], elem: int = D) -> tuple[str, int, list[Any]]:
     return (name, elem, list(shape))
 
@@ -89,7 +102,7 @@ def In(name: str, shape: Sequence[Any], elem: int = D) -> tuple[str, int, list[A
 def build(
     nodes: Sequence[onnx.NodeProto],
     inputs: Sequence[tuple[str, int, list[Any]]],
-    outputs: Sequence[str] = ("y",),
+    outputs: Sequence[Any] = ("y",),
     inits: Mapping[str, Any] | None = None,
     opset: int = 18,
 ) -> onnx.ModelProto:
@@ -788,13 +801,15 @@ add(
     ),
     {"x": distinct((1, 1, 4, 4))},
 )
-for _tag, _xs, _ws, _attrs in [
-    ("basic", (1, 2, 5, 5), (3, 2, 3, 3), {}),
-    ("strides2-pads1", (2, 2, 5, 5), (3, 2, 3, 3), {"strides": [2, 2], "pads": [1, 1, 1, 1]}),
-    ("dilations2", (1, 2, 6, 6), (2, 2, 2, 2), {"dilations": [2, 2]}),
-    ("group2", (1, 4, 4, 4), (4, 2, 3, 3), {"group": 2, "pads": [1, 0, 1, 0]}),
-    ("1d", (2, 2, 7), (3, 2, 3), {"strides": [2]}),
-]:
+for _tag, _xs, _ws, _attrs in _table(
+    [
+        ("basic", (1, 2, 5, 5), (3, 2, 3, 3), {}),
+        ("strides2-pads1", (2, 2, 5, 5), (3, 2, 3, 3), {"strides": [2, 2], "pads": [1, 1, 1, 1]}),
+        ("dilations2", (1, 2, 6, 6), (2, 2, 2, 2), {"dilations": [2, 2]}),
+        ("group2", (1, 4, 4, 4), (4, 2, 3, 3), {"group": 2, "pads": [1, 0, 1, 0]}),
+        ("1d", (2, 2, 7), (3, 2, 3), {"strides": [2]}),
+    ]
+):
     add(
         f"Conv-{_tag}",
         build(
@@ -813,17 +828,19 @@ add(
 )
 
 # Conv with auto_pad: reverse mode derives the pads from the run-time input size
-for _tag, _xs, _ws, _attrs in [
-    ("same-upper-s2", (1, 2, 5, 5), (2, 2, 3, 3), {"auto_pad": "SAME_UPPER", "strides": [2, 2]}),
-    ("same-lower-k2", (1, 2, 5, 4), (2, 2, 2, 2), {"auto_pad": "SAME_LOWER"}),
-    ("valid-s2", (1, 2, 6, 5), (3, 2, 2, 2), {"auto_pad": "VALID", "strides": [2, 2]}),
-    (
-        "same-upper-symbolic-batch",
-        ("N", 2, 5, 5),
-        (2, 2, 3, 3),
-        {"auto_pad": "SAME_UPPER", "strides": [2, 1]},
-    ),
-]:
+for _tag, _xs, _ws, _attrs in _table(
+    [
+        ("same-upper-s2", (1, 2, 5, 5), (2, 2, 3, 3), {"auto_pad": "SAME_UPPER", "strides": [2, 2]}),
+        ("same-lower-k2", (1, 2, 5, 4), (2, 2, 2, 2), {"auto_pad": "SAME_LOWER"}),
+        ("valid-s2", (1, 2, 6, 5), (3, 2, 2, 2), {"auto_pad": "VALID", "strides": [2, 2]}),
+        (
+            "same-upper-symbolic-batch",
+            ("N", 2, 5, 5),
+            (2, 2, 3, 3),
+            {"auto_pad": "SAME_UPPER", "strides": [2, 1]},
+        ),
+    ]
+):
     add(
         f"Conv-autopad-{_tag}",
         build([node("Conv", ["x", "w"], ["y"], **_attrs)], [In("x", _xs), In("w", _ws)]),
@@ -831,20 +848,22 @@ for _tag, _xs, _ws, _attrs in [
     )
 
 # ConvTranspose: its transpose is a Conv with the same geometry
-for _tag, _xs, _ws, _attrs in [
-    ("basic", (1, 2, 3, 3), (2, 3, 3, 3), {}),
-    (
-        "strides2-pads1-outpad1",
-        (2, 2, 3, 3),
-        (2, 2, 3, 3),
-        {"strides": [2, 2], "pads": [1, 1, 1, 0], "output_padding": [1, 1]},
-    ),
-    ("dilations2", (1, 2, 3, 4), (2, 1, 2, 2), {"dilations": [2, 2]}),
-    ("output-shape", (1, 1, 3, 3), (1, 2, 3, 3), {"strides": [3, 2], "output_shape": [10, 8]}),
-    ("same-upper", (1, 1, 3, 3), (1, 2, 3, 3), {"strides": [2, 2], "auto_pad": "SAME_UPPER"}),
-    ("same-lower", (1, 1, 3, 4), (1, 2, 2, 3), {"strides": [2, 2], "auto_pad": "SAME_LOWER"}),
-    ("1d-symbolic-batch", ("N", 2, 5), (2, 3, 3), {"strides": [2], "pads": [1, 2]}),
-]:
+for _tag, _xs, _ws, _attrs in _table(
+    [
+        ("basic", (1, 2, 3, 3), (2, 3, 3, 3), {}),
+        (
+            "strides2-pads1-outpad1",
+            (2, 2, 3, 3),
+            (2, 2, 3, 3),
+            {"strides": [2, 2], "pads": [1, 1, 1, 0], "output_padding": [1, 1]},
+        ),
+        ("dilations2", (1, 2, 3, 4), (2, 1, 2, 2), {"dilations": [2, 2]}),
+        ("output-shape", (1, 1, 3, 3), (1, 2, 3, 3), {"strides": [3, 2], "output_shape": [10, 8]}),
+        ("same-upper", (1, 1, 3, 3), (1, 2, 3, 3), {"strides": [2, 2], "auto_pad": "SAME_UPPER"}),
+        ("same-lower", (1, 1, 3, 4), (1, 2, 2, 3), {"strides": [2, 2], "auto_pad": "SAME_LOWER"}),
+        ("1d-symbolic-batch", ("N", 2, 5), (2, 3, 3), {"strides": [2], "pads": [1, 2]}),
+    ]
+):
     add(
         f"ConvTranspose-{_tag}",
         build(
@@ -864,39 +883,41 @@ add(
 )
 
 # AveragePool (all attributes) and the other pools
-for _tag, _xs, _attrs in [
-    ("2x2-s2", (1, 2, 4, 4), {"kernel_shape": [2, 2], "strides": [2, 2]}),
-    ("3x3-pads-exclude", (1, 2, 5, 5), {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}),
-    (
-        "3x3-pads-include",
-        (1, 2, 5, 5),
-        {"kernel_shape": [3, 3], "pads": [1, 0, 1, 2], "count_include_pad": 1},
-    ),
-    ("ceil-exclude", (1, 1, 5, 6), {"kernel_shape": [2, 3], "strides": [2, 2], "ceil_mode": 1}),
-    # the last window per axis overhangs the end pad, which does not count
-    (
-        "ceil-include-pads",
-        (1, 1, 6, 6),
-        {
-            "kernel_shape": [3, 3],
-            "strides": [2, 2],
-            "pads": [1, 1, 1, 1],
-            "ceil_mode": 1,
-            "count_include_pad": 1,
-        },
-    ),
-    ("dilations2", (1, 2, 6, 6), {"kernel_shape": [2, 2], "dilations": [2, 2], "strides": [1, 2]}),
-    ("same-upper", (1, 2, 5, 5), {"kernel_shape": [3, 3], "strides": [2, 2], "auto_pad": "SAME_UPPER"}),
-    (
-        "same-lower-include",
-        (1, 2, 5, 4),
-        {"kernel_shape": [2, 2], "auto_pad": "SAME_LOWER", "count_include_pad": 1},
-    ),
-    ("valid", (1, 2, 5, 5), {"kernel_shape": [2, 2], "strides": [2, 1], "auto_pad": "VALID"}),
-    ("1d", (2, 3, 7), {"kernel_shape": [3], "strides": [2], "pads": [1, 1]}),
-    ("3d", (1, 1, 3, 4, 4), {"kernel_shape": [2, 2, 2], "pads": [0, 1, 1, 1, 0, 0]}),
-    ("symbolic-batch", ("N", 2, 5, 5), {"kernel_shape": [2, 2], "strides": [2, 2], "pads": [1, 1, 0, 0]}),
-]:
+for _tag, _xs, _attrs in _table(
+    [
+        ("2x2-s2", (1, 2, 4, 4), {"kernel_shape": [2, 2], "strides": [2, 2]}),
+        ("3x3-pads-exclude", (1, 2, 5, 5), {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}),
+        (
+            "3x3-pads-include",
+            (1, 2, 5, 5),
+            {"kernel_shape": [3, 3], "pads": [1, 0, 1, 2], "count_include_pad": 1},
+        ),
+        ("ceil-exclude", (1, 1, 5, 6), {"kernel_shape": [2, 3], "strides": [2, 2], "ceil_mode": 1}),
+        # the last window per axis overhangs the end pad, which does not count
+        (
+            "ceil-include-pads",
+            (1, 1, 6, 6),
+            {
+                "kernel_shape": [3, 3],
+                "strides": [2, 2],
+                "pads": [1, 1, 1, 1],
+                "ceil_mode": 1,
+                "count_include_pad": 1,
+            },
+        ),
+        ("dilations2", (1, 2, 6, 6), {"kernel_shape": [2, 2], "dilations": [2, 2], "strides": [1, 2]}),
+        ("same-upper", (1, 2, 5, 5), {"kernel_shape": [3, 3], "strides": [2, 2], "auto_pad": "SAME_UPPER"}),
+        (
+            "same-lower-include",
+            (1, 2, 5, 4),
+            {"kernel_shape": [2, 2], "auto_pad": "SAME_LOWER", "count_include_pad": 1},
+        ),
+        ("valid", (1, 2, 5, 5), {"kernel_shape": [2, 2], "strides": [2, 1], "auto_pad": "VALID"}),
+        ("1d", (2, 3, 7), {"kernel_shape": [3], "strides": [2], "pads": [1, 1]}),
+        ("3d", (1, 1, 3, 4, 4), {"kernel_shape": [2, 2, 2], "pads": [0, 1, 1, 1, 0, 0]}),
+        ("symbolic-batch", ("N", 2, 5, 5), {"kernel_shape": [2, 2], "strides": [2, 2], "pads": [1, 1, 0, 0]}),
+    ]
+):
     add(
         f"AveragePool-{_tag}",
         # dilations exist since opset 19
@@ -907,20 +928,22 @@ for _tag, _xs, _attrs in [
         ),
         {"x": normal(tuple(2 if d == "N" else d for d in _xs))},
     )
-for _tag, _xs, _attrs in [
-    ("p2", (1, 2, 4, 4), {"kernel_shape": [2, 2], "p": 2}),
-    (
-        "p3-strides-pads",
-        (1, 2, 5, 5),
-        {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1], "p": 3},
-    ),
-    ("p1-dilations", (1, 1, 5, 5), {"kernel_shape": [2, 2], "dilations": [2, 2], "p": 1}),
-    (
-        "p2-same-upper-ceil",
-        (1, 1, 5, 6),
-        {"kernel_shape": [2, 2], "strides": [2, 2], "auto_pad": "SAME_UPPER"},
-    ),
-]:
+for _tag, _xs, _attrs in _table(
+    [
+        ("p2", (1, 2, 4, 4), {"kernel_shape": [2, 2], "p": 2}),
+        (
+            "p3-strides-pads",
+            (1, 2, 5, 5),
+            {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1], "p": 3},
+        ),
+        ("p1-dilations", (1, 1, 5, 5), {"kernel_shape": [2, 2], "dilations": [2, 2], "p": 1}),
+        (
+            "p2-same-upper-ceil",
+            (1, 1, 5, 6),
+            {"kernel_shape": [2, 2], "strides": [2, 2], "auto_pad": "SAME_UPPER"},
+        ),
+    ]
+):
     add(
         f"LpPool-{_tag}",
         build(
@@ -1000,10 +1023,12 @@ add(
 )
 
 # BatchNormalization in training mode (batch statistics, running-statistics outputs)
-for _tag, _xs, _outs in [
-    ("all-outputs", (3, 2, 2, 3), ("y", "rm", "rv")),
-    ("1d", (4, 3, 5), ("y", "rm", "rv")),
-]:
+for _tag, _xs, _outs in _table(
+    [
+        ("all-outputs", (3, 2, 2, 3), ("y", "rm", "rv")),
+        ("1d", (4, 3, 5), ("y", "rm", "rv")),
+    ]
+):
     add(
         f"BatchNormalization-training-{_tag}",
         build(
@@ -1023,11 +1048,13 @@ for _tag, _xs, _outs in [
         {"v": uniform((_xs[1],), 0.5, 2.0)},
     )
 
-for _tag, _attrs in [
-    ("plain", {}),
-    ("exclusive", {"exclusive": 1}),
-    ("reverse-exclusive", {"reverse": 1, "exclusive": 1}),
-]:
+for _tag, _attrs in _table(
+    [
+        ("plain", {}),
+        ("exclusive", {"exclusive": 1}),
+        ("reverse-exclusive", {"reverse": 1, "exclusive": 1}),
+    ]
+):
     add(
         f"CumProd-{_tag}",
         build(
@@ -1043,7 +1070,9 @@ for _p, _axis in [(2, -1), (1, 0)]:
     )
 
 # DequantizeLinear: differentiable in the scale only
-for _tag, _xs, _ss, _attrs in [("per-tensor", (2, 3), (), {}), ("per-axis", (2, 3, 2), (3,), {"axis": 1})]:
+for _tag, _xs, _ss, _attrs in _table(
+    [("per-tensor", (2, 3), (), {}), ("per-axis", (2, 3, 2), (3,), {"axis": 1})]
+):
     add(
         f"DequantizeLinear-{_tag}",
         build(
@@ -1119,31 +1148,33 @@ add(
 # Resize: linear in X; the transpose applies the per-axis interpolation matrices' transposes.
 # Sizes (int64) rather than scales: the float64 oracle model would turn FLOAT scales into
 # DOUBLE, which Resize rejects; a FLOAT-only case covers scales.
-for _tag, _xs, _attrs, _sizes in [
-    ("nearest-up", (1, 2, 3, 4), {"mode": "nearest"}, [1, 2, 7, 5]),
-    ("nearest-floor-down", (1, 1, 5, 6), {"mode": "nearest", "nearest_mode": "floor"}, [1, 1, 3, 3]),
-    ("linear-half-pixel-up", (2, 1, 3, 3), {"mode": "linear"}, [2, 1, 6, 4]),
-    (
-        "linear-align-corners",
-        (1, 2, 4, 3),
-        {"mode": "linear", "coordinate_transformation_mode": "align_corners"},
-        [1, 2, 6, 5],
-    ),
-    ("linear-antialias-down", (1, 1, 6, 8), {"mode": "linear", "antialias": 1}, [1, 1, 3, 4]),
-    (
-        "cubic-exclude-outside",
-        (1, 1, 4, 4),
-        {"mode": "cubic", "exclude_outside": 1, "cubic_coeff_a": -0.5},
-        [1, 1, 6, 8],
-    ),
-    (
-        "cubic-asymmetric",
-        (1, 1, 3, 5),
-        {"mode": "cubic", "coordinate_transformation_mode": "asymmetric"},
-        [1, 1, 6, 3],
-    ),
-    ("linear-axes-attr", (1, 2, 3, 4), {"mode": "linear", "axes": [3, 2]}, [8, 4]),
-]:
+for _tag, _xs, _attrs, _sizes in _table(
+    [
+        ("nearest-up", (1, 2, 3, 4), {"mode": "nearest"}, [1, 2, 7, 5]),
+        ("nearest-floor-down", (1, 1, 5, 6), {"mode": "nearest", "nearest_mode": "floor"}, [1, 1, 3, 3]),
+        ("linear-half-pixel-up", (2, 1, 3, 3), {"mode": "linear"}, [2, 1, 6, 4]),
+        (
+            "linear-align-corners",
+            (1, 2, 4, 3),
+            {"mode": "linear", "coordinate_transformation_mode": "align_corners"},
+            [1, 2, 6, 5],
+        ),
+        ("linear-antialias-down", (1, 1, 6, 8), {"mode": "linear", "antialias": 1}, [1, 1, 3, 4]),
+        (
+            "cubic-exclude-outside",
+            (1, 1, 4, 4),
+            {"mode": "cubic", "exclude_outside": 1, "cubic_coeff_a": -0.5},
+            [1, 1, 6, 8],
+        ),
+        (
+            "cubic-asymmetric",
+            (1, 1, 3, 5),
+            {"mode": "cubic", "coordinate_transformation_mode": "asymmetric"},
+            [1, 1, 6, 3],
+        ),
+        ("linear-axes-attr", (1, 2, 3, 4), {"mode": "linear", "axes": [3, 2]}, [8, 4]),
+    ]
+):
     add(
         f"Resize-{_tag}",
         build(
@@ -1216,41 +1247,43 @@ add(
 )
 
 # Function ops differentiated through their ONNX function body (Attention, ...)
-for _tag, _ins, _shapes, _attrs in [
-    ("4d", ["q", "k", "v"], [(2, 2, 3, 4), (2, 2, 5, 4), (2, 2, 5, 3)], {}),
-    (
-        "4d-causal-scale",
-        ["q", "k", "v"],
-        [(1, 2, 4, 4), (1, 2, 4, 4), (1, 2, 4, 4)],
-        {"is_causal": 1, "scale": 0.3},
-    ),
-    (
-        "3d-gqa",
-        ["q", "k", "v"],
-        [(2, 3, 8), (2, 5, 4), (2, 5, 6)],
-        {"q_num_heads": 4, "kv_num_heads": 2},
-    ),
-    (
-        "4d-float-mask-softcap",
-        ["q", "k", "v", "m"],
-        [(1, 2, 3, 4), (1, 2, 5, 4), (1, 2, 5, 4), (3, 5)],
-        {"softcap": 2.0},
-    ),
-    (
-        "4d-past-kv",
-        ["q", "k", "v", "", "pk", "pv"],
-        [(1, 2, 2, 4), (1, 2, 3, 4), (1, 2, 3, 4), (1, 2, 4, 4), (1, 2, 4, 4)],
-        {},
-    ),
-]:
+for _tag, _ins, _shapes, _attrs in _table(
+    [
+        ("4d", ["q", "k", "v"], [(2, 2, 3, 4), (2, 2, 5, 4), (2, 2, 5, 3)], {}),
+        (
+            "4d-causal-scale",
+            ["q", "k", "v"],
+            [(1, 2, 4, 4), (1, 2, 4, 4), (1, 2, 4, 4)],
+            {"is_causal": 1, "scale": 0.3},
+        ),
+        (
+            "3d-gqa",
+            ["q", "k", "v"],
+            [(2, 3, 8), (2, 5, 4), (2, 5, 6)],
+            {"q_num_heads": 4, "kv_num_heads": 2},
+        ),
+        (
+            "4d-float-mask-softcap",
+            ["q", "k", "v", "m"],
+            [(1, 2, 3, 4), (1, 2, 5, 4), (1, 2, 5, 4), (3, 5)],
+            {"softcap": 2.0},
+        ),
+        (
+            "4d-past-kv",
+            ["q", "k", "v", "", "pk", "pv"],
+            [(1, 2, 2, 4), (1, 2, 3, 4), (1, 2, 3, 4), (1, 2, 4, 4), (1, 2, 4, 4)],
+            {},
+        ),
+    ]
+):
     _names = [n for n in _ins if n]
-    _outs: tuple[str, ...] = ("y", "present_k", "present_v") if "pk" in _ins else ("y",)
+    _att_outs: tuple[str, ...] = ("y", "present_k", "present_v") if "pk" in _ins else ("y",)
     add(
         f"Attention-{_tag}",
         build(
-            [node("Attention", _ins, list(_outs), **_attrs)],
+            [node("Attention", _ins, list(_att_outs), **_attrs)],
             [In(n, sh) for n, sh in zip(_names, _shapes, strict=True)],
-            outputs=_outs,
+            outputs=_att_outs,
             opset=23,
         ),
     )
@@ -1568,6 +1601,7 @@ def test_reverse_mode_diagnostic(case: Case) -> None:
         onnax.vjp(case.model, inputs=case.inputs, outputs=case.outputs)
     msg = str(err.value)
     op = case.model.graph.node[-1].op_type
+    assert case.jvp_only is not None
     assert f"ai.onnx::{op}" in msg and case.jvp_only in msg and "Fix:" in msg, msg
 
 
