@@ -405,6 +405,10 @@ void register_elementwise_derivatives(DerivativeRules& r) {
   for (const char* op : {"Floor", "Ceil", "Round", "Sign", "Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual",
                          "IsNaN", "IsInf", "Not", "And", "Or", "Xor"})
     r.zero(op);
+  // Integer, bool and string results: nothing to differentiate.
+  for (const char* op : {"BitShift", "BitwiseAnd", "BitwiseNot", "BitwiseOr", "BitwiseXor", "RegexFullMatch",
+                         "StringConcat", "StringSplit", "NonMaxSuppression"})
+    r.zero(op);
   // Mod is a - b * k with k = trunc(a / b) (fmod=1) or floor(a / b) (fmod=0), piecewise
   // constant, so d = da - k db away from the jumps; trunc(q) = sign(q) * floor(|q|).
   rr.jvp("Mod", [](D& c) -> std::vector<V> {
