@@ -1,7 +1,7 @@
 // Ops linear in their float inputs whose JVP is the op itself on the tangents: signal
 // processing (DFT, STFT), image rearrangement (Col2Im, AffineGrid, MaxUnpool), sequence
 // reversal and cache writes (ReverseSequence, TensorScatter). Transposes where the adjoint is
-// a selection (ReverseSequence, MaxUnpool); the others are forward mode only for now.
+// a selection (ReverseSequence, MaxUnpool) and for DFT; the others are forward mode only for now.
 #include "rules/derivative.h"
 
 namespace onnax {
@@ -55,9 +55,55 @@ std::vector<V> max_unpool_transpose(TransposeCtx& c) {
   return out;
 }
 
+// DFT is linear over the reals (last dim = real, imaginary). With F the unnormalised transform,
+// the adjoint of F is conj(F)^T = n * (inverse DFT), and that of the normalised inverse is
+// F / n. onesided drops outputs (adjoint: zero-pad them back), a real input keeps the real
+// part, and dft_length pads or truncates the input (adjoint: crop or zero-pad back).
+std::vector<V> dft_transpose(TransposeCtx& c) {
+  auto& b = c.b;
+  if (c.linear(1) || c.linear(2)) c.unsupported("dft_length or axis is a tangent", "differentiate the signal only");
+  const Facts& xf = b.facts(c.in(0));
+  if (!xf.has_shape || xf.dims.empty() || !xf.dims.back().known())
+    c.unsupported("whether the input is real (last dim 1) or complex (2) is not known statically");
+  const bool real = xf.dims.back().value == 1;
+  const bool inverse = c.attr_i("inverse", 0) != 0;
+  if (inverse && c.attr_i("onesided", 0))
+    c.unsupported("an inverse DFT of a one-sided (Hermitian) spectrum has no transpose yet",
+                  "use jvp (forward mode), or a full-spectrum inverse DFT (onesided=0)");
+  const int32_t dt = b.facts(c.ct()).dtype;
+  V ax = c.attr("axis")    ? b.i64s({c.attr_i("axis", 1)})
+         : c.in(2).valid() ? b.reshape(c.in(2), b.i64s({1}))
+                           : b.i64s({c.opset >= 20 ? -2 : 1});
+  auto dim = [&](V shape) { return b.op1("Gather", {shape, ax}, {Attr::i("axis", 0)}); };
+  V xshape = tangent_shape(c, c.in(0));
+  V n = c.in(1).valid() ? b.reshape(c.in(1), b.i64s({1})) : dim(xshape);
+  V zero = b.i64s({0});
+  V ct = c.ct();
+  if (c.attr_i("onesided", 0))
+    ct = b.op1("Pad", {ct, b.concat({zero, b.op1("Sub", {n, dim(b.shape_of(ct))})}, 0), V{}, ax});
+  std::vector<V> ins{ct, V{}};
+  if (c.in(2).valid()) ins.push_back(c.in(2));
+  V z = b.clone(c.node, ins, {Attr::i("inverse", inverse ? 0 : 1), Attr::i("onesided", 0)})[0];
+  V nf = b.op1("Cast", {n}, {Attr::i("to", dt)});
+  z = b.op1(inverse ? "Div" : "Mul", {z, nf});
+  if (real) {
+    const int64_t last = static_cast<int64_t>(xf.dims.size()) - 1;
+    z = b.op1("Slice", {z, b.i64s({0}), b.i64s({1}), b.i64s({last})});
+  }
+  if (c.in(1).valid()) {
+    V len = dim(xshape);
+    z = b.op1("Pad", {z, b.concat({zero, b.op1("Max", {b.op1("Sub", {len, n}), zero})}, 0), V{}, ax});
+    z = b.op1("Slice", {z, zero, len, ax});
+  }
+  std::vector<V> out(c.ins.size());
+  out[0] = z;
+  return out;
+}
+
 }  // namespace
 
 void register_linear_op_derivatives(DerivativeRules& r) {
+  r.transpose("DFT", dft_transpose);
   for (const char* op : {"DFT", "Col2Im", "AffineGrid", "ReverseSequence", "MaxUnpool"}) r.jvp(op, linear_in_first);
   r.jvp("STFT", stft_jvp);
   r.jvp("TensorScatter", linear_in_first_two);

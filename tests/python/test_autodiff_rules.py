@@ -1092,12 +1092,37 @@ for _tag, _xs, _ss, _attrs in _table(
 
 # Linear ops whose JVP is the op on the tangent (reverse mode only for the selections)
 _NO_TRANSPOSE = "has no transpose rule yet"
+# DFT: linear over the reals; the transpose is a (scaled) DFT in the other direction
+for _tag, _xs, _ins, _attrs, _inits in _table(
+    [
+        ("real-axis1", (2, 6, 1), ["x"], {"axis": 1}, None),
+        ("real-onesided", (2, 7, 1), ["x"], {"axis": 1, "onesided": 1}, None),
+        ("complex-inverse-axis2", (2, 3, 4, 2), ["x"], {"axis": 2, "inverse": 1}, None),
+        ("dft-length-pad", (1, 5, 2), ["x", "n"], {"axis": 1}, {"n": i64(7)}),
+        ("dft-length-truncate-onesided", (1, 6, 1), ["x", "n"], {"axis": 1, "onesided": 1}, {"n": i64(4)}),
+    ]
+):
+    add(
+        f"DFT-{_tag}",
+        build([node("DFT", _ins, ["y"], **_attrs)], [In("x", _xs)], inits=_inits),
+    )
 add(
-    "DFT-real-axis1",
-    build([node("DFT", ["x"], ["y"], axis=1)], [In("x", (2, 6, 1), F)], opset=18),
-    variants="native",
-    float_only=True,
-    jvp_only=_NO_TRANSPOSE,
+    "DFT-opset20-axis-input-inverse",
+    build(
+        [node("DFT", ["x", "", "a"], ["y"], inverse=1)],
+        [In("x", (2, 5, 3, 2))],
+        inits={"a": i64(-3)},
+        opset=20,
+    ),
+)
+add(
+    "DFT-irfft-forward-only",
+    build(
+        [node("DFT", ["x", "n"], ["y"], axis=1, inverse=1, onesided=1)],
+        [In("x", (1, 4, 2))],
+        inits={"n": i64(6)},
+    ),
+    jvp_only="one-sided (Hermitian) spectrum has no transpose yet",
 )
 add(
     "Col2Im",
