@@ -1,7 +1,10 @@
 // Ops linear in their float inputs whose JVP is the op itself on the tangents: signal
 // processing (DFT, STFT), image rearrangement (Col2Im, AffineGrid, MaxUnpool), sequence
 // reversal and cache writes (ReverseSequence, TensorScatter). Transposes where the adjoint is
-// a selection (ReverseSequence, MaxUnpool) and for DFT; the others are forward mode only for now.
+// a selection (ReverseSequence, MaxUnpool), for DFT and AffineGrid; the others are forward mode
+// only for now.
+#include <climits>
+
 #include "rules/derivative.h"
 
 namespace onnax {
@@ -100,9 +103,43 @@ std::vector<V> dft_transpose(TransposeCtx& c) {
   return out;
 }
 
+// AffineGrid: grid[n, p, :] = theta[n] @ [base[p], 1] over the P sampling points, so
+// ct_theta[n] = ct[n]^T (k x P) @ [base, 1] (P x (k+1)). The base coordinates are the op
+// itself on an identity theta (same size and align_corners).
+std::vector<V> affine_grid_transpose(TransposeCtx& c) {
+  auto& b = c.b;
+  if (c.linear(1)) c.unsupported("size is a tangent", "differentiate theta only");
+  const Facts& tf = b.facts(c.in(0));
+  if (!tf.has_shape || tf.dims.size() != 3 || !tf.dims[1].known())
+    c.unsupported("theta's shape (N, 2, 3) or (N, 3, 4) is not known statically");
+  const int64_t k = tf.dims[1].value;
+  const int32_t dt = b.facts(c.ct()).dtype;
+  onnx::TensorProto eye;
+  eye.set_data_type(dt);
+  for (int64_t d : {int64_t{1}, k, k + 1}) eye.add_dims(d);
+  for (int64_t i = 0; i < k; ++i)
+    for (int64_t j = 0; j <= k; ++j) {
+      if (dt == onnx::TensorProto::DOUBLE)
+        eye.add_double_data(i == j ? 1.0 : 0.0);
+      else
+        eye.add_float_data(i == j ? 1.0f : 0.0f);
+    }
+  V size1 = b.concat({b.i64s({1}), b.op1("Slice", {c.in(1), b.i64s({1}), b.i64s({INT64_MAX})})}, 0);
+  V base = b.reshape(b.clone(c.node, {b.tensor_const(eye), size1})[0], b.i64s({-1, k}));
+  V ones = b.expand(b.scalar(1.0, dt),
+                    b.concat({b.op1("Slice", {b.shape_of(base), b.i64s({0}), b.i64s({1})}), b.i64s({1})}, 0));
+  V homogeneous = b.concat({base, ones}, 1);  // (P, k + 1)
+  V n = b.op1("Slice", {c.in(1), b.i64s({0}), b.i64s({1})});
+  V flat = b.reshape(c.ct(), b.concat({n, b.i64s({-1, k})}, 0));  // (N, P, k)
+  std::vector<V> out(c.ins.size());
+  out[0] = b.op1("MatMul", {b.transpose(flat, {0, 2, 1}), homogeneous});
+  return out;
+}
+
 }  // namespace
 
 void register_linear_op_derivatives(DerivativeRules& r) {
+  r.transpose("AffineGrid", affine_grid_transpose);
   r.transpose("DFT", dft_transpose);
   for (const char* op : {"DFT", "Col2Im", "AffineGrid", "ReverseSequence", "MaxUnpool"}) r.jvp(op, linear_in_first);
   r.jvp("STFT", stft_jvp);

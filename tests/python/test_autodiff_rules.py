@@ -1135,17 +1135,29 @@ add(
     float_only=True,
     jvp_only=_NO_TRANSPOSE,
 )
+for _ac in (0, 1):
+    add(
+        f"AffineGrid-2d-align_corners{_ac}",
+        build(
+            [node("AffineGrid", ["th", "sz"], ["y"], align_corners=_ac)],
+            [In("th", (2, 2, 3), F)],
+            inits={"sz": i64([2, 1, 3, 4])},
+            opset=20,
+        ),
+        # ONNX Runtime has AffineGrid for FLOAT only
+        variants="native",
+        float_only=True,
+    )
 add(
-    "AffineGrid",
+    "AffineGrid-3d",
     build(
-        [node("AffineGrid", ["th", "sz"], ["y"], align_corners=0)],
-        [In("th", (2, 2, 3), F)],
-        inits={"sz": i64([2, 1, 3, 4])},
+        [node("AffineGrid", ["th", "sz"], ["y"])],
+        [In("th", (1, 3, 4), F)],
+        inits={"sz": i64([1, 2, 2, 3, 2])},
         opset=20,
     ),
     variants="native",
     float_only=True,
-    jvp_only=_NO_TRANSPOSE,
 )
 add(
     "ReverseSequence",
