@@ -1,8 +1,8 @@
 // Ops linear in their float inputs whose JVP is the op itself on the tangents: signal
 // processing (DFT, STFT), image rearrangement (Col2Im, AffineGrid, MaxUnpool), sequence
 // reversal and cache writes (ReverseSequence, TensorScatter). Transposes where the adjoint is
-// a selection (ReverseSequence, MaxUnpool), for DFT and AffineGrid; the others are forward mode
-// only for now.
+// a selection (ReverseSequence, MaxUnpool), for DFT, AffineGrid and Col2Im; STFT and
+// TensorScatter are forward mode only for now.
 #include <climits>
 
 #include "rules/derivative.h"
@@ -136,9 +136,32 @@ std::vector<V> affine_grid_transpose(TransposeCtx& c) {
   return out;
 }
 
+// Col2Im sums the columns of blocks into an image; its adjoint is im2col: a Conv of each
+// channel (as (N*C, 1, spatial...)) with a bank of one-hot kernels, one per block position,
+// with the same strides, dilations and pads, giving (N*C, prod(block), L...) -> (N, C*prod, L).
+std::vector<V> col2im_transpose(TransposeCtx& c) {
+  auto& b = c.b;
+  if (c.linear(1) || c.linear(2)) c.unsupported("image_shape or block_shape is a tangent", "differentiate the input");
+  // The bank: an identity over block positions, reshaped to (area, 1, block...).
+  const int32_t dt = b.facts(c.ct()).dtype;
+  V area = b.op1("ReduceProd", {c.in(2)}, {Attr::i("keepdims", 1)});
+  V iota = b.op1("Range", {b.i64(0), b.op1("Squeeze", {area, b.i64s({0})}), b.i64(1)});
+  V eye = b.op1("Cast", {b.op1("Equal", {b.unsqueeze(iota, {1}), b.unsqueeze(iota, {0})})}, {Attr::i("to", dt)});
+  V bank = b.reshape(eye, b.concat({area, b.i64s({1}), c.in(2)}, 0));
+  V image = b.reshape(c.ct(), b.concat({b.i64s({-1, 1}), b.shape_of(c.ct(), 2)}, 0));
+  Attrs attrs;
+  for (const char* name : {"strides", "dilations", "pads"})
+    if (c.attr(name)) attrs.push_back(Attr::ints(name, c.attr_ints(name)));
+  V cols = b.op1("Conv", {image, bank}, attrs);  // (N*C, area, L...)
+  std::vector<V> out(c.ins.size());
+  out[0] = b.reshape(cols, tangent_shape(c, c.in(0)));
+  return out;
+}
+
 }  // namespace
 
 void register_linear_op_derivatives(DerivativeRules& r) {
+  r.transpose("Col2Im", col2im_transpose);
   r.transpose("AffineGrid", affine_grid_transpose);
   r.transpose("DFT", dft_transpose);
   for (const char* op : {"DFT", "Col2Im", "AffineGrid", "ReverseSequence", "MaxUnpool"}) r.jvp(op, linear_in_first);

@@ -1124,17 +1124,30 @@ add(
     ),
     jvp_only="one-sided (Hermitian) spectrum has no transpose yet",
 )
-add(
-    "Col2Im",
-    build(
-        [node("Col2Im", ["x", "im", "bl"], ["y"], strides=[1, 1])],
-        [In("x", (1, 4, 6), F)],
-        inits={"im": i64([3, 4]), "bl": i64([2, 2])},
-    ),
-    variants="native",
-    float_only=True,
-    jvp_only=_NO_TRANSPOSE,
-)
+# Col2Im: its transpose is im2col, a Conv with one-hot kernels
+for _tag, _xs, _im, _bl, _attrs in _table(
+    [
+        ("basic", (1, 4, 6), [3, 4], [2, 2], {}),
+        (
+            "strides-pads-dilations",
+            (2, 2, 9),
+            [5, 5],
+            [1, 2],
+            {"strides": [2, 2], "pads": [0, 1, 0, 1], "dilations": [1, 2]},
+        ),
+    ]
+):
+    add(
+        f"Col2Im-{_tag}",
+        build(
+            [node("Col2Im", ["x", "im", "bl"], ["y"], **_attrs)],
+            [In("x", _xs, F)],
+            inits={"im": i64(_im), "bl": i64(_bl)},
+        ),
+        # ONNX Runtime has Col2Im for FLOAT only
+        variants="native",
+        float_only=True,
+    )
 for _ac in (0, 1):
     add(
         f"AffineGrid-2d-align_corners{_ac}",
