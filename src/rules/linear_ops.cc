@@ -1,8 +1,8 @@
 // Ops linear in their float inputs whose JVP is the op itself on the tangents: signal
 // processing (DFT, STFT), image rearrangement (Col2Im, AffineGrid, MaxUnpool), sequence
 // reversal and cache writes (ReverseSequence, TensorScatter). Transposes where the adjoint is
-// a selection (ReverseSequence, MaxUnpool), for DFT, AffineGrid and Col2Im; STFT and
-// TensorScatter are forward mode only for now.
+// a selection (ReverseSequence, MaxUnpool, TensorScatter), for DFT, AffineGrid and Col2Im; STFT
+// is forward mode only for now.
 #include <climits>
 
 #include "rules/derivative.h"
@@ -158,9 +158,42 @@ std::vector<V> col2im_transpose(TransposeCtx& c) {
   return out;
 }
 
+// TensorScatter writes the update rows into the cache: the cache's cotangent is the output's
+// with the written positions cleared (the op writing zeros), the update's is read back from
+// the written positions, found by scattering the update elements' numbers (as floats, exact
+// for any realistic size) into a cache of -1 and scatter-adding the cotangent by them.
+std::vector<V> tensor_scatter_transpose(TransposeCtx& c) {
+  auto& b = c.b;
+  if (c.linear(2)) c.unsupported("write_indices is a tangent", "differentiate the cache and the update only");
+  const int32_t dt = b.facts(c.ct()).dtype;
+  std::vector<V> out(c.ins.size());
+  V ushape = c.linear(1) ? tangent_shape(c, c.in(1)) : b.shape_of(c.in(1));
+  if (c.linear(0)) {
+    V zeros = b.expand(b.scalar(0.0, dt), ushape);
+    out[0] = b.clone(c.node, {c.ct(), zeros, c.in(2)})[0];
+  }
+  if (c.linear(1)) {
+    V count = b.op1("ReduceProd", {ushape}, {Attr::i("keepdims", 1)});
+    V numbers = b.op1("Cast", {b.op1("Range", {b.i64(0), b.op1("Squeeze", {count, b.i64s({0})}), b.i64(1)})},
+                      {Attr::i("to", dt)});
+    V none = b.expand(b.scalar(-1.0, dt), b.shape_of(c.ct()));
+    V where = b.op1("Cast", {b.clone(c.node, {none, b.reshape(numbers, ushape), c.in(2)})[0]},
+                    {Attr::i("to", onnx::TensorProto::INT64)});
+    V flat_where = b.reshape(where, b.i64s({-1}));
+    V written = b.op1("GreaterOrEqual", {flat_where, b.i64(0)});
+    V flat_ct = b.op1("Where", {written, b.reshape(c.ct(), b.i64s({-1})), b.scalar(0.0, dt)});
+    V zeros = b.expand(b.scalar(0.0, dt), count);
+    V summed = b.op1("ScatterElements", {zeros, b.op1("Max", {flat_where, b.i64(0)}), flat_ct},
+                     {Attr::i("axis", 0), Attr::s("reduction", "add")});
+    out[1] = b.reshape(summed, ushape);
+  }
+  return out;
+}
+
 }  // namespace
 
 void register_linear_op_derivatives(DerivativeRules& r) {
+  r.transpose("TensorScatter", tensor_scatter_transpose);
   r.transpose("Col2Im", col2im_transpose);
   r.transpose("AffineGrid", affine_grid_transpose);
   r.transpose("DFT", dft_transpose);

@@ -1172,6 +1172,18 @@ add(
     variants="native",
     float_only=True,
 )
+for _mode, _idx in (("linear", [1, 3]), ("circular", [4, 0])):
+    add(
+        f"TensorScatter-{_mode}",
+        build(
+            [node("TensorScatter", ["past", "upd", "idx"], ["y"], mode=_mode)],
+            [In("past", (2, 5, 3), F), In("upd", (2, 2, 3), F)],
+            inits={"idx": i64(_idx)},
+            opset=24,
+        ),
+        variants="native",
+        float_only=True,
+    )
 add(
     "ReverseSequence",
     build(
