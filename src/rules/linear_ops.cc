@@ -1,8 +1,7 @@
 // Ops linear in their float inputs whose JVP is the op itself on the tangents: signal
 // processing (DFT, STFT), image rearrangement (Col2Im, AffineGrid, MaxUnpool), sequence
 // reversal and cache writes (ReverseSequence, TensorScatter). Transposes where the adjoint is
-// a selection (ReverseSequence, MaxUnpool, TensorScatter), for DFT, AffineGrid and Col2Im; STFT
-// is forward mode only for now.
+// a selection (ReverseSequence, MaxUnpool, TensorScatter), for DFT, STFT, AffineGrid and Col2Im.
 #include <climits>
 
 #include "rules/derivative.h"
@@ -40,9 +39,14 @@ std::vector<V> linear_in_first_two(D& c) {
 
 // STFT is bilinear in the signal (0) and the window (2).
 std::vector<V> stft_jvp(D& c) {
+  // Each term has the output's shape, which inference may not see through run-time sizes.
+  auto term = [&](V v) {
+    if (c.b.facts(v).rank() < 0 && c.b.facts(c.y()).rank() >= 0) c.b.set_facts(v, c.b.facts(c.y()));
+    return v;
+  };
   V t;
-  if (c.t(0).valid()) t = c.same_op({c.t(0), c.x(1), c.x(2), c.x(3)});
-  if (c.has(2) && c.t(2).valid()) t = c.b.add(t, c.same_op({c.x(0), c.x(1), c.t(2), c.x(3)}));
+  if (c.t(0).valid()) t = term(c.same_op({c.t(0), c.x(1), c.x(2), c.x(3)}));
+  if (c.has(2) && c.t(2).valid()) t = c.b.add(t, term(c.same_op({c.x(0), c.x(1), c.t(2), c.x(3)})));
   return {t};
 }
 
@@ -190,9 +194,66 @@ std::vector<V> tensor_scatter_transpose(TransposeCtx& c) {
   return out;
 }
 
+// STFT frames the signal (frame f is signal[f * step + k], k < n), weights it by the window
+// and DFTs each frame (one-sided by default). It is linear in the signal and in the window.
+// With z the DFT adjoint of the cotangent per frame (scaled inverse DFT, as for DFT):
+// signal: overlap-add z * window back to the frame positions (a scatter-add);
+// window: sum over batch and frames of z * frames (real and imaginary parts).
+std::vector<V> stft_transpose(TransposeCtx& c) {
+  auto& b = c.b;
+  if (c.linear(1) || c.linear(3))
+    c.unsupported("frame_step or frame_length is a tangent", "differentiate the signal or window");
+  if (c.linear(0) && c.linear(2)) c.unsupported("both signal and window are tangents (not linear)");
+  const int32_t dt = b.facts(c.ct()).dtype;
+  const Facts& sf = b.facts(c.in(0));
+  if (!sf.has_shape || sf.dims.size() != 3 || !sf.dims[2].known())
+    c.unsupported("whether the signal is real (last dim 1) or complex (2) is not known statically");
+  const bool real = sf.dims[2].value == 1;
+  V sshape = c.linear(0) ? tangent_shape(c, c.in(0)) : b.shape_of(c.in(0));
+  V n = !c.in(2).valid() ? b.reshape(c.in(3), b.i64s({1}))
+        : c.linear(2)    ? tangent_shape(c, c.in(2))
+                         : b.shape_of(c.in(2), 0, 1);
+  V zero = b.i64s({0}), two = b.i64s({2});
+  V ct = c.ct();
+  if (c.attr_i("onesided", 1))
+    ct = b.op1("Pad", {ct, b.concat({zero, b.op1("Sub", {n, b.shape_of(ct, 2, 3)})}, 0), V{}, two});
+  Attrs dft_attrs{Attr::i("inverse", 1), Attr::i("onesided", 0)};
+  std::vector<V> dft_in{ct};
+  if (c.opset >= 20) {
+    dft_in.push_back(V{});
+    dft_in.push_back(b.i64(2));
+  } else {
+    dft_attrs.push_back(Attr::i("axis", 2));
+  }
+  V z = b.op1("DFT", dft_in, dft_attrs);  // (B, F, n, 2)
+  z = b.op1("Mul", {z, b.op1("Cast", {n}, {Attr::i("to", dt)})});
+  if (real) z = b.op1("Slice", {z, b.i64s({0}), b.i64s({1}), b.i64s({3})});
+  // Frame positions pos[f, k] = f * step + k, (F, n).
+  V frames = b.shape_of(c.ct(), 1, 2);
+  auto iota = [&](V len) { return b.op1("Range", {b.i64(0), b.op1("Squeeze", {len, zero}), b.i64(1)}); };
+  V step = b.reshape(c.in(1), b.i64s({1}));
+  V pos = b.op1("Add", {b.unsqueeze(b.op1("Mul", {iota(frames), step}), {1}), b.unsqueeze(iota(n), {0})});
+  std::vector<V> out(c.ins.size());
+  if (c.linear(0)) {
+    if (c.in(2).valid()) z = b.op1("Mul", {z, b.unsqueeze(c.in(2), {0, 1, 3})});
+    // Scatter-add (B, F*n, c) into (B, L, c) at pos along axis 1.
+    V zc = b.shape_of(z, 3, 4);
+    V flat = b.reshape(z, b.concat({b.i64s({0, -1}), zc}, 0));
+    V idx = b.expand(b.reshape(pos, b.i64s({1, -1, 1})), b.shape_of(flat));
+    V zeros = b.expand(b.scalar(0.0, dt), sshape);
+    out[0] = b.op1("ScatterElements", {zeros, idx, flat}, {Attr::i("axis", 1), Attr::s("reduction", "add")});
+  }
+  if (c.linear(2)) {
+    V framed = b.op1("Gather", {c.in(0), pos}, {Attr::i("axis", 1)});  // (B, F, n, c)
+    out[2] = b.op1("ReduceSum", {b.op1("Mul", {z, framed}), b.i64s({0, 1, 3})}, {Attr::i("keepdims", 0)});
+  }
+  return out;
+}
+
 }  // namespace
 
 void register_linear_op_derivatives(DerivativeRules& r) {
+  r.transpose("STFT", stft_transpose);
   r.transpose("TensorScatter", tensor_scatter_transpose);
   r.transpose("Col2Im", col2im_transpose);
   r.transpose("AffineGrid", affine_grid_transpose);

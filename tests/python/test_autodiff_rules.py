@@ -1172,6 +1172,27 @@ add(
     variants="native",
     float_only=True,
 )
+# STFT: linear in the signal and in the window (frames overlap: step < frame length)
+add(
+    "STFT-real-window",
+    build(
+        # two-sided: ONNX's shape inference ignores onesided (4 bins declared, 3 computed), so
+        # the one-sided path is covered by the conformance run (test_stft*) instead
+        [node("STFT", ["x", "st", "w"], ["y"], onesided=0)],
+        [In("x", (2, 11, 1)), In("w", (4,))],
+        inits={"st": i64(3)},
+        opset=17,
+    ),
+)
+add(
+    "STFT-complex-frame-length-twosided",
+    build(
+        [node("STFT", ["x", "st", "", "fl"], ["y"], onesided=0)],
+        [In("x", (1, 9, 2))],
+        inits={"st": i64(2), "fl": i64(5)},
+        opset=17,
+    ),
+)
 for _mode, _idx in (("linear", [1, 3]), ("circular", [4, 0])):
     add(
         f"TensorScatter-{_mode}",
