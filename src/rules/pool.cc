@@ -1,5 +1,6 @@
 // Derivatives of the pooling ops other than MaxPool/GlobalAveragePool (those live in nn.cc):
-// AveragePool (linear, with an exact transpose), LpPool, GlobalMaxPool and GlobalLpPool.
+// AveragePool (linear, with an exact transpose), LpPool, GlobalMaxPool, GlobalLpPool, and LRN
+// (whose channel-window sums are an AveragePool).
 #include <climits>
 
 #include "rules/derivative.h"
