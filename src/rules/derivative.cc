@@ -69,11 +69,13 @@ int64_t TransposeCtx::rank(V v) const {
   return r;
 }
 void TransposeCtx::unsupported(const std::string& what) const {
+  unsupported(what, "declare static shapes for the values around it (value_info), or use jvp (forward mode)");
+}
+void TransposeCtx::unsupported(const std::string& what, const std::string& fix) const {
   const std::string domain = node.domain().empty() ? "ai.onnx" : node.domain();
-  diag::fail(Error::Kind::kUnsupported,
-             "vjp: cannot transpose the linear " + domain + "::" + node.op_type() + " (opset " + std::to_string(opset) +
-                 ") emitted for " + where(node) + ": " + what +
-                 ". Fix: declare static shapes for the values around it (value_info), or use jvp (forward mode)");
+  diag::fail(Error::Kind::kUnsupported, "vjp: cannot transpose the linear " + domain + "::" + node.op_type() +
+                                            " (opset " + std::to_string(opset) + ") emitted for " + where(node) + ": " +
+                                            what + ". Fix: " + fix);
 }
 
 V unbroadcast(Builder& b, V ct, V target, V witness) {
@@ -197,6 +199,9 @@ const DerivativeRules& DerivativeRules::instance() {
     register_shape_derivatives(r);
     register_index_derivatives(r);
     register_nn_derivatives(r);
+    register_pool_derivatives(r);
+    register_expanded_derivatives(r);
+    register_linear_op_derivatives(r);
     return r;
   }();
   return rules;

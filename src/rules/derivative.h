@@ -72,7 +72,10 @@ class TransposeCtx {
   int64_t attr_i(const std::string& name, int64_t fallback) const;
   std::vector<int64_t> attr_ints(const std::string& name) const;
   int64_t rank(V v) const;
+  // `what` failed; the default fix suggests static shapes or forward mode (for rules that
+  // need shapes), the two-argument form states its own.
   [[noreturn]] void unsupported(const std::string& what) const;
+  [[noreturn]] void unsupported(const std::string& what, const std::string& fix) const;
 };
 
 using TransposeRule = std::function<std::vector<V>(TransposeCtx&)>;
@@ -120,5 +123,10 @@ void register_matmul_derivatives(DerivativeRules& r);
 void register_shape_derivatives(DerivativeRules& r);
 void register_index_derivatives(DerivativeRules& r);
 void register_nn_derivatives(DerivativeRules& r);
+void register_pool_derivatives(DerivativeRules& r);
+void register_expanded_derivatives(DerivativeRules& r);
+void register_linear_op_derivatives(DerivativeRules& r);
+// JVP of a function op through its ONNX function body (each body node by its own rule).
+std::vector<V> expand_jvp(JvpCtx& c);
 
 }  // namespace onnax

@@ -405,6 +405,23 @@ void register_elementwise_derivatives(DerivativeRules& r) {
   for (const char* op : {"Floor", "Ceil", "Round", "Sign", "Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual",
                          "IsNaN", "IsInf", "Not", "And", "Or", "Xor"})
     r.zero(op);
+  // Integer, bool and string results: nothing to differentiate.
+  for (const char* op : {"BitShift", "BitwiseAnd", "BitwiseNot", "BitwiseOr", "BitwiseXor", "RegexFullMatch",
+                         "StringConcat", "StringSplit", "NonMaxSuppression"})
+    r.zero(op);
+  // Mod is a - b * k with k = trunc(a / b) (fmod=1) or floor(a / b) (fmod=0), piecewise
+  // constant, so d = da - k db away from the jumps; trunc(q) = sign(q) * floor(|q|).
+  rr.jvp("Mod", [](D& c) -> std::vector<V> {
+    auto& b = c.b;
+    V tb;
+    if (c.t(1).valid()) {
+      V q = b.op1("Div", {c.x(0), c.x(1)});
+      V k = c.attr_i("fmod", 0) ? b.op1("Mul", {b.op1("Sign", {q}), b.op1("Floor", {b.op1("Abs", {q})})})
+                                : b.op1("Floor", {q});
+      tb = b.neg(b.mul(c.t(1), k));
+    }
+    return {c.like_out(b.add(c.like_out(c.t(0)), tb))};
+  });
 
   r.transpose("Add", add_transpose);
   r.transpose("Sum", add_transpose);

@@ -101,6 +101,58 @@ std::vector<V> gather_jvp(D& c) {
   return {c.same_op(ins)};
 }
 
+// The scatter `c.node` with reduction `reduction` of `updates` into `data`.
+V scatter_with(D& c, V data, V updates, const std::string& reduction) {
+  return c.b.clone(c.node, {data, c.x(1), updates}, {Attr::s("reduction", reduction)})[0];
+}
+
+// reduction mul: y = x * P with P the product of the updates landing on each position, so
+// dy = dx * P + y * sum(du / u) over those updates (exact away from zero updates).
+// reduction max/min: y is x or one of the updates landing there; the tangent is that of the
+// winners, ties shared evenly as JAX's max does.
+std::vector<V> scatter_reduce_jvp(D& c) {
+  auto& b = c.b;
+  const std::string red = c.attr("reduction")->s();
+  if (red != "mul" && red != "max" && red != "min")
+    c.unsupported("reduction '" + red + "' is not differentiable here", "use reduction none, add, mul, max or min");
+  if (!c.t(0).valid() && !c.t(2).valid()) return {V{}};
+  const int32_t dt = b.facts(c.y()).dtype;
+  V zero_data = b.expand(b.scalar(0.0, dt), b.shape_of(c.x(0)));
+  const bool elements = c.node.op_type() == "ScatterElements";
+  Attrs gather_attrs;
+  if (elements) gather_attrs.push_back(Attr::i("axis", c.attr_i("axis", 0)));
+  const char* gather_op = elements ? "GatherElements" : "GatherND";
+  if (red == "mul") {
+    V t;
+    if (c.t(0).valid()) {
+      V ones = b.expand(b.scalar(1.0, dt), b.shape_of(c.x(0)));
+      t = b.op1("Mul", {c.t(0), scatter_with(c, ones, c.x(2), "mul")});
+    }
+    if (c.t(2).valid()) {
+      V ratio = b.op1("Div", {c.t(2), c.x(2)});
+      b.set_witness(ratio, c.x(2));
+      V sums = scatter_with(c, zero_data, ratio, "add");
+      b.set_witness(sums, c.x(0));
+      t = b.add(t, b.op1("Mul", {c.y(), sums}));
+    }
+    return {t};
+  }
+  auto cast = [&](V m) { return b.op1("Cast", {m}, {Attr::i("to", dt)}); };
+  V wins_x = cast(b.op1("Equal", {c.x(0), c.y()}));
+  V wins_u = cast(b.op1("Equal", {c.x(2), b.op1(gather_op, {c.y(), c.x(1)}, gather_attrs)}));
+  V count = b.op1("Add", {wins_x, scatter_with(c, zero_data, wins_u, "add")});
+  V t;
+  if (c.t(0).valid()) t = b.op1("Mul", {c.t(0), wins_x});
+  if (c.t(2).valid()) {
+    V picked = b.op1("Mul", {c.t(2), wins_u});
+    b.set_witness(picked, c.x(2));
+    V sums = scatter_with(c, zero_data, picked, "add");
+    b.set_witness(sums, c.x(0));
+    t = b.add(t, sums);
+  }
+  return {b.op1("Div", {t, count})};
+}
+
 // ScatterElements/ScatterND without reduction: out = data with updates written at indices.
 std::vector<V> scatter_jvp(D& c) {
   if (!c.attr("reduction") || c.attr("reduction")->s() == "none") {
@@ -117,7 +169,7 @@ std::vector<V> scatter_jvp(D& c) {
     if (!tu.valid()) tu = c.b.expand(c.b.scalar(0.0, c.b.facts(c.y()).dtype), c.b.shape_of(c.x(2)));
     return {c.same_op({td, c.x(1), tu})};
   }
-  c.unsupported("reduction '" + c.attr("reduction")->s() + "' is not differentiable here", "use reduction none or add");
+  return scatter_reduce_jvp(c);
 }
 
 // Transpose of a scatter linear in data and updates: the data's cotangent is the output's
@@ -143,9 +195,29 @@ std::vector<V> scatter_transpose(TransposeCtx& c, const char* gather_op) {
   return out;
 }
 
+// Unique's values are the input's elements at their first occurrences (output 1), so their
+// tangent selects the input tangent there (along `axis`, or over the flattened input).
+// Moving duplicates apart changes the output's length: the derivative is that of the
+// selection, as for a tie-free input.
+std::vector<V> unique_jvp(D& c) {
+  std::vector<V> out(c.ys.size());
+  if (!c.t(0).valid()) return out;
+  auto& b = c.b;
+  V first = c.ys.size() > 1 && c.ys[1].valid() ? c.ys[1] : b.clone(c.node, {c.x(0)}, {}, {}, 2)[1];
+  if (c.attr("axis")) {
+    out[0] = b.op1("Gather", {c.t(0), first}, {Attr::i("axis", c.attr_i("axis", 0))});
+  } else {
+    V flat = b.reshape(c.t(0), b.i64s({-1}));
+    b.set_witness(flat, b.reshape(c.x(0), b.i64s({-1})));
+    out[0] = b.op1("Gather", {flat, first}, {Attr::i("axis", 0)});
+  }
+  return out;
+}
+
 }  // namespace
 
 void register_index_derivatives(DerivativeRules& r) {
+  r.jvp("Unique", unique_jvp);
   for (const char* op : {"Gather", "GatherElements", "GatherND"}) {
     r.jvp(op, gather_jvp);
     r.transpose(op, [](TransposeCtx& c) { return selection_transpose(c, 0); });

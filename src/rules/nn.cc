@@ -7,6 +7,7 @@
 #include "rules/batching.h"
 #include "rules/conv_batched_weight.h"
 #include "rules/derivative.h"
+#include "rules/window.h"
 
 namespace onnax {
 namespace {
@@ -198,9 +199,10 @@ V per_channel(Builder& b, V p, int64_t r) {
   return b.unsqueeze(p, axes);
 }
 
+std::vector<V> batchnorm_training_jvp(D& c);
+
 std::vector<V> batchnorm_jvp(D& c) {
-  if (c.attr_i("training_mode", 0))
-    c.unsupported("training_mode=1 is not differentiable yet", "differentiate the model in inference mode");
+  if (c.attr_i("training_mode", 0)) return batchnorm_training_jvp(c);
   auto& b = c.b;
   const int64_t r = c.rank(0);
   V scale = per_channel(b, c.x(1), r), mean = per_channel(b, c.x(3), r), var = per_channel(b, c.x(4), r);
@@ -268,11 +270,189 @@ std::vector<V> trailing_normalize_jvp(D& c, bool centered) {
   return normalize_jvp(c, axes, centered, [](V v) { return v; });
 }
 
+// Training mode normalises with the batch statistics over (N, spatial...) per channel and
+// updates running = input * momentum + current * (1 - momentum), with the population
+// variance; d var = 2 mean(xc * dx) (the mean of xc is 0, so dx need not be centred).
+std::vector<V> batchnorm_training_jvp(D& c) {
+  auto& b = c.b;
+  const int64_t r = c.rank(0);
+  std::vector<int64_t> axes{0};
+  for (int64_t k = 2; k < r; ++k) axes.push_back(k);
+  std::vector<V> out = normalize_jvp(c, axes, true, [&](V v) { return per_channel(b, v, r); });
+  out.resize(c.ys.size());
+  if (out.size() < 2) return out;
+  const double m = c.attr_f("momentum", 0.9f);
+  V ax = b.i64s(axes);
+  V t_mu, t_var;
+  if (c.t(0).valid()) {
+    auto mean = [&](V v) { return b.op1("ReduceMean", {v, ax}, {Attr::i("keepdims", 0)}); };
+    t_mu = mean(c.t(0));
+    V xc = b.op1("Sub", {c.x(0), b.op1("ReduceMean", {c.x(0), ax}, {Attr::i("keepdims", 1)})});
+    V prod = b.op1("Mul", {xc, c.t(0)});
+    b.set_witness(prod, c.x(0));
+    t_var = b.op1("Mul", {mean(prod), c.scalar(2.0)});
+  }
+  auto running = [&](V t_in, V t_cur) {
+    V t = t_in.valid() ? b.op1("Mul", {t_in, c.scalar(m)}) : V{};
+    return b.add(t, t_cur.valid() ? b.op1("Mul", {t_cur, c.scalar(1.0 - m)}) : V{});
+  };
+  out[1] = running(c.t(3), t_mu);
+  if (out.size() > 2) out[2] = running(c.t(4), t_var);
+  return out;
+}
+
 std::vector<V> instancenorm_jvp(D& c) {
   const int64_t r = c.rank(0);
   std::vector<int64_t> axes;
   for (int64_t k = 2; k < r; ++k) axes.push_back(k);
   return normalize_jvp(c, axes, true, [&](V v) { return per_channel(c.b, v, r); });
+}
+
+// The tangent `t` has the shape of `x`; says so where inference cannot (GroupNormalization's
+// output has no inferred shape, so later rules would not know the tangent's rank).
+V like_input(Builder& b, V t, V x) {
+  b.set_facts(t, b.facts(x));
+  b.set_witness(t, x);
+  return t;
+}
+
+// GroupNormalization normalises (N, G, C/G * spatial) views of x. Opset 18 scales and shifts
+// per group (G,), opset 21 per channel (C,). The output has x's shape, which the rule knows
+// itself: ONNX infers no shape for the opset-21 function op.
+std::vector<V> groupnorm_jvp(D& c) {
+  auto& b = c.b;
+  const int64_t groups = c.attr_i("num_groups", 0);
+  if (groups <= 0) c.unsupported("num_groups is missing or not positive", "set num_groups to the number of groups");
+  const bool per_group = c.opset < 21;
+  V xshape = b.shape_of(c.x(0));
+  V gshape = b.concat({b.op1("Slice", {xshape, b.i64s({0}), b.i64s({1})}), b.i64s({groups, -1})}, 0);
+  V ax = b.i64s({2});
+  auto mean = [&](V v) { return b.op1("ReduceMean", {v, ax}, {Attr::i("keepdims", 1)}); };
+  V xr = b.reshape(c.x(0), gshape);
+  V xc = b.op1("Sub", {xr, mean(xr)});
+  V inv = b.op1("Reciprocal",
+                {b.op1("Sqrt", {b.op1("Add", {mean(b.op1("Mul", {xc, xc})), c.scalar(c.attr_f("epsilon", 1e-5f))})})});
+  V xhat = b.op1("Mul", {xc, inv});
+  V t_xhat;
+  if (c.t(0).valid()) {
+    V tr = b.reshape(c.t(0), gshape);
+    b.set_witness(tr, xr);
+    V tc = b.op1("Sub", {tr, mean(tr)});
+    b.set_witness(tc, xr);
+    V xt = b.op1("Mul", {tc, xhat});
+    b.set_witness(xt, xr);
+    t_xhat = b.op1("Mul", {inv, b.op1("Sub", {tc, b.op1("Mul", {xhat, mean(xt)})})});
+    b.set_witness(t_xhat, xr);
+  }
+  V t;
+  if (per_group) {
+    auto grp = [&](V v) { return b.unsqueeze(v, {1}); };  // (G,) -> (G, 1) against (N, G, M)
+    t = b.mul(t_xhat, grp(c.x(1)));
+    if (c.t(1).valid()) t = b.add(t, b.mul(xhat, grp(c.t(1))));
+    if (c.t(2).valid()) t = b.add(t, b.expand(grp(c.t(2)), b.shape_of(xr)));
+    if (t.valid()) b.set_witness(t, xr);
+    return {t.valid() ? like_input(b, b.reshape(t, xshape), c.x(0)) : t};
+  }
+  const int64_t r = c.rank(0);
+  if (t_xhat.valid()) t = b.mul(b.reshape(t_xhat, xshape), per_channel(b, c.x(1), r));
+  if (c.t(1).valid()) t = b.add(t, b.mul(b.reshape(xhat, xshape), per_channel(b, c.t(1), r)));
+  if (c.t(2).valid()) t = b.add(t, b.expand(per_channel(b, c.t(2), r), xshape));
+  return {t.valid() ? like_input(b, t, c.x(0)) : t};
+}
+
+// Resize is linear in X for fixed roi/scales/sizes (every mode interpolates with weights that
+// depend only on the geometry), so its tangent is the Resize of X's tangent. The constant
+// extrapolation_value of tf_crop_and_resize is not part of the linear map: the tangent uses 0.
+// roi and scales carry no derivative (zero almost everywhere, as for Floor or Round) where
+// they only pick the output size or which element is copied: in nearest mode; roi outside
+// tf_crop_and_resize (which ignores it); scales under align_corners and tf_crop_and_resize,
+// whose sampling positions depend on the output size alone (without antialias, whose filter
+// width follows the scale). Otherwise the derivative is not implemented.
+bool resize_piecewise_constant_in(D& c, int i) {
+  const std::string mode = node_s(c.node, "mode", "nearest");
+  const std::string coords = node_s(c.node, "coordinate_transformation_mode", "half_pixel");
+  if (mode == "nearest") return true;
+  if (i == 1) return coords != "tf_crop_and_resize";
+  return (coords == "align_corners" || coords == "tf_crop_and_resize") && c.attr_i("antialias", 0) == 0;
+}
+
+std::vector<V> resize_jvp(D& c) {
+  for (int i : {1, 2})
+    if (c.t(i).valid() && !resize_piecewise_constant_in(c, i))
+      c.unsupported(std::string("the derivative with respect to ") + (i == 1 ? "roi" : "scales") + " (input " +
+                        std::to_string(i) + ") is not implemented; only X is differentiable",
+                    "make '" + c.node.input(i) + "' a constant (initializer) or leave it out of the selected inputs");
+  if (!c.t(0).valid()) return {V{}};
+  std::vector<V> ins = c.xs;
+  ins[0] = c.t(0);
+  Attrs zero;
+  if (c.attr("extrapolation_value")) zero.push_back(Attr::f("extrapolation_value", 0.0f));
+  V out = c.b.clone(c.node, ins, zero)[0];
+  // Keep the rank known when inference cannot see it (e.g. after a GroupNormalization).
+  if (c.b.facts(out).rank() < 0 && c.b.facts(c.t(0)).rank() >= 0)
+    c.b.set_facts(out, Facts::of(c.b.facts(c.t(0)).dtype, std::vector<Dim>(c.b.facts(c.t(0)).rank(), Dim{})));
+  return {out};
+}
+
+// Resize interpolates each resized axis independently (nearest, linear, cubic, antialiased or
+// not), so X -> Y is a product of per-axis matrices M_a (out_a x in_a) and the transpose
+// applies each M_a^T. M_a^T is Resize itself applied to an identity matrix E (in_a x in_a)
+// along its last axis (scale 1 on the first, which every mode maps to itself), so the
+// interpolation weights are exactly the op's. Axes whose constant size equals the static
+// input size are the identity and skipped; with run-time scales every listed axis is applied.
+std::vector<V> resize_transpose(TransposeCtx& c) {
+  auto& b = c.b;
+  if (c.linear(1) || c.linear(2) || c.linear(3))
+    c.unsupported("roi, scales or sizes is a tangent (Resize is linear in X only)",
+                  "treat roi/scales/sizes as constants (initializers)");
+  const std::string policy = node_s(c.node, "keep_aspect_ratio_policy", "stretch");
+  const bool by_sizes = c.in(3).valid();
+  if (by_sizes && policy != "stretch")
+    c.unsupported("keep_aspect_ratio_policy=" + policy + " couples the axes; reverse mode supports 'stretch'",
+                  "use jvp (forward mode), or resize by scales or by sizes with keep_aspect_ratio_policy='stretch'");
+  const int64_t r = c.rank(c.in(0));
+  std::vector<int64_t> axes = c.attr_ints("axes");
+  if (axes.empty())
+    for (int64_t a = 0; a < r; ++a) axes.push_back(a);
+  const int64_t k = static_cast<int64_t>(axes.size());
+  const int32_t dt = b.facts(c.ct()).dtype;
+  const Facts& xf = b.facts(c.in(0));
+  const std::vector<int64_t>* sizes = by_sizes ? b.known_i64(c.in(3)) : nullptr;
+  V xshape = tangent_shape(c, c.in(0));
+  V ct = c.ct();
+  for (int64_t j = 0; j < k; ++j) {
+    const int64_t a = axes[j] < 0 ? axes[j] + r : axes[j];
+    if (sizes && xf.has_shape && xf.dims[a].known() && (*sizes)[j] == xf.dims[a].value) continue;
+    V n = b.op1("Slice", {xshape, b.i64s({a}), b.i64s({a + 1})});
+    V iota = b.op1("Range", {b.i64(0), b.op1("Squeeze", {n, b.i64s({0})}), b.i64(1)});
+    V eye = b.op1("Cast", {b.op1("Equal", {b.unsqueeze(iota, {1}), b.unsqueeze(iota, {0})})}, {Attr::i("to", dt)});
+    std::vector<V> ins{eye, V{}, V{}, V{}};
+    if (c.in(1).valid()) {
+      // tf_crop_and_resize's roi: the full range [0, 1] on E's identity axis.
+      V roi = b.op1("Gather", {c.in(1), b.i64s({j, j + k})}, {Attr::i("axis", 0)});
+      V full = b.op1("Cast", {b.i64s({0, 1})}, {Attr::i("to", b.facts(c.in(1)).dtype)});
+      ins[1] = b.op1("Gather", {b.concat({full, roi}, 0), b.i64s({0, 2, 1, 3})}, {Attr::i("axis", 0)});
+    }
+    if (by_sizes)
+      ins[3] = b.concat({n, b.op1("Gather", {c.in(3), b.i64s({j})}, {Attr::i("axis", 0)})}, 0);
+    else
+      ins[2] = b.concat({b.op1("Cast", {b.i64s({1})}, {Attr::i("to", onnx::TensorProto::FLOAT)}),
+                         b.op1("Gather", {c.in(2), b.i64s({j})}, {Attr::i("axis", 0)})},
+                        0);
+    V mt = b.clone(c.node, ins, {Attr::s("keep_aspect_ratio_policy", "stretch")}, {"axes"})[0];  // (in_a, out_a)
+    // ct (..., out_a at a, ...) -> axis a last -> @ M_a (out_a, in_a) -> back.
+    std::vector<int64_t> perm;
+    for (int64_t d = 0; d < r; ++d)
+      if (d != a) perm.push_back(d);
+    perm.push_back(a);
+    std::vector<int64_t> inv(r);
+    for (int64_t d = 0; d < r; ++d) inv[perm[d]] = d;
+    V moved = b.transpose(ct, perm);
+    ct = b.transpose(b.op1("MatMul", {moved, b.transpose(mt, {1, 0})}), inv);
+  }
+  std::vector<V> out(c.ins.size());
+  out[0] = b.reshape(ct, xshape);
+  return out;
 }
 
 std::vector<V> global_average_transpose(TransposeCtx& c) {
@@ -290,9 +470,11 @@ std::vector<V> maxpool_jvp(D& c) {
   if (!c.t(0).valid()) return std::vector<V>(c.ys.size());
   auto& b = c.b;
   // The primal's argmax positions (flat over the whole input) select the tangent.
-  V idx = c.ys.size() > 1 && c.ys[1].valid() ? c.ys[1] : b.clone(c.node, {c.x(0)}, {}, {}, 2)[1];
-  if (c.attr_i("storage_order", 0))
-    c.unsupported("storage_order=1 (column-major indices)", "use the default storage_order=0");
+  // Row-major indices: the node's own unless it stores column-major ones (then recomputed).
+  const bool row_major = c.attr_i("storage_order", 0) == 0;
+  V idx = row_major && c.ys.size() > 1 && c.ys[1].valid()
+              ? c.ys[1]
+              : b.clone(c.node, {c.x(0)}, {Attr::i("storage_order", 0)}, {}, 2)[1];
   V flat = b.reshape(c.t(0), b.i64s({-1}));
   b.set_witness(flat, b.reshape(c.x(0), b.i64s({-1})));  // the flat tangent's primal twin
   V picked = b.op1("Gather", {flat, b.reshape(idx, b.i64s({-1}))}, {Attr::i("axis", 0)});
@@ -311,107 +493,137 @@ std::vector<V> conv_jvp(D& c) {
   return {c.like_out(t)};
 }
 
-// Explicit [begin..., end...] pads of a Conv. SAME_UPPER / SAME_LOWER are resolved from the
-// static spatial sizes (ONNX: total = max(0, (ceil(in / s) - 1) * s + (k - 1) * d + 1 - in),
-// the odd unit at the end for SAME_UPPER, at the beginning for SAME_LOWER); Flax and
-// TensorFlow exports use them with a symbolic batch but static image sizes.
-std::vector<int64_t> conv_pads(TransposeCtx& c, int64_t spatial) {
-  const auto* ap = c.attr("auto_pad");
-  const std::string mode = ap ? ap->s() : "NOTSET";
-  if (mode == "VALID") return std::vector<int64_t>(2 * spatial, 0);
-  if (mode == "SAME_UPPER" || mode == "SAME_LOWER") {
-    const Facts& xf = c.b.facts(c.in(0));
-    const Facts& wf = c.b.facts(c.in(1));
-    const std::vector<int64_t> strides = c.attr_ints("strides"), dil = c.attr_ints("dilations");
-    const std::vector<int64_t> kshape = c.attr_ints("kernel_shape");
-    std::vector<int64_t> pads(2 * spatial, 0);
-    for (int64_t k = 0; k < spatial; ++k) {
-      const bool x_known = xf.has_shape && xf.rank() == spatial + 2 && xf.dims[2 + k].known();
-      const bool w_known = !kshape.empty() || (wf.has_shape && wf.rank() == spatial + 2 && wf.dims[2 + k].known());
-      if (!x_known || !w_known)
-        c.unsupported("auto_pad=" + mode + " needs the input's spatial sizes, which are not static");
-      const int64_t in = xf.dims[2 + k].value, s = strides.empty() ? 1 : strides[k], d = dil.empty() ? 1 : dil[k];
-      const int64_t kk = kshape.empty() ? wf.dims[2 + k].value : kshape[k];
-      const int64_t total = std::max<int64_t>(0, ((in + s - 1) / s - 1) * s + (kk - 1) * d + 1 - in);
-      const int64_t small = total / 2, big = total - small;
-      pads[k] = mode == "SAME_UPPER" ? small : big;
-      pads[spatial + k] = mode == "SAME_UPPER" ? big : small;
-    }
-    return pads;
-  }
-  if (mode != "NOTSET" && !mode.empty())
-    c.unsupported("auto_pad=" + mode + " is not supported in reverse mode (NOTSET, VALID, SAME_UPPER, SAME_LOWER are)");
-  std::vector<int64_t> pads = c.attr_ints("pads");
-  if (pads.empty()) pads.assign(2 * spatial, 0);
-  return pads;
+// The shape of tape input i, tangent or primal.
+V shape_any(TransposeCtx& c, int i) {
+  return c.linear(i) ? tangent_shape(c, c.in(i)) : c.b.shape_of(c.in(i));
 }
 
-std::vector<int64_t> ints_or(const std::vector<int64_t>& v, int64_t n, int64_t fill) {
-  return v.empty() ? std::vector<int64_t>(n, fill) : v;
+V spatial_of(Builder& b, V shape, int64_t spatial) {
+  return b.op1("Slice", {shape, b.i64s({2}), b.i64s({2 + spatial})});
 }
 
-// Cotangent of Conv's input: a ConvTranspose of the output cotangent with the same kernel,
-// padded at the end (output_padding) and cropped to the input's run-time size.
-V conv_input_transpose(TransposeCtx& c, int64_t spatial) {
+std::vector<int64_t> spatial_axes(int64_t spatial) {
+  std::vector<int64_t> axes;
+  for (int64_t k = 0; k < spatial; ++k) axes.push_back(2 + k);
+  return axes;
+}
+
+// Kernel spatial dims: the kernel_shape attribute, else the weight's (input 1's) shape.
+V kernel_dims(TransposeCtx& c, int64_t spatial) {
+  const std::vector<int64_t> k = c.attr_ints("kernel_shape");
+  return k.empty() ? spatial_of(c.b, shape_any(c, 1), spatial) : c.b.i64s(k);
+}
+
+bool zero_pads(const Window& w) {
+  if (!w.static_known) return false;
+  for (int64_t p : w.static_pads)
+    if (p != 0) return false;
+  return true;
+}
+
+// Cotangent of Conv's input: a ConvTranspose of the output cotangent with the same kernel and
+// no pads (output_padding s-1 makes it cover pad_begin + in), from which the input's span is
+// cut out; run-time pads (auto_pad=SAME_*) only move the cut.
+V conv_input_transpose(TransposeCtx& c, const Window& w, V in_sp) {
   auto& b = c.b;
-  const std::vector<int64_t> strides = ints_or(c.attr_ints("strides"), spatial, 1);
-  const std::vector<int64_t> dil = ints_or(c.attr_ints("dilations"), spatial, 1);
   std::vector<int64_t> out_pad;
-  for (int64_t k = 0; k < spatial; ++k) out_pad.push_back(std::max<int64_t>(strides[k], dil[k]) - 1);
-  for (int64_t k = 0; k < spatial; ++k) out_pad[k] = std::min(out_pad[k], strides[k] - 1);
-  Attrs attrs{Attr::ints("strides", strides), Attr::ints("dilations", dil), Attr::ints("pads", conv_pads(c, spatial)),
+  for (int64_t k = 0; k < w.spatial; ++k) out_pad.push_back(w.strides[k] - 1);
+  Attrs attrs{Attr::ints("strides", w.strides), Attr::ints("dilations", w.dilations),
               Attr::ints("output_padding", out_pad), Attr::i("group", c.attr_i("group", 1))};
   V y = b.op1("ConvTranspose", {c.ct(), c.in(1)}, attrs);
-  std::vector<int64_t> axes, starts(spatial, 0);
-  for (int64_t k = 0; k < spatial; ++k) axes.push_back(2 + k);
-  V ends = b.op1("Slice", {tangent_shape(c, c.in(0)), b.i64s({2}), b.i64s({2 + spatial})});
-  return b.op1("Slice", {y, b.i64s(starts), ends, b.i64s(axes)});
+  V ends = b.op1("Add", {w.begin, in_sp});
+  return b.op1("Slice", {y, w.begin, ends, b.i64s(spatial_axes(w.spatial))});
 }
 
-// Cotangent of Conv's weight: a grouped correlation of the (padded) input with the output
-// cotangent, with the roles of stride and dilation exchanged.
-V conv_weight_transpose(TransposeCtx& c, int64_t spatial) {
+// Cotangent of the weight of the Conv `x -> conv(x, W)` (window `w`) given the output
+// cotangent `ct`: a grouped correlation of the padded input with `ct`, with the roles of stride
+// and dilation exchanged, cropped to the kernel dims `kdims`.
+V conv_weight_grad(TransposeCtx& c, const Window& w, V x, V ct, V kdims) {
   auto& b = c.b;
   const int64_t g = c.attr_i("group", 1);
-  const std::vector<int64_t> strides = ints_or(c.attr_ints("strides"), spatial, 1);
-  const std::vector<int64_t> dil = ints_or(c.attr_ints("dilations"), spatial, 1);
-  const std::vector<int64_t> pads = conv_pads(c, spatial);
-  V x = c.in(0);
-  bool padded = false;
-  for (int64_t p : pads) padded = padded || p != 0;
-  if (padded) {
-    std::vector<int64_t> full(2 * (spatial + 2), 0);
-    for (int64_t k = 0; k < spatial; ++k) {
-      full[2 + k] = pads[k];
-      full[spatial + 2 + 2 + k] = pads[spatial + k];
-    }
-    x = b.op1("Pad", {x, b.i64s(full)});
-  }
+  const int64_t spatial = w.spatial;
+  if (!zero_pads(w)) x = b.op1("Pad", {x, nc_pads(b, w.begin, w.end)});
   // A[c, j*N + n, ...] = X[n, j*Cg + c, ...]
   V xs = b.shape_of(x);
-  V spatial_dims = b.op1("Slice", {xs, b.i64s({2}), b.i64s({2 + spatial})});
+  V spatial_dims = spatial_of(b, xs, spatial);
   V five = b.reshape(x, b.concat({b.op1("Slice", {xs, b.i64s({0}), b.i64s({1})}), b.i64s({g, -1}), spatial_dims}, 0));
   std::vector<int64_t> perm{2, 1, 0};
   for (int64_t k = 0; k < spatial; ++k) perm.push_back(3 + k);
   V a = b.reshape(b.transpose(five, perm), b.concat({b.i64s({0, -1}), spatial_dims}, 0));
   std::vector<int64_t> swap{1, 0};
   for (int64_t k = 0; k < spatial; ++k) swap.push_back(2 + k);
-  V wt = b.transpose(c.ct(), swap);  // (M, N, out...)
-  V o = b.op1("Conv", {a, wt},
-              {Attr::ints("strides", dil), Attr::ints("dilations", strides), Attr::i("group", g)});  // (Cg, M, k'...)
-  std::vector<int64_t> axes, starts(spatial, 0);
-  for (int64_t k = 0; k < spatial; ++k) axes.push_back(2 + k);
-  V kdims = b.op1("Slice", {tangent_shape(c, c.in(1)), b.i64s({2}), b.i64s({2 + spatial})});
-  V cropped = b.op1("Slice", {o, b.i64s(starts), kdims, b.i64s(axes)});
+  V wt = b.transpose(ct, swap);  // (M, N, out...)
+  V o = b.op1(
+      "Conv", {a, wt},
+      {Attr::ints("strides", w.dilations), Attr::ints("dilations", w.strides), Attr::i("group", g)});  // (Cg, M, k'...)
+  V cropped = b.op1("Slice", {o, b.i64s(std::vector<int64_t>(spatial, 0)), kdims, b.i64s(spatial_axes(spatial))});
   return b.transpose(cropped, swap);
 }
 
 std::vector<V> conv_transpose_rule(TransposeCtx& c) {
-  const int64_t spatial = c.rank(c.in(c.linear(0) ? 1 : 0)) - 2;
   if (c.linear(0) && c.linear(1)) c.unsupported("both input and weight are tangents (not linear)");
+  const int64_t spatial = c.rank(c.in(c.linear(0) ? 0 : 1)) - 2;
+  V in_sp = spatial_of(c.b, shape_any(c, 0), spatial);
+  Window w = window_geometry(c.b, c.node, spatial, in_sp, kernel_dims(c, spatial));
   std::vector<V> out(c.ins.size());
-  if (c.linear(0)) out[0] = conv_input_transpose(c, spatial);
-  if (c.linear(1)) out[1] = conv_weight_transpose(c, spatial);
+  if (c.linear(0)) out[0] = conv_input_transpose(c, w, in_sp);
+  if (c.linear(1)) out[1] = conv_weight_grad(c, w, c.in(0), c.ct(), kernel_dims(c, spatial));
+  return out;
+}
+
+// ConvTranspose(x, W) is the adjoint of the Conv u -> conv(u, W) (same strides, dilations,
+// group and pads) that maps its output space back to x's. Pads given by auto_pad=SAME_* or
+// output_shape follow ONNX's formula from the run-time sizes:
+// total = s (in - 1) + output_padding + (k - 1) d + 1 - out.
+Window conv_transpose_window(TransposeCtx& c, int64_t spatial, V in_sp, V out_sp, V kdims) {
+  auto& b = c.b;
+  const std::string mode = node_s(c.node, "auto_pad", "NOTSET");
+  const bool computed = mode == "SAME_UPPER" || mode == "SAME_LOWER" || c.attr("output_shape") != nullptr;
+  onnx::NodeProto plain = c.node;  // strides, dilations and explicit pads as a Conv reads them
+  if (computed) {
+    for (int k = plain.attribute_size() - 1; k >= 0; --k)
+      if (plain.attribute(k).name() == "auto_pad" || plain.attribute(k).name() == "pads")
+        plain.mutable_attribute()->DeleteSubrange(k, 1);
+  }
+  Window w = window_geometry(b, plain, spatial, in_sp, kdims);
+  if (!computed) return w;
+  std::vector<int64_t> op = c.attr_ints("output_padding");
+  if (op.empty()) op.assign(spatial, 0);
+  V one = b.i64(1), s = b.i64s(w.strides);
+  V extent = b.op1("Add", {b.op1("Mul", {b.op1("Sub", {kdims, one}), b.i64s(w.dilations)}), one});
+  V total = b.op1(
+      "Sub",
+      {b.op1("Add", {b.op1("Add", {b.op1("Mul", {s, b.op1("Sub", {in_sp, one})}), b.i64s(op)}), extent}), out_sp});
+  // A negative total (an output_shape beyond the natural size) extends the output at the end
+  // with elements no input reaches, as ONNX Runtime and the reference evaluator do; the
+  // transpose then crops the Conv's surplus outputs instead.
+  total = b.op1("Max", {total, b.i64(0)});
+  V half = b.op1("Div", {total, b.i64(2)});
+  V rest = b.op1("Sub", {total, half});
+  w.begin = mode == "SAME_UPPER" ? half : rest;
+  w.end = mode == "SAME_UPPER" ? rest : half;
+  w.static_known = false;
+  return w;
+}
+
+std::vector<V> conv_transpose_transpose(TransposeCtx& c) {
+  auto& b = c.b;
+  if (c.linear(0) && c.linear(1)) c.unsupported("both input and weight are tangents (not linear)");
+  const int64_t spatial = c.rank(c.in(c.linear(0) ? 0 : 1)) - 2;
+  V in_sp = spatial_of(b, shape_any(c, 0), spatial);
+  V kdims = kernel_dims(c, spatial);
+  Window w = conv_transpose_window(c, spatial, in_sp, b.shape_of(c.ct(), 2), kdims);
+  std::vector<V> out(c.ins.size());
+  if (c.linear(0)) {
+    // The pads move into an explicit Pad so run-time pads work too.
+    V ct = zero_pads(w) ? c.ct() : b.op1("Pad", {c.ct(), nc_pads(b, w.begin, w.end)});
+    out[0] = b.op1("Conv", {ct, c.in(1)},
+                   {Attr::ints("strides", w.strides), Attr::ints("dilations", w.dilations),
+                    Attr::i("group", c.attr_i("group", 1))});
+    if (!w.static_known)
+      out[0] = b.op1("Slice", {out[0], b.i64s(std::vector<int64_t>(spatial, 0)), in_sp, b.i64s(spatial_axes(spatial))});
+  }
+  if (c.linear(1)) out[1] = conv_weight_grad(c, w, c.ct(), c.in(0), kdims);
   return out;
 }
 
@@ -419,10 +631,14 @@ std::vector<V> conv_transpose_rule(TransposeCtx& c) {
 
 void register_nn_derivatives(DerivativeRules& r) {
   r.transpose("Conv", conv_transpose_rule);
+  r.transpose("ConvTranspose", conv_transpose_transpose);
   r.jvp("BatchNormalization", batchnorm_jvp);
   r.jvp("LayerNormalization", [](D& c) { return trailing_normalize_jvp(c, true); });
   r.jvp("RMSNormalization", [](D& c) { return trailing_normalize_jvp(c, false); });
   r.jvp("InstanceNormalization", instancenorm_jvp);
+  r.jvp("GroupNormalization", groupnorm_jvp);
+  r.jvp("Resize", resize_jvp);
+  r.transpose("Resize", resize_transpose);
   r.jvp("GlobalAveragePool", [](D& c) -> std::vector<V> { return {c.t(0).valid() ? c.same_op({c.t(0)}) : V{}}; });
   r.transpose("GlobalAveragePool", global_average_transpose);
   r.jvp("MaxPool", maxpool_jvp);

@@ -82,6 +82,7 @@ void register_reduce_rules(BatchRules& r) {
   for (const char* op : {"Softmax", "LogSoftmax", "Hardmax", "ArgMax", "ArgMin", "TopK", "LpNormalization"})
     r.add("", op, 11, axis_attr_rule);
   r.add("", "CumSum", 11, cumsum_rule);
+  r.add("", "CumProd", 26, cumsum_rule);
 }
 
 }  // namespace onnax
@@ -119,8 +120,12 @@ std::optional<std::vector<int64_t>> reduced_axes(const onnx::NodeProto& node, Bu
 V keep_dims(D& c, V y) {
   if (c.attr_i("keepdims", 1)) return y;
   auto axes = reduced_axes(c.node, c.b, c.x(0), c.x(1));
-  if (!axes) c.unsupported("the reduced axes are computed at run time", "use constant axes");
-  return c.b.unsqueeze(y, *axes);
+  if (axes) return c.b.unsqueeze(y, *axes);
+  // Run-time axes: Unsqueeze takes them as they are (negative ones count from the end of
+  // the unsqueezed, i.e. the input's, rank). Empty axes reduce everything to a scalar (or
+  // nothing with noop_with_empty_axes), which broadcasts as it is.
+  if (!c.has(1)) c.unsupported("the reduced axes are computed at run time", "use constant axes");
+  return c.b.op1("Unsqueeze", {y, c.x(1)});
 }
 
 V reduce_sum_like(D& c, V t) {
@@ -132,7 +137,11 @@ V reduce_sum_like(D& c, V t) {
   Attrs attrs{Attr::i("keepdims", c.attr_i("keepdims", 1))};
   if (c.attr("noop_with_empty_axes"))
     attrs.push_back(Attr::i("noop_with_empty_axes", c.attr_i("noop_with_empty_axes", 0)));
-  return c.b.op1("ReduceSum", ins, attrs);
+  V res = c.b.op1("ReduceSum", ins, attrs);
+  // The sum has the reduction's output shape; with run-time axes inference cannot tell, and
+  // reverse mode needs at least the rank.
+  if (c.b.facts(res).rank() < 0 && c.b.facts(c.y()).rank() >= 0) c.b.set_facts(res, c.b.facts(c.y()));
+  return res;
 }
 
 std::vector<V> linear_same_op(D& c) {
@@ -247,6 +256,62 @@ void register_reduce_derivatives(DerivativeRules& r) {
   r.jvp("TopK", [](D& c) -> std::vector<V> {
     if (!c.t(0).valid()) return {V{}, V{}};
     return {c.b.op1("GatherElements", {c.t(0), c.y(1)}, {Attr::i("axis", c.attr_i("axis", -1))}), V{}};
+  });
+  // d cumprod = cumprod * cumsum(dx / x) with the same axis, exclusive and reverse (exact
+  // away from zeros of x, like ReduceProd).
+  r.jvp("CumProd", [](D& c) -> std::vector<V> {
+    if (!c.t(0).valid()) return {V{}};
+    auto& b = c.b;
+    V ratio = b.op1("Div", {c.t(0), c.x(0)});
+    b.set_witness(ratio, c.x(0));
+    V sums = b.op1("CumSum", {ratio, c.x(1)},
+                   {Attr::i("exclusive", c.attr_i("exclusive", 0)), Attr::i("reverse", c.attr_i("reverse", 0))});
+    b.set_witness(sums, c.x(0));
+    return {b.op1("Mul", {c.y(), sums})};
+  });
+  // y = x / n with n = ||x||_p along axis: dy = (dx - y dn) / n, dn = sum(s dx) with s = y
+  // (p = 2) or sign(x) (p = 1).
+  r.jvp("LpNormalization", [](D& c) -> std::vector<V> {
+    if (!c.t(0).valid()) return {V{}};
+    auto& b = c.b;
+    const int64_t p = c.attr_i("p", 2);
+    if (p != 1 && p != 2) c.unsupported("p=" + std::to_string(p) + " is not 1 or 2", "use p=1 or p=2");
+    V axis = b.i64s({c.attr_i("axis", -1)});
+    V n = b.op1(p == 2 ? "ReduceL2" : "ReduceL1", {c.x(0), axis}, {Attr::i("keepdims", 1)});
+    V s = p == 2 ? c.y() : b.op1("Sign", {c.x(0)});
+    V prod = b.op1("Mul", {s, c.t(0)});
+    b.set_witness(prod, c.x(0));
+    V dn = b.op1("ReduceSum", {prod, axis}, {Attr::i("keepdims", 1)});
+    V num = b.op1("Sub", {c.t(0), b.op1("Mul", {c.y(), dn})});
+    b.set_witness(num, c.x(0));
+    return {b.op1("Div", {num, n})};
+  });
+  // DequantizeLinear is (x - zero_point) * scale: linear in the scale (x and zero_point are
+  // integers), so its tangent is the op applied to the scale's tangent.
+  r.jvp("DequantizeLinear", [](D& c) -> std::vector<V> {
+    if (!c.t(1).valid()) return {V{}};
+    return {c.same_op({c.x(0), c.t(1), c.x(2)})};
+  });
+  r.transpose("DequantizeLinear", [](TransposeCtx& c) -> std::vector<V> {
+    auto& b = c.b;
+    if (c.linear(0) || c.linear(2) || !c.linear(1))
+      c.unsupported("only the scale can be a tangent", "differentiate with respect to the scale only");
+    if (c.attr_i("block_size", 0) > 0)
+      c.unsupported("blocked quantization (block_size > 0) has no transpose yet",
+                    "use jvp (forward mode) for this model, or select inputs whose path avoids it");
+    V sshape = tangent_shape(c, c.in(1));
+    // (x - zero_point) as the scale's dtype: the op itself with unit scales.
+    V ones = b.expand(b.scalar(1.0, b.facts(c.ct()).dtype), sshape);
+    V prod = b.op1("Mul", {c.ct(), b.clone(c.node, {c.in(0), ones, c.in(2)})[0]});
+    const int64_t xrank = c.rank(c.in(0));
+    const int64_t srank = c.rank(c.in(1));
+    int64_t axis = c.attr_i("axis", 1);
+    if (axis < 0) axis += xrank;
+    std::vector<int64_t> axes;
+    for (int64_t k = 0; k < xrank; ++k)
+      if (srank == 0 || k != axis) axes.push_back(k);
+    V sums = axes.empty() ? prod : b.op1("ReduceSum", {prod, b.i64s(axes)}, {Attr::i("keepdims", 1)});
+    return {V{}, b.reshape(sums, sshape), V{}};
   });
   for (const char* op : {"ArgMax", "ArgMin", "Hardmax"}) r.zero(op);
 }

@@ -1,5 +1,6 @@
 // Shape-manipulating operators.
 #include <algorithm>
+#include <climits>
 
 #include "diagnostics/error.h"
 #include "rules/batching.h"
@@ -324,13 +325,32 @@ std::vector<V> pad_transpose(TransposeCtx& c) {
     if (c.linear(2)) c.unsupported("the padding value is a tangent in a non-constant mode");
     return selection_transpose(c, 0);
   }
-  // Cropping is padding by negative amounts.
-  std::vector<V> ins{c.ct(), b.op1("Neg", {c.in(1)})};
-  if (c.in(3).valid()) {
-    ins.push_back(V{});
-    ins.push_back(c.in(3));
+  // The transpose crops what was padded and re-inserts zeros where the forward pass cropped
+  // (negative pads): a Pad by max(-pads, 0), then a Slice by max(pads, 0). Never a negative
+  // Pad, which not every backend runs (the reference evaluator rejects one).
+  const std::vector<int64_t>* known = b.known_i64(c.in(1));
+  bool nonneg = known != nullptr;
+  if (known)
+    for (int64_t p : *known) nonneg = nonneg && p >= 0;
+  V ct = c.ct();
+  V pos = c.in(1);
+  if (!nonneg) {
+    std::vector<V> ins{ct, b.op1("Max", {b.op1("Neg", {c.in(1)}), b.i64(0)})};
+    if (c.in(3).valid()) {
+      ins.push_back(V{});
+      ins.push_back(c.in(3));
+    }
+    ct = b.clone(c.node, ins, {}, {}, 1)[0];
+    pos = b.op1("Max", {c.in(1), b.i64(0)});
   }
-  V cropped = b.clone(c.node, ins, {}, {}, 1)[0];
+  V shape = b.shape_of(ct);
+  V axes = c.in(3).valid() ? c.in(3) : b.op1("Range", {b.i64(0), b.op1("Size", {shape}), b.i64(1)});
+  V half = b.op1("Div", {b.op1("Size", {pos}), b.i64(2)});
+  V half1 = b.unsqueeze(half, {0});
+  V begins = b.op1("Slice", {pos, b.i64s({0}), half1});
+  V ends = b.op1("Slice", {pos, half1, b.i64s({INT64_MAX})});
+  V limits = b.op1("Sub", {b.op1("Gather", {shape, axes}, {Attr::i("axis", 0)}), ends});
+  V cropped = b.op1("Slice", {ct, begins, limits, axes});
   std::vector<V> out(c.ins.size());
   if (c.linear(0)) out[0] = cropped;
   if (c.linear(2)) {

@@ -34,8 +34,6 @@ FULL = os.environ.get("ONNAX_CORPUS_FULL", "") not in ("", "0")
 # that starts passing fails here so this list (and the README) gets updated.
 _AD = [t for t in artifacts.TRANSFORMS if t != "vmap"]
 EXPECTED_UNSUPPORTED: dict[tuple[str, str], str] = {
-    **{("jax_cnn", t): "AveragePool" for t in _AD},
-    **{("torch_cross_entropy", t): "SoftmaxCrossEntropyLoss" for t in _AD},
     **{("jax_gru_scan", t): "Loop" for t in _AD},
 }
 

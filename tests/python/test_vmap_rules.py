@@ -559,6 +559,13 @@ def _reduce_cases() -> None:
         0,
         0,
     )
+    add("CumProd-axis1-in0", single("CumProd", ["x", "axis"], [x2], inits=axis(1), opset=26), 0, 0)
+    add(
+        "CumProd-axisneg1-exclusive_reverse-in1",
+        single("CumProd", ["x", "axis"], [x2], inits=axis(-1), exclusive=1, reverse=1, opset=26),
+        1,
+        0,
+    )
     m = single("CumSum", ["x", "axis"], [("x", I32, [2, 3, 4]), ("axis", I32, [])])
     add("CumSum-int32-axis_shared_input", m, (1, None), 0, gens={"axis": const(-2, np.int32)})
 

@@ -1,0 +1,160 @@
+// JVPs of function ops (Attention, RotaryEmbedding, CenterCropPad, ...) by expansion: the op's
+// ONNX function body (context-dependent ones built for this node's input types) is emitted
+// node by node, each body node differentiated with its own rule. Reverse mode then needs only
+// the transposes of the body ops' JVPs. The body recomputes the primal intermediates the
+// tangents need (the op's own primal outputs stay as they were).
+#include <onnx/defs/function.h>
+#include <onnx/defs/schema.h>
+
+#include <set>
+#include <string>
+#include <unordered_map>
+
+#include "rules/derivative.h"
+
+namespace onnax {
+namespace {
+
+bool float_dtype(int32_t dt) {
+  return dt == onnx::TensorProto::FLOAT || dt == onnx::TensorProto::DOUBLE || dt == onnx::TensorProto::FLOAT16 ||
+         dt == onnx::TensorProto::BFLOAT16;
+}
+
+onnx::TypeProto type_of(const Facts& f) {
+  onnx::TypeProto t;
+  auto* tt = t.mutable_tensor_type();
+  tt->set_elem_type(f.dtype);
+  if (f.has_shape) {
+    auto* s = tt->mutable_shape();
+    for (const auto& d : f.dims) {
+      auto* dim = s->add_dim();
+      if (d.known())
+        dim->set_dim_value(d.value);
+      else if (!d.param.empty())
+        dim->set_dim_param(d.param);
+    }
+  }
+  return t;
+}
+
+// The function body of `c.node` at the model's opset, or nullopt-like false.
+bool function_body(JvpCtx& c, onnx::FunctionProto& fp) {
+  const auto* schema = onnx::OpSchemaRegistry::Schema(c.node.op_type(), static_cast<int>(c.opset), c.node.domain());
+  if (schema == nullptr) return false;
+  if (schema->HasContextDependentFunction()) {
+    std::vector<onnx::TypeProto> types;
+    for (int i = 0; i < c.node.input_size(); ++i)
+      types.push_back(c.has(i) ? type_of(c.b.facts(c.xs[i])) : onnx::TypeProto{});
+    onnx::FunctionBodyBuildContextImpl ctx(c.node, types);
+    if (schema->BuildContextDependentFunction(ctx, fp, static_cast<int>(c.opset))) return true;
+  }
+  if (schema->HasFunction()) {
+    const onnx::FunctionProto* f = schema->GetFunction(static_cast<int>(c.opset));
+    if (f != nullptr) {
+      fp = *f;
+      return true;
+    }
+  }
+  return false;
+}
+
+// ONNX infers no type for some body nodes whose sizes are run-time values (Split by computed
+// lengths in RotaryEmbedding, reductions over run-time axes in MeanVarianceNormalization);
+// these ops keep their input's rank, which reverse mode needs.
+void keep_rank(Builder& b, const onnx::NodeProto& n, const std::vector<V>& xs, const std::vector<V>& ys) {
+  static const std::set<std::string> same_rank{"Split", "Slice", "Transpose", "Concat", "Pad", "Tile", "Identity"};
+  bool keeps = same_rank.count(n.op_type()) != 0;
+  if (n.op_type().rfind("Reduce", 0) == 0) {
+    keeps = true;  // keepdims defaults to 1
+    for (const auto& a : n.attribute())
+      if (a.name() == "keepdims" && a.i() == 0) keeps = false;
+  }
+  if (!keeps || xs.empty() || !xs[0].valid()) return;
+  const Facts& in = b.facts(xs[0]);
+  if (in.rank() < 0) return;
+  for (const V& y : ys)
+    if (y.valid() && b.facts(y).rank() < 0)
+      b.set_facts(y, Facts::of(b.facts(y).dtype ? b.facts(y).dtype : in.dtype, std::vector<Dim>(in.rank(), Dim{})));
+}
+
+}  // namespace
+
+std::vector<V> expand_jvp(JvpCtx& c) {
+  onnx::FunctionProto fp;
+  if (!function_body(c, fp))
+    c.unsupported("it has no derivative rule and ONNX defines no function body for it at this opset",
+                  "select inputs/outputs that avoid it, or compute it outside the differentiated model");
+  onnx::GraphProto g;
+  onnx::FunctionExpandHelper(c.node, fp, g, c.node.name().empty() ? c.node.output(0) : c.node.name());
+  // An attribute the body refers to (ref_attr_name) but the node does not set is left
+  // unresolved by the expansion; the op's default then applies, so drop it.
+  for (auto& n : *g.mutable_node())
+    for (int k = n.attribute_size() - 1; k >= 0; --k)
+      if (!n.attribute(k).ref_attr_name().empty() || n.attribute(k).type() == onnx::AttributeProto::UNDEFINED)
+        n.mutable_attribute()->DeleteSubrange(k, 1);
+  const DerivativeRules& rules = DerivativeRules::instance();
+  std::unordered_map<std::string, V> primal, tangent;
+  for (int i = 0; i < c.node.input_size(); ++i) {
+    if (c.node.input(i).empty()) continue;
+    primal[c.node.input(i)] = c.xs[i];
+    if (c.t(i).valid()) tangent[c.node.input(i)] = c.ts[i];
+  }
+  auto lookup = [](const std::unordered_map<std::string, V>& m, const std::string& n) {
+    auto it = m.find(n);
+    return it == m.end() ? V{} : it->second;
+  };
+  for (const auto& n : g.node()) {
+    std::vector<V> xs, ts;
+    bool active = false;
+    for (const auto& in : n.input()) {
+      xs.push_back(in.empty() ? V{} : lookup(primal, in));
+      ts.push_back(in.empty() ? V{} : lookup(tangent, in));
+      active = active || ts.back().valid();
+    }
+    std::vector<V> ys = c.b.clone(n, xs);
+    keep_rank(c.b, n, xs, ys);
+    for (int k = 0; k < n.output_size() && k < static_cast<int>(ys.size()); ++k)
+      if (!n.output(k).empty()) primal[n.output(k)] = ys[k];
+    if (!active || rules.is_zero(n.op_type())) continue;
+    bool float_out = false;
+    for (const V& y : ys) float_out = float_out || (y.valid() && float_dtype(c.b.facts(y).dtype));
+    if (!float_out) continue;
+    const JvpRule* rule = rules.find_jvp(n.op_type());
+    std::vector<V> rule_ys = ys;
+    if (n.op_type() == "Softmax") {
+      // Function bodies (Attention) softmax fully masked rows (NaN) and then replace them by
+      // zeros with a Where. The op itself is finite there, so its derivative must be too:
+      // a zero in place of the NaN keeps 0 * NaN out of the tangent and the transposed graph.
+      V nan = c.b.op1("IsNaN", {ys[0]});
+      rule_ys[0] = c.b.op1("Where", {nan, c.b.scalar(0.0, c.b.facts(ys[0]).dtype), ys[0]});
+    }
+    JvpCtx inner{c.b, n, c.opset, xs, rule_ys, ts};
+    std::vector<V> touts;
+    if (rule != nullptr)
+      touts = (*rule)(inner);
+    else if (n.domain().empty() || n.domain() == "ai.onnx")
+      touts = expand_jvp(inner);
+    else
+      c.unsupported("its function body uses " + n.domain() + "::" + n.op_type() + ", which has no derivative rule",
+                    "select inputs/outputs that avoid it");
+    for (int k = 0; k < n.output_size() && k < static_cast<int>(touts.size()); ++k) {
+      if (n.output(k).empty() || !touts[k].valid() || !float_dtype(c.b.facts(ys[k]).dtype)) continue;
+      if (!c.b.witness(touts[k]).valid()) c.b.set_witness(touts[k], ys[k]);
+      // A tangent has its primal's shape; inference may know less about it.
+      if (c.b.facts(touts[k]).rank() < 0 && c.b.facts(ys[k]).rank() >= 0) c.b.set_facts(touts[k], c.b.facts(ys[k]));
+      tangent[n.output(k)] = touts[k];
+    }
+  }
+  std::vector<V> out;
+  for (const auto& o : c.node.output()) out.push_back(o.empty() ? V{} : lookup(tangent, o));
+  return out;
+}
+
+void register_expanded_derivatives(DerivativeRules& r) {
+  // Function ops whose math is easiest read from (and kept consistent with) ONNX's own body.
+  for (const char* op : {"Attention", "RotaryEmbedding", "CenterCropPad", "Swish", "SwiGLU", "CausalConvWithState",
+                         "NegativeLogLikelihoodLoss", "SoftmaxCrossEntropyLoss", "MeanVarianceNormalization"})
+    r.jvp(op, expand_jvp);
+}
+
+}  // namespace onnax
