@@ -53,8 +53,17 @@ def main() -> int:
     ir.save(per_example, out / "per_example.onnx")
     onnx.checker.check_model(onnx.load(out / "per_example.onnx"), full_check=True)
 
-    cli = [sys.executable, "-m", "onnax", "vmap", str(out / "linear_loss.onnx"), "-o",
-           str(out / "per_example_cli.onnx"), "--in-axes", "0,none"]
+    cli = [
+        sys.executable,
+        "-m",
+        "onnax",
+        "vmap",
+        str(out / "linear_loss.onnx"),
+        "-o",
+        str(out / "per_example_cli.onnx"),
+        "--in-axes",
+        "0,none",
+    ]
     subprocess.run(cli, check=True)
 
     rng = np.random.default_rng(0)

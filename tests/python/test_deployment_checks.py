@@ -19,8 +19,6 @@ def source() -> onnx.ModelProto:
     return embedded_loss()
 
 
-
-
 @pytest.mark.parametrize("name", README_TRANSFORMS)
 def test_transforms_keep_lengths_symbolic_and_weights_embedded(source, name: str) -> None:
     model = embedded_transform(source, name)
