@@ -5,7 +5,16 @@
 namespace onnax {
 namespace {
 
-enum class Kind { kNone, kUnary, kBroadcast, kMatMul };
+enum class Kind {
+  kNone,
+  kUnary,
+  kBroadcast,
+  kMatMul,
+  // Output 0 has input 0's type and shape, other inputs are parameters. For the function ops
+  // ONNX gives no inference function at all (GroupNormalization 18/21, MVN 13), so without
+  // this their outputs, and everything after them, would have no rank.
+  kLikeFirst,
+};
 
 // Operators whose ONNX inference is "element type and shape of the first input" (for
 // floating inputs) or a plain broadcast of all inputs, in every opset from 18 to 28.
@@ -21,6 +30,8 @@ Kind kind_of(const std::string& op, int opset) {
       m[u] = Kind::kUnary;
     for (const char* b : {"Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Sum", "Mean"}) m[b] = Kind::kBroadcast;
     m["MatMul"] = Kind::kMatMul;
+    m["GroupNormalization"] = Kind::kLikeFirst;
+    m["MeanVarianceNormalization"] = Kind::kLikeFirst;
     return m;
   }();
   if (op == "Gelu") return opset >= 20 ? Kind::kUnary : Kind::kNone;
@@ -115,7 +126,7 @@ bool fast_infer(const onnx::NodeProto& node, int opset, const std::unordered_map
   }
   auto* out = outputs->mutable_tensor_type();
   out->set_elem_type(in[0]->elem_type());
-  if (kind == Kind::kUnary) {
+  if (kind == Kind::kUnary || kind == Kind::kLikeFirst) {
     if (in[0]->has_shape()) *out->mutable_shape() = in[0]->shape();
     return true;
   }

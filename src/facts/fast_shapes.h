@@ -13,7 +13,8 @@ namespace onnax {
 
 // The output types of `node` when it is one of the operators handled here and every input
 // type is a known floating tensor type; false means "ask ONNX's inference". Results agree
-// with ONNX's inference (tests/cpp/fast_shapes_test.cc checks this against it).
+// with ONNX's inference (tests/cpp/fast_shapes_test.cc checks this against it), and type the
+// function ops ONNX cannot (their output shapes are checked against ONNX Runtime in Python).
 bool fast_infer(const onnx::NodeProto& node, int opset, const std::unordered_map<std::string, onnx::TypeProto*>& types,
                 onnx::TypeProto* outputs);
 

@@ -1010,6 +1010,23 @@ add(
     tol=LOWP_TOL,
 )
 add(
+    # The normalised value feeds ops that need its rank (ONNX types nothing after this
+    # function op; onnax's own facts do), with no value_info in the model.
+    "GroupNormalization-21-then-softmax-undeclared",
+    build(
+        [
+            node("GroupNormalization", ["x", "s", "b"], ["n"], num_groups=2, epsilon=1e-3),
+            node("Softmax", ["n"], ["p"], axis=1),
+            node("Transpose", ["p"], ["y"], perm=[2, 0, 1]),
+        ],
+        [In("x", (2, 4, 3)), In("s", (4,)), In("b", (4,))],
+        outputs=(("y", D, None),),
+        opset=21,
+    ),
+    eps=1e-3,
+    tol=LOWP_TOL,
+)
+add(
     "GroupNormalization-21-symbolic-batch",
     build(
         [node("GroupNormalization", ["x", "s", "b"], ["y"], num_groups=3)],

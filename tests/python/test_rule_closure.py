@@ -121,8 +121,7 @@ CORPUS = {
         [("x", [2, 4, 3, 3])],
         [("loss", [])],
         [_w("s", (2,)), _w("b", (2,), 1), numpy_helper.from_array(np.array([2, 4, 5, 2], np.int64), "sizes")],
-        # ONNX infers no shape for the GroupNormalization function op
-        value_info=[("n", [2, 4, 3, 3])],
+        # (ONNX infers no shape for the GroupNormalization function op; onnax's facts do)
     ),
     "misc": _model(
         [

@@ -1286,6 +1286,19 @@ def _norm_cases() -> None:
     add("GroupNormalization-opset21-all_batched", m, 0, 0, rtol=tol, atol=tol)
     add("GroupNormalization-opset21-x_batched", m, (-1, None, None), 1, rtol=tol, atol=tol)
     add("GroupNormalization-opset21-scale_batched", m, (None, 0, None), 0, rtol=tol, atol=tol)
+    # Followed by ops whose rules need its rank, nothing declared: onnax types the output of
+    # this function op itself (ONNX's inference has no function for it).
+    m = make_model(
+        [
+            node("GroupNormalization", ["x", "s", "b"], ["n"], num_groups=2),
+            node("Softmax", ["n"], ["p"], axis=1),
+            node("Transpose", ["p"], ["out"], perm=[2, 0, 1]),
+        ],
+        [xg, ("s", F, [4]), ("b", F, [4])],
+        ["out"],
+        opset=21,
+    )
+    add("GroupNormalization-opset21-undeclared-then-softmax", m, (1, 0, None), 0, rtol=tol, atol=tol)
 
     m = single("RMSNormalization", ["x", "s"], [xi], opset=23, inits={"s": np.arange(1, 5, dtype=np.float32)})
     add("RMSNormalization-opset23-axisneg1-in0", m, 0, 0, rtol=tol, atol=tol)
