@@ -60,14 +60,11 @@ import argparse
 import collections
 import dataclasses
 import datetime
-import json
 import os
 import re
 import sys
 import tempfile
 import time
-import traceback
-import warnings
 import zlib
 from pathlib import Path
 from typing import Any
@@ -667,45 +664,13 @@ def _skip_message(notes: list[str]) -> str:
 
 
 def _worker_main(conn, _batch: int, seed: int, check_model: bool, log_path: str | None) -> None:
-    if log_path:
-        fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        os.dup2(fd, 2)
-        os.close(fd)
-        sys.stderr = open(2, "w", closefd=False, buffering=1)  # noqa: SIM115
-    warnings.simplefilter("ignore")
-    np.seterr(all="ignore")
-    try:
-        worker = _Worker(conn, seed, check_model)
-    except BaseException as exc:
-        conn.send(("fatal", f"{type(exc).__name__}: {bv._first_line(exc)}"))
-        return
-    conn.send(("ready", os.getpid()))
-    while True:
-        try:
-            task = conn.recv()
-        except EOFError:
-            return
-        if task is None:
-            return
-        try:
-            worker.process(task)
-        except Exception as exc:
-            tb = traceback.format_exc(limit=3)
-            conn.send(("error", f"{type(exc).__name__}: {bv._first_line(exc)}", tb))
-        conn.send(("done",))
+    bv.serve(conn, lambda: _Worker(conn, seed, check_model), log_path)
 
 
 class _Pool(bv._Pool):
     """backend_vmap's pool (timeouts, crash recovery) running this module's worker."""
 
-    def _start(self) -> bv._Slot:
-        parent, child = self.ctx.Pipe()
-        log = os.path.join(self.log_dir, f"worker-{self._n_started}.log") if self.log_dir else None
-        self._n_started += 1
-        proc = self.ctx.Process(target=_worker_main, args=(child, *self.args, log), daemon=True)
-        proc.start()
-        child.close()
-        return bv._Slot(proc, parent, deadline=time.monotonic() + self.STARTUP_S)
+    worker_main = staticmethod(_worker_main)
 
 
 # --------------------------------------------------------------------------------------------
@@ -953,13 +918,7 @@ def format_markdown(result: dict, summary: dict) -> str:
 def write_reports(
     result: dict, md_path: Path | None = DEFAULT_MD, json_path: Path | None = DEFAULT_JSON
 ) -> dict:
-    summary = summarize(result)
-    if md_path is not None:
-        Path(md_path).write_text(format_markdown(result, summary))
-    if json_path is not None:
-        payload = {"meta": result["meta"], **summary, "cases": result["cases"]}
-        Path(json_path).write_text(json.dumps(payload, indent=1) + "\n")
-    return summary
+    return bv.write_reports(result, md_path, json_path, summarize=summarize, format_markdown=format_markdown)
 
 
 def main(argv: list[str] | None = None) -> int:

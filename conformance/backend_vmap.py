@@ -774,7 +774,9 @@ def _fmt_axes(in_axes: Any) -> str:
     return "-" if in_axes is None else repr(in_axes)
 
 
-def _worker_main(conn, batch: int, seed: int, check_model: bool, log_path: str | None) -> None:
+def serve(conn, make_worker: Any, log_path: str | None) -> None:
+    """A worker process's loop: build the worker, then process tasks until told to stop.
+    Shared by every conformance module (each brings its own worker class)."""
     if log_path:
         # Keep runtime/onnax chatter (e.g. version-converter notices) out of the console.
         fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
@@ -784,7 +786,7 @@ def _worker_main(conn, batch: int, seed: int, check_model: bool, log_path: str |
     warnings.simplefilter("ignore")
     np.seterr(all="ignore")
     try:
-        worker = _Worker(conn, batch, seed, check_model)
+        worker = make_worker()
     except BaseException as exc:
         conn.send(("fatal", f"{type(exc).__name__}: {_first_line(exc)}"))
         return
@@ -802,6 +804,10 @@ def _worker_main(conn, batch: int, seed: int, check_model: bool, log_path: str |
             tb = traceback.format_exc(limit=3)
             conn.send(("error", f"{type(exc).__name__}: {_first_line(exc)}", tb))
         conn.send(("done",))
+
+
+def _worker_main(conn, batch: int, seed: int, check_model: bool, log_path: str | None) -> None:
+    serve(conn, lambda: _Worker(conn, batch, seed, check_model), log_path)
 
 
 # --------------------------------------------------------------------------------------------
@@ -823,6 +829,8 @@ class _Slot:
 
 class _Pool:
     STARTUP_S = 180
+    # The worker process's entry point (module-level, so the spawn context can pickle it).
+    worker_main = staticmethod(_worker_main)
 
     def __init__(
         self,
@@ -847,7 +855,7 @@ class _Pool:
         if self.log_dir:
             log = os.path.join(self.log_dir, f"worker-{self._n_started}.log")
         self._n_started += 1
-        proc = self.ctx.Process(target=_worker_main, args=(child, *self.args, log), daemon=True)
+        proc = self.ctx.Process(target=type(self).worker_main, args=(child, *self.args, log), daemon=True)
         proc.start()
         child.close()
         return _Slot(proc, parent, deadline=time.monotonic() + self.STARTUP_S)
@@ -1227,8 +1235,15 @@ def _skip_category(message: str) -> str:
 
 
 def write_reports(
-    result: dict, md_path: Path | None = DEFAULT_MD, json_path: Path | None = DEFAULT_JSON
+    result: dict,
+    md_path: Path | None = DEFAULT_MD,
+    json_path: Path | None = DEFAULT_JSON,
+    *,
+    summarize: Any = summarize,
+    format_markdown: Any = format_markdown,
 ) -> dict:
+    """Writes the markdown and JSON reports; other conformance modules pass their own
+    summary and markdown formatters."""
     summary = summarize(result)
     if md_path is not None:
         Path(md_path).write_text(format_markdown(result, summary))
