@@ -11,10 +11,11 @@ layout and writes every transform's inputs and expected outputs (see
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
+from conformance.corpus import artifacts
 from conformance.corpus.params import ParamSite
 
 Arrays = list[np.ndarray]
@@ -112,3 +113,38 @@ def assemble(
     ]
     put_outs("vmap_grad", [*outs, *per_example])
     return arrays
+
+
+def manifest_for(
+    spec: Any,
+    sites: Sequence[ParamSite],
+    missing: Sequence[str],
+    names: Sequence[str],
+    xs32: Sequence[np.ndarray],
+    *,
+    origin: str,
+    reference: str,
+    batch: int,
+    quick: bool,
+) -> artifacts.Manifest:
+    """The manifest of an exported entry whose parameters were located at ``sites``: float
+    runtime inputs and the parameters are differentiated; unlocated ones are noted."""
+    float_inputs = [n for n, x in zip(names, xs32, strict=True) if np.issubdtype(x.dtype, np.floating)]
+    params = [s.init for s in sites]
+    notes = [f"parameters {', '.join(f'{s.path} -> {s.init}' for s in sites)}"]
+    if missing:
+        notes.append(f"parameters without an initializer of their own (not selected): {', '.join(missing)}")
+    return artifacts.Manifest(
+        name=spec.name,
+        description=spec.description,
+        origin=origin,
+        reference=reference,
+        loss=spec.outputs[0],
+        params=params,
+        jvp_inputs=[*float_inputs, *params],
+        vjp_inputs=[*float_inputs, *params],
+        outputs=list(spec.outputs),
+        batch=batch,
+        quick=quick,
+        notes=notes,
+    )

@@ -156,24 +156,17 @@ def references(
     names = [s.name for s in spec.inputs]
     chosen = [p64[s.index] for s in sites]
     arrays = framework_refs.assemble(fw, sites, chosen, names, xs32, draw_batch, spec.outputs, rng)
-    float_inputs = [n for n, x in zip(names, xs32, strict=True) if np.issubdtype(x.dtype, np.floating)]
     versions = ", ".join(f"{p} {metadata.version(p)}" for p in ("jax", "flax", "jax2onnx"))
-    notes = [f"parameters {', '.join(f'{s.path} -> {s.init}' for s in sites)}"]
-    if missing:
-        notes.append(f"parameters without an initializer of their own (not selected): {', '.join(missing)}")
-    manifest = artifacts.Manifest(
-        name=spec.name,
-        description=spec.description,
+    manifest = framework_refs.manifest_for(
+        spec,
+        sites,
+        missing,
+        names,
+        xs32,
         origin=f"jax2onnx export ({versions}), float32, opset 18",
         reference="JAX in float64: jax.vmap, jax.grad, jax.jvp, jax.vjp, jax.jvp(jax.grad)",
-        loss=spec.outputs[0],
-        params=[s.init for s in sites],
-        jvp_inputs=[*float_inputs, *(s.init for s in sites)],
-        vjp_inputs=[*float_inputs, *(s.init for s in sites)],
-        outputs=list(spec.outputs),
         batch=VMAP_BATCH,
         quick=spec.name in QUICK,
-        notes=notes,
     )
     return manifest, arrays
 

@@ -298,26 +298,17 @@ def generate(names: Sequence[str] | None = None, seed: int = 0, root: Path | Non
         # same attention from differentiable ops.
         with sdpa_kernel(SDPBackend.MATH):
             arrays = framework_refs.assemble(fw, sites, chosen, in_names, xs32, draw_batch, spec.outputs, rng)
-        float_inputs = [n for n, x in zip(in_names, xs32, strict=True) if np.issubdtype(x.dtype, np.floating)]
         versions = ", ".join(f"{p} {metadata.version(p)}" for p in ("torch", "onnxscript"))
-        notes = [f"parameters {', '.join(f'{s.path} -> {s.init}' for s in sites)}"]
-        if missing:
-            notes.append(
-                f"parameters without an initializer of their own (not selected): {', '.join(missing)}"
-            )
-        manifest = artifacts.Manifest(
-            name=spec.name,
-            description=spec.description,
+        manifest = framework_refs.manifest_for(
+            spec,
+            sites,
+            missing,
+            in_names,
+            xs32,
             origin=f"torch.onnx.export(dynamo=True) ({versions}), float32, opset 18",
             reference="torch.func in float64: vmap, grad, jvp, vjp, jvp(grad)",
-            loss=spec.outputs[0],
-            params=[s.init for s in sites],
-            jvp_inputs=[*float_inputs, *(s.init for s in sites)],
-            vjp_inputs=[*float_inputs, *(s.init for s in sites)],
-            outputs=list(spec.outputs),
             batch=VMAP_BATCH,
             quick=True,
-            notes=notes,
         )
         onnx_path, _, _ = artifacts.paths(spec.name, root)
         onnx.save(proto, onnx_path)
