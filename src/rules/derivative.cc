@@ -132,6 +132,15 @@ V unbroadcast(Builder& b, V ct, V target, V witness) {
   return res;
 }
 
+std::vector<V> linear_in_first_jvp(JvpCtx& c) {
+  if (!c.t(0).valid()) return std::vector<V>(c.ys.size());
+  std::vector<V> ins = c.xs;
+  ins[0] = c.t(0);
+  std::vector<V> out = c.same_op_all(ins);
+  out.resize(c.ys.size());
+  return out;
+}
+
 V tangent_shape(TransposeCtx& c, V t) {
   V w = c.b.witness(t);
   if (w.valid()) return c.b.shape_of(w);

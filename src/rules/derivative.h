@@ -89,6 +89,10 @@ inline V unbroadcast_to(Builder& b, V ct, V target) {
   return unbroadcast(b, ct, target, b.witness(target));
 }
 
+// JVP of an op linear in input 0 alone (the others are shapes, indices or parameters it is
+// not differentiated in): the op itself on input 0's tangent.
+std::vector<V> linear_in_first_jvp(JvpCtx& c);
+
 // The run-time shape (1-D int64) of tangent `t`: from its witness, else from fully static
 // facts; fails with a diagnostic naming `who` otherwise.
 V tangent_shape(TransposeCtx& c, V t);

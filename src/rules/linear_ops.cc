@@ -11,16 +11,6 @@ namespace {
 
 using D = JvpCtx;
 
-// The op on input 0's tangent, the other inputs unchanged (linear in input 0 alone).
-std::vector<V> linear_in_first(D& c) {
-  if (!c.t(0).valid()) return std::vector<V>(c.ys.size());
-  std::vector<V> ins = c.xs;
-  ins[0] = c.t(0);
-  std::vector<V> out = c.same_op_all(ins);
-  out.resize(c.ys.size());
-  return out;
-}
-
 V zeros_like(Builder& b, V x) {
   return b.expand(b.scalar(0.0, b.facts(x).dtype), b.shape_of(x));
 }
@@ -258,7 +248,7 @@ void register_linear_op_derivatives(DerivativeRules& r) {
   r.transpose("Col2Im", col2im_transpose);
   r.transpose("AffineGrid", affine_grid_transpose);
   r.transpose("DFT", dft_transpose);
-  for (const char* op : {"DFT", "Col2Im", "AffineGrid", "ReverseSequence", "MaxUnpool"}) r.jvp(op, linear_in_first);
+  for (const char* op : {"DFT", "Col2Im", "AffineGrid", "ReverseSequence", "MaxUnpool"}) r.jvp(op, linear_in_first_jvp);
   r.jvp("STFT", stft_jvp);
   r.jvp("TensorScatter", linear_in_first_two);
   r.transpose("ReverseSequence", [](TransposeCtx& c) { return selection_transpose(c, 0); });

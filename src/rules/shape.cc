@@ -228,14 +228,6 @@ namespace {
 
 using D = JvpCtx;
 
-// JVP of an op linear in input 0 (other inputs are shapes/indices): the op on the tangent.
-std::vector<V> data_linear(D& c) {
-  if (!c.t(0).valid()) return std::vector<V>(c.ys.size());
-  std::vector<V> ins = c.xs;
-  ins[0] = c.t(0);
-  return c.same_op_all(ins);
-}
-
 // Transposes that restore the input's shape from a reshaped cotangent.
 std::vector<V> reshape_back(TransposeCtx& c) {
   std::vector<V> out(c.ins.size());
@@ -367,7 +359,7 @@ std::vector<V> pad_transpose(TransposeCtx& c) {
 void register_shape_derivatives(DerivativeRules& r) {
   for (const char* op : {"Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Expand", "Slice", "Tile", "Split",
                          "Trilu", "DepthToSpace", "SpaceToDepth", "Compress"})
-    r.jvp(op, data_linear);
+    r.jvp(op, linear_in_first_jvp);
   r.jvp("Pad", pad_jvp);
   r.jvp("Concat", concat_jvp);
   for (const char* op : {"Reshape", "Flatten", "Squeeze", "Unsqueeze"}) r.transpose(op, reshape_back);
