@@ -54,8 +54,6 @@ BatchResult maxpool_rule(BatchCtx& c) {
 // Conv/ConvTranspose: a batched bias alone is added after a bias-free convolution.
 BatchResult conv_rule(BatchCtx& c) {
   const bool weight_batched = c.has(1) && c.batched[1];
-  if (weight_batched && c.node.op_type() == "Conv")
-    if (auto vectorized = conv_batched_weight(c)) return *vectorized;
   if (!c.has(2) || !c.batched[2] || weight_batched) return merge_rule(c);
   BatchCtx inner = c;
   inner.in.resize(2);
@@ -66,6 +64,13 @@ BatchResult conv_rule(BatchCtx& c) {
   std::vector<int64_t> axes{1};
   for (int64_t k = 0; k < c.rank(0) - 2; ++k) axes.push_back(3 + k);
   return all_batched({c.b.op1("Add", {y, c.b.unsqueeze(c.in[2], axes)})});
+}
+
+// Conv alone has a vectorized rule for per-example weights (ConvTranspose takes the Scan).
+BatchResult conv_only_rule(BatchCtx& c) {
+  if (c.has(1) && c.batched[1])
+    if (auto vectorized = conv_batched_weight(c)) return *vectorized;
+  return conv_rule(c);
 }
 
 // Per-channel parameters (C) as a tensor aligned with (N, C, spatial...) of rank r.
@@ -173,7 +178,7 @@ void register_nn_rules(BatchRules& r) {
                          "DepthToSpace", "SpaceToDepth"})
     r.add("", op, 1, merge_rule);
   r.add("", "MaxPool", 1, maxpool_rule);
-  r.add("", "Conv", 1, conv_rule);
+  r.add("", "Conv", 1, conv_only_rule);
   r.add("", "ConvTranspose", 1, conv_rule);
   r.add("", "BatchNormalization", 15, batchnorm_rule);
   r.add("", "InstanceNormalization", 6, channel_affine_rule);
