@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cstring>
+#include <deque>
 #include <set>
 #include <stdexcept>
 
@@ -45,14 +46,17 @@ Attr Attr::ints(std::string_view name, const std::vector<int64_t>& v) {
 
 struct Builder::Inference {
   std::unordered_map<std::string, int> opsets;
+  int default_opset = 0;
+  // ONNX's inference functions read input types from a name-keyed map of TypeProtos; it is
+  // filled per node from the builder's facts, only for the nodes the fast shape functions
+  // do not cover.
   std::unordered_map<std::string, onnx::TypeProto*> types;
-  // The types of emitted values, on an arena: one per emitted node, with nested shapes.
-  google::protobuf::Arena arena;
-  onnx::TypeProto* make() { return google::protobuf::Arena::CreateMessage<onnx::TypeProto>(&arena); }
+  std::deque<onnx::TypeProto> type_storage;
   std::unordered_map<std::string, const onnx::TensorProto*> data;
   std::unordered_map<std::string, const onnx::SparseTensorProto*> sparse;
   onnx::shape_inference::DataValueMap generated;
   SchemaCache schemas;
+  std::vector<const Facts*> in_facts;
 };
 
 Builder::Builder(onnx::GraphProto& out, NameScope& value_names, NameScope& node_names, int64_t opset)
@@ -70,15 +74,12 @@ V Builder::add_value(std::string name, Facts facts) {
 void Builder::enable_inference(const std::unordered_map<std::string, int>& opsets) {
   inference_ = std::make_unique<Inference>();
   inference_->opsets = opsets;
+  auto def = opsets.find("");
+  inference_->default_opset = def == opsets.end() ? 0 : def->second;
 }
 
 void Builder::set_facts(V v, Facts f) {
   values_[v.id].facts = std::move(f);
-  if (inference_ && values_[v.id].facts.dtype) {
-    onnx::TypeProto* t = inference_->make();
-    write_type(values_[v.id].facts, t);
-    inference_->types[values_[v.id].name] = t;
-  }
 }
 
 void Builder::register_data(const std::string& n, const onnx::TensorProto* tensor) {
@@ -87,21 +88,14 @@ void Builder::register_data(const std::string& n, const onnx::TensorProto* tenso
 
 void Builder::infer(onnx::NodeProto& node, const std::vector<V>& inputs, const std::vector<V>& outputs) {
   auto& inf = *inference_;
-  // Inputs' types from their facts (values registered without a TypeProto yet). `inputs`
-  // are the node's inputs in order.
-  for (V in : inputs) {
-    if (!in.valid() || !values_[in.id].facts.dtype) continue;
-    auto [it, added] = inf.types.try_emplace(name(in), nullptr);
-    if (!added) continue;
-    it->second = inf.make();
-    write_type(values_[in.id].facts, it->second);
-  }
-  if (outputs.size() == 1 && outputs[0].valid()) {
-    onnx::TypeProto* t = inf.make();
-    auto def = inf.opsets.find("");
-    if (fast_infer(node, def == inf.opsets.end() ? 0 : def->second, inf.types, t)) {
-      values_[outputs[0].id].facts = facts_from_type(*t);
-      inf.types[name(outputs[0])] = t;
+  // `inputs` are the node's inputs in order.
+  inf.in_facts.assign(inputs.size(), nullptr);
+  for (size_t i = 0; i < inputs.size(); ++i)
+    if (inputs[i].valid() && values_[inputs[i].id].facts.dtype) inf.in_facts[i] = &values_[inputs[i].id].facts;
+  if (outputs.size() == 1 && outputs[0].valid() && static_cast<int>(inputs.size()) == node.input_size()) {
+    Facts f;
+    if (fast_infer(node, inf.default_opset, inf.in_facts.data(), f)) {
+      values_[outputs[0].id].facts = std::move(f);
       return;
     }
   }
@@ -110,6 +104,13 @@ void Builder::infer(onnx::NodeProto& node, const std::vector<V>& inputs, const s
   const onnx::OpSchema* schema =
       op == inf.opsets.end() ? nullptr : inf.schemas.find(node.op_type(), domain, op->second);
   if (!schema || !schema->has_type_and_shape_inference_function()) return;
+  inf.types.clear();
+  inf.type_storage.clear();
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (!inf.in_facts[i]) continue;
+    write_type(*inf.in_facts[i], &inf.type_storage.emplace_back());
+    inf.types[name(inputs[i])] = &inf.type_storage.back();
+  }
   try {
     const onnx::ShapeInferenceOptions options(false, 0, true);
     onnx::shape_inference::InferenceContextImpl ctx(node, inf.types, inf.data, inf.sparse, options, &inf.generated);
@@ -122,9 +123,6 @@ void Builder::infer(onnx::NodeProto& node, const std::vector<V>& inputs, const s
       if (!outputs[i].valid()) continue;
       const auto* t = ctx.getOutputType(i);
       if (!t || t->value_case() == onnx::TypeProto::VALUE_NOT_SET) continue;
-      onnx::TypeProto* stored = inf.make();
-      stored->CopyFrom(*t);
-      inf.types[name(outputs[i])] = stored;
       values_[outputs[i].id].facts = facts_from_type(*t);
     }
   } catch (const std::exception&) {
@@ -331,9 +329,6 @@ void Builder::rename(V v, const std::string& new_name, int first_node) {
       if (o == old) o = new_name;
   }
   values_[v.id].name = new_name;
-  if (inference_) {
-    if (auto t = inference_->types.find(old); t != inference_->types.end()) inference_->types[new_name] = t->second;
-  }
   auto it = known_i64_.find(old);
   if (it != known_i64_.end()) known_i64_[new_name] = it->second;
 }
@@ -349,11 +344,7 @@ void Builder::rename_all(const std::vector<std::pair<V, std::string>>& renames) 
       if (auto it = map.find(o); it != map.end()) o = it->second;
   }
   for (const auto& [v, n] : renames) {
-    const std::string old = values_[v.id].name;
     values_[v.id].name = n;
-    if (inference_) {
-      if (auto t = inference_->types.find(old); t != inference_->types.end()) inference_->types[n] = t->second;
-    }
   }
 }
 

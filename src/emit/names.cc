@@ -4,7 +4,7 @@
 
 namespace onnax {
 
-size_t NameScope::hash(std::string_view s) {
+size_t Interner::hash(std::string_view s) {
   // FNV-1a: names are short, and this keeps the table's layout independent of the platform's
   // std::hash (iteration never depends on it, but determinism is cheap to keep obvious).
   uint64_t h = 1469598103934665603ull;
@@ -12,7 +12,7 @@ size_t NameScope::hash(std::string_view s) {
   return static_cast<size_t>(h ^ (h >> 29));
 }
 
-std::string_view NameScope::store(std::string_view s) {
+std::string_view Interner::store(std::string_view s) {
   constexpr size_t kBlock = 64 * 1024;
   if (block_used_ + s.size() + 1 > block_size_) {
     block_size_ = s.size() + 1 > kBlock ? s.size() + 1 : kBlock;
@@ -21,40 +21,47 @@ std::string_view NameScope::store(std::string_view s) {
   }
   char* p = blocks_.back().get() + block_used_;
   if (!s.empty()) std::memcpy(p, s.data(), s.size());
-  p[s.size()] = '\0';  // also makes the empty name's view non-null, so it is not "free"
+  p[s.size()] = '\0';
   block_used_ += s.size() + 1;
   return {p, s.size()};
 }
 
-void NameScope::grow() {
-  std::vector<std::string_view> old = std::move(slots_);
-  slots_.assign(old.empty() ? 64 : old.size() * 2, std::string_view());
+void Interner::grow() {
+  slots_.assign(slots_.empty() ? 64 : slots_.size() * 2, Slot{});
   const size_t mask = slots_.size() - 1;
-  for (std::string_view s : old) {
-    if (!s.data()) continue;
-    size_t i = hash(s) & mask;
-    while (slots_[i].data()) i = (i + 1) & mask;
-    slots_[i] = s;
+  for (size_t id = 0; id < names_.size(); ++id) {
+    const uint32_t h = static_cast<uint32_t>(hash(names_[id]));
+    size_t i = h & mask;
+    while (slots_[i].id >= 0) i = (i + 1) & mask;
+    slots_[i] = Slot{h, static_cast<int32_t>(id)};
   }
 }
 
-bool NameScope::contains(std::string_view name) const {
-  if (slots_.empty()) return false;
+int Interner::find(std::string_view name) const {
+  if (slots_.empty()) return -1;
+  const uint32_t h = static_cast<uint32_t>(hash(name));
   const size_t mask = slots_.size() - 1;
-  for (size_t i = hash(name) & mask; slots_[i].data(); i = (i + 1) & mask)
-    if (slots_[i] == name) return true;
-  return false;
+  for (size_t i = h & mask; slots_[i].id >= 0; i = (i + 1) & mask)
+    if (slots_[i].hash == h && names_[static_cast<size_t>(slots_[i].id)] == name) return slots_[i].id;
+  return -1;
 }
 
-bool NameScope::insert(std::string_view name) {
-  if ((size_ + 1) * 2 > slots_.size()) grow();  // load factor <= 1/2
+int Interner::intern(std::string_view name, bool* added) {
+  if ((names_.size() + 1) * 2 > slots_.size()) grow();  // load factor <= 1/2
+  const uint32_t h = static_cast<uint32_t>(hash(name));
   const size_t mask = slots_.size() - 1;
-  size_t i = hash(name) & mask;
-  for (; slots_[i].data(); i = (i + 1) & mask)
-    if (slots_[i] == name) return false;
-  slots_[i] = store(name);
-  ++size_;
-  return true;
+  size_t i = h & mask;
+  for (; slots_[i].id >= 0; i = (i + 1) & mask) {
+    if (slots_[i].hash == h && names_[static_cast<size_t>(slots_[i].id)] == name) {
+      if (added) *added = false;
+      return slots_[i].id;
+    }
+  }
+  const int id = static_cast<int>(names_.size());
+  names_.push_back(store(name));
+  slots_[i] = Slot{h, id};
+  if (added) *added = true;
+  return id;
 }
 
 std::string NameScope::fresh(std::string_view base_view) {

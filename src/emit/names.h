@@ -1,7 +1,8 @@
-// Collision-free, deterministic, readable names.
+// Collision-free, deterministic, readable names, and dense integer ids for them.
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -10,32 +11,59 @@
 
 namespace onnax {
 
-// The set of names in use in a model (every value or every node name, across subgraphs).
-// Large models hold hundreds of thousands of names, so this is an open-addressing table of
-// views into a private arena: one hash and no allocation per name, where a node-based
-// std::unordered_set<std::string> costs two allocations and a cache miss per entry.
-class NameScope {
+// Maps names to dense ids 0, 1, 2, ... in insertion order. Large models hold hundreds of
+// thousands of names, so this is an open-addressing table of views into a private arena: one
+// hash and no allocation per name, where a node-based std::unordered_map<std::string, int>
+// costs two allocations and a cache miss per entry. Transforms look a name up once and then
+// index plain vectors by its id.
+class Interner {
  public:
-  NameScope() = default;
-  NameScope(NameScope&&) noexcept = default;
-  NameScope& operator=(NameScope&&) noexcept = default;
+  Interner() = default;
+  Interner(Interner&&) noexcept = default;
+  Interner& operator=(Interner&&) noexcept = default;
 
-  void reserve(std::string_view name) { insert(name); }
-  // Reserves `name`; false if it was already taken.
-  bool insert(std::string_view name);
-  bool contains(std::string_view name) const;
-  // `base` itself when free, else base_1, base_2, ... (amortised O(1) per call).
-  std::string fresh(std::string_view base);
+  // The id of `name`, or -1 when it was never interned.
+  int find(std::string_view name) const;
+  // The id of `name`, interning it first when new; `added` tells which.
+  int intern(std::string_view name, bool* added = nullptr);
+  std::string_view name(int id) const { return names_[static_cast<size_t>(id)]; }
+  int size() const { return static_cast<int>(names_.size()); }
 
  private:
   static size_t hash(std::string_view s);
   std::string_view store(std::string_view s);
   void grow();
 
-  std::vector<std::string_view> slots_;  // empty view (data() == nullptr) = free slot
-  size_t size_ = 0;
+  struct Slot {
+    uint32_t hash = 0;
+    int32_t id = -1;  // -1 = free
+  };
+  std::vector<Slot> slots_;
+  std::vector<std::string_view> names_;          // by id, into the arena
   std::vector<std::unique_ptr<char[]>> blocks_;  // the arena holding the names' characters
   size_t block_used_ = 0, block_size_ = 0;
+};
+
+// The set of names in use in a model (every value or every node name, across subgraphs).
+class NameScope {
+ public:
+  NameScope() = default;
+  NameScope(NameScope&&) noexcept = default;
+  NameScope& operator=(NameScope&&) noexcept = default;
+
+  void reserve(std::string_view name) { names_.intern(name); }
+  // Reserves `name`; false if it was already taken.
+  bool insert(std::string_view name) {
+    bool added = false;
+    names_.intern(name, &added);
+    return added;
+  }
+  bool contains(std::string_view name) const { return names_.find(name) >= 0; }
+  // `base` itself when free, else base_1, base_2, ... (amortised O(1) per call).
+  std::string fresh(std::string_view base);
+
+ private:
+  Interner names_;
   std::unordered_map<std::string, int> next_suffix_;
 };
 

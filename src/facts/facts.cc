@@ -99,38 +99,44 @@ std::optional<onnx::TensorProto> constant_tensor(const onnx::NodeProto& node) {
   return std::nullopt;
 }
 
-Facts FactTable::get(const std::string& name) const {
-  auto it = types_.find(name);
-  return it == types_.end() ? Facts{} : facts_from_type(*it->second);
+const Facts& FactTable::get(std::string_view name) const {
+  static const Facts kUnknown;
+  const int i = ids_.find(name);
+  return i < 0 ? kUnknown : facts_[static_cast<size_t>(i)];
 }
 
-const onnx::TypeProto* FactTable::type(const std::string& name) const {
-  auto it = types_.find(name);
-  return it == types_.end() ? nullptr : it->second;
+const onnx::TypeProto* FactTable::non_tensor_type(int id) const {
+  if (non_tensor_.empty()) return nullptr;
+  auto it = non_tensor_.find(id);
+  return it == non_tensor_.end() ? nullptr : &it->second;
 }
 
-FactTable::FactTable() : arena_(std::make_unique<google::protobuf::Arena>()) {}
-FactTable::~FactTable() = default;
-FactTable::FactTable(FactTable&&) noexcept = default;
-FactTable& FactTable::operator=(FactTable&&) noexcept = default;
-
-onnx::TypeProto* FactTable::make() {
-  return google::protobuf::Arena::CreateMessage<onnx::TypeProto>(arena_.get());
+int FactTable::set(std::string_view name, Facts facts) {
+  bool added = false;
+  const int i = ids_.intern(name, &added);
+  if (added)
+    facts_.push_back(std::move(facts));
+  else
+    facts_[static_cast<size_t>(i)] = std::move(facts);
+  if (!added && !non_tensor_.empty()) non_tensor_.erase(i);
+  return i;
 }
 
-onnx::TypeProto* FactTable::store(const onnx::TypeProto& type) {
-  onnx::TypeProto* t = make();
-  t->CopyFrom(type);
-  return t;
+int FactTable::set_type(std::string_view name, const onnx::TypeProto& type) {
+  const int i = set(name, facts_from_type(type));
+  if (!type.has_tensor_type() && type.value_case() != onnx::TypeProto::VALUE_NOT_SET) non_tensor_[i] = type;
+  return i;
 }
 
-void FactTable::set(const std::string& name, const onnx::TypeProto& type) {
-  types_[name] = store(type);
-}
-
-void FactTable::alias(const std::string& name, const std::string& existing) {
-  auto it = types_.find(existing);
-  if (it != types_.end()) types_[name] = it->second;
+void FactTable::alias(std::string_view name, std::string_view existing) {
+  const int from = ids_.find(existing);
+  if (from < 0) return;
+  Facts copy = facts_[static_cast<size_t>(from)];
+  const onnx::TypeProto* other = non_tensor_type(from);
+  std::optional<onnx::TypeProto> other_copy;
+  if (other) other_copy = *other;
+  const int to = set(name, std::move(copy));
+  if (other_copy) non_tensor_[to] = std::move(*other_copy);
 }
 
 }  // namespace onnax

@@ -1,15 +1,17 @@
 // Per-value facts the rules need: element type and (possibly symbolic) shape.
 #pragma once
 
-#include <google/protobuf/arena.h>
 #include <onnx/onnx_pb.h>
 
 #include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
+
+#include "emit/names.h"
 
 namespace onnax {
 
@@ -40,32 +42,33 @@ bool same_static_shape(const Facts& a, const Facts& b);
 Facts facts_from_type(const onnx::TypeProto& type);
 void write_type(const Facts& facts, onnx::TypeProto* type);
 
-// The type of every value of a graph, as ONNX's per-operator inference (with data
-// propagation) and the model's own annotations tell it. Built in one topological pass
-// (facts/infer.cc); the TypeProtos double as the inference functions' inputs.
+// The facts of every value of a graph, as ONNX's per-operator inference (with data
+// propagation) and the model's own annotations tell them. Built in one topological pass
+// (facts/infer.cc). Names are interned once: transforms look a value up by name one time and
+// then use its dense id to index their own per-value vectors.
 class FactTable {
  public:
-  FactTable();
-  ~FactTable();
-  FactTable(FactTable&&) noexcept;
-  FactTable& operator=(FactTable&&) noexcept;
+  // The id of a value the table knows (every value of the graph after infer_facts), or -1.
+  int id(std::string_view name) const { return ids_.find(name); }
+  int size() const { return ids_.size(); }
+  std::string_view name(int id) const { return ids_.name(id); }
+  const Facts& at(int id) const { return facts_[static_cast<size_t>(id)]; }
+  // Empty facts (unknown dtype and shape) for values the table does not know.
+  const Facts& get(std::string_view name) const;
+  // The full type of a value whose type is not a tensor (sequence, optional, map), or nullptr;
+  // kept so ONNX's inference can type the ops that read it.
+  const onnx::TypeProto* non_tensor_type(int id) const;
 
-  Facts get(const std::string& name) const;
-  const onnx::TypeProto* type(const std::string& name) const;
-  void set(const std::string& name, const onnx::TypeProto& type);
-  void alias(const std::string& name, const std::string& existing);
-
-  // For the inference pass.
-  std::unordered_map<std::string, onnx::TypeProto*>& types() { return types_; }
-  // A copy of `type` / an empty TypeProto owned by the table. They live on a protobuf arena:
-  // large graphs hold hundreds of thousands of them, and one allocation (and one free) each,
-  // with their nested shapes and dims, dominated building and tearing the table down.
-  onnx::TypeProto* store(const onnx::TypeProto& type);
-  onnx::TypeProto* make();
+  // Records (or replaces) facts; returns the value's id.
+  int set(std::string_view name, Facts facts);
+  int set_type(std::string_view name, const onnx::TypeProto& type);
+  // `name` gets the facts `existing` has.
+  void alias(std::string_view name, std::string_view existing);
 
  private:
-  std::unique_ptr<google::protobuf::Arena> arena_;
-  std::unordered_map<std::string, onnx::TypeProto*> types_;
+  Interner ids_;
+  std::vector<Facts> facts_;
+  std::unordered_map<int, onnx::TypeProto> non_tensor_;
 };
 
 // The tensor a Constant node produces (from value, value_int(s) or value_float(s)), if any.

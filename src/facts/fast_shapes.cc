@@ -46,62 +46,63 @@ bool floating(int32_t t) {
 
 // The leading `size` dims of a shape (all of them, or the batch dims of a MatMul operand).
 struct Operand {
-  const onnx::TensorShapeProto* shape;
+  const std::vector<Dim>* dims;
   int size;
 };
 
 // The same dimension algebra as ONNX's multidirectional broadcast inference: a known size
 // other than 1 wins; one distinct symbolic dim survives; several give an unknown dim.
 // False when known sizes conflict (ONNX's inference fails there; leave it to report).
-bool broadcast(const Operand* ops, int count, onnx::TensorShapeProto* out) {
+bool broadcast(const Operand* ops, int count, std::vector<Dim>& out) {
   int rank = 0;
   for (int k = 0; k < count; ++k) rank = std::max(rank, ops[k].size);
   for (int i = 0; i < rank; ++i) {
     int64_t value = 1;
-    const onnx::TensorShapeProto_Dimension* symbolic = nullptr;
+    const Dim* symbolic = nullptr;
     int symbolic_count = 0;
     for (int k = 0; k < count; ++k) {
       const Operand& op = ops[k];
       if (i < rank - op.size) continue;
-      const auto& d = op.shape->dim(i - rank + op.size);
-      if (d.has_dim_value()) {
-        if (d.dim_value() == 1) continue;
-        if (value != 1 && value != d.dim_value()) return false;
-        value = d.dim_value();
+      const Dim& d = (*op.dims)[static_cast<size_t>(i - rank + op.size)];
+      if (d.known()) {
+        if (d.value == 1) continue;
+        if (value != 1 && value != d.value) return false;
+        value = d.value;
       } else if (symbolic_count == 0) {
         symbolic = &d;
         symbolic_count = 1;
-      } else if (d.dim_param() != symbolic->dim_param()) {
+      } else if (d.param != symbolic->param) {
         ++symbolic_count;
       }
     }
-    auto* dim = out->add_dim();
     if (value != 1 || symbolic_count == 0)
-      dim->set_dim_value(value);
+      out.push_back(Dim::of(value));
     else if (symbolic_count == 1)
-      *dim = *symbolic;
+      out.push_back(*symbolic);
+    else
+      out.push_back(Dim{});
   }
   return true;
 }
 
 // MatMul of operands of rank >= 2: broadcast batch dims, then [.., M, K] x [.., K, N].
-bool matmul(const onnx::TensorShapeProto& a, const onnx::TensorShapeProto& b, onnx::TensorShapeProto* out) {
-  const int ra = a.dim_size(), rb = b.dim_size();
+bool matmul(const std::vector<Dim>& a, const std::vector<Dim>& b, std::vector<Dim>& out) {
+  const int ra = static_cast<int>(a.size()), rb = static_cast<int>(b.size());
   if (ra < 2 || rb < 2) return false;  // vector promotion: leave to ONNX
-  const auto& k1 = a.dim(ra - 1);
-  const auto& k2 = b.dim(rb - 2);
-  if (k1.has_dim_value() && k2.has_dim_value() && k1.dim_value() != k2.dim_value()) return false;
+  const Dim& k1 = a[static_cast<size_t>(ra - 1)];
+  const Dim& k2 = b[static_cast<size_t>(rb - 2)];
+  if (k1.known() && k2.known() && k1.value != k2.value) return false;
   const Operand batch[2] = {{&a, ra - 2}, {&b, rb - 2}};
+  out.reserve(static_cast<size_t>(std::max(ra, rb)));
   if (!broadcast(batch, 2, out)) return false;
-  *out->add_dim() = a.dim(ra - 2);
-  *out->add_dim() = b.dim(rb - 1);
+  out.push_back(a[static_cast<size_t>(ra - 2)]);
+  out.push_back(b[static_cast<size_t>(rb - 1)]);
   return true;
 }
 
 }  // namespace
 
-bool fast_infer(const onnx::NodeProto& node, int opset, const std::unordered_map<std::string, onnx::TypeProto*>& types,
-                onnx::TypeProto* outputs) {
+bool fast_infer(const onnx::NodeProto& node, int opset, const Facts* const* inputs, Facts& out) {
   if (!node.domain().empty() && node.domain() != "ai.onnx") return false;
   const Kind kind = kind_of(node.op_type(), opset);
   if (kind == Kind::kNone || node.output_size() != 1 || node.input_size() == 0) return false;
@@ -112,29 +113,25 @@ bool fast_infer(const onnx::NodeProto& node, int opset, const std::unordered_map
     return false;
   constexpr int kMaxInputs = 8;  // Sum/Max/... with more inputs go to ONNX
   if (node.input_size() > kMaxInputs) return false;
-  const onnx::TypeProto::Tensor* in[kMaxInputs];
   bool all_shapes = true;
   for (int i = 0; i < node.input_size(); ++i) {
-    const std::string& name = node.input(i);
-    if (name.empty()) return false;
-    auto it = types.find(name);
-    if (it == types.end() || !it->second->has_tensor_type()) return false;
-    const auto& t = it->second->tensor_type();
-    if (!floating(t.elem_type())) return false;
-    all_shapes = all_shapes && t.has_shape();
-    in[i] = &t;
+    const Facts* f = inputs[i];
+    if (!f || !floating(f->dtype)) return false;
+    all_shapes = all_shapes && f->has_shape;
   }
-  auto* out = outputs->mutable_tensor_type();
-  out->set_elem_type(in[0]->elem_type());
+  out = Facts{};
+  out.dtype = inputs[0]->dtype;
   if (kind == Kind::kUnary || kind == Kind::kLikeFirst) {
-    if (in[0]->has_shape()) *out->mutable_shape() = in[0]->shape();
+    out.has_shape = inputs[0]->has_shape;
+    out.dims = inputs[0]->dims;
     return true;
   }
   if (!all_shapes) return kind == Kind::kBroadcast;  // ONNX then types the output without a shape
-  if (kind == Kind::kMatMul) return matmul(in[0]->shape(), in[1]->shape(), out->mutable_shape());
+  out.has_shape = true;
+  if (kind == Kind::kMatMul) return matmul(inputs[0]->dims, inputs[1]->dims, out.dims);
   Operand ops[kMaxInputs];
-  for (int i = 0; i < node.input_size(); ++i) ops[i] = {&in[i]->shape(), in[i]->shape().dim_size()};
-  return broadcast(ops, node.input_size(), out->mutable_shape());
+  for (int i = 0; i < node.input_size(); ++i) ops[i] = {&inputs[i]->dims, static_cast<int>(inputs[i]->dims.size())};
+  return broadcast(ops, node.input_size(), out.dims);
 }
 
 }  // namespace onnax

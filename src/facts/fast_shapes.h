@@ -6,16 +6,14 @@
 
 #include <onnx/onnx_pb.h>
 
-#include <string>
-#include <unordered_map>
+#include "facts/facts.h"
 
 namespace onnax {
 
-// The output types of `node` when it is one of the operators handled here and every input
-// type is a known floating tensor type; false means "ask ONNX's inference". Results agree
+// The output facts of `node` when it is one of the operators handled here and every input
+// (inputs[i], nullptr when unknown) is a floating tensor; false means "ask ONNX's inference". Results agree
 // with ONNX's inference (tests/cpp/fast_shapes_test.cc checks this against it), and type the
 // function ops ONNX cannot (their output shapes are checked against ONNX Runtime in Python).
-bool fast_infer(const onnx::NodeProto& node, int opset, const std::unordered_map<std::string, onnx::TypeProto*>& types,
-                onnx::TypeProto* outputs);
+bool fast_infer(const onnx::NodeProto& node, int opset, const Facts* const* inputs, Facts& out);
 
 }  // namespace onnax

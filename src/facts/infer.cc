@@ -1,3 +1,4 @@
+#include <google/protobuf/arena.h>
 #include <onnx/defs/schema.h>
 #include <onnx/shape_inference/implementation.h>
 
@@ -11,38 +12,84 @@
 namespace onnax {
 namespace {
 
-onnx::TypeProto tensor_type_of(const onnx::TensorProto& t) {
-  onnx::TypeProto type;
-  auto* tt = type.mutable_tensor_type();
-  tt->set_elem_type(t.data_type());
-  auto* shape = tt->mutable_shape();
-  for (int64_t d : t.dims()) shape->add_dim()->set_dim_value(d);
-  return type;
+Facts facts_of_tensor(const onnx::TensorProto& t) {
+  Facts f = Facts::of(t.data_type(), {});
+  f.dims.reserve(static_cast<size_t>(t.dims_size()));
+  for (int64_t d : t.dims()) f.dims.push_back(Dim::of(d));
+  return f;
 }
 
-bool has_rank(const onnx::TypeProto* t) {
-  return t && t->has_tensor_type() && t->tensor_type().has_shape();
+// The TypeProtos ONNX's inference functions read, built from the fact table only for the
+// nodes that need ONNX's inference (most nodes take the fast shape functions and never pay
+// for them). Nodes with subgraphs resolve outer-scope reads through a map of every value; it
+// is built the first time such a node comes and kept up to date from then on.
+class OnnxTypes {
+ public:
+  explicit OnnxTypes(const FactTable& table) : table_(table) {}
+
+  // The map for `node`: its inputs' types, or every value's when it has subgraphs.
+  std::unordered_map<std::string, onnx::TypeProto*>& for_node(const onnx::NodeProto& node, bool has_subgraphs) {
+    if (has_subgraphs) {
+      if (!all_built_) {
+        for (int id = 0; id < table_.size(); ++id) add(all_, id);
+        all_built_ = true;
+      }
+      return all_;
+    }
+    local_.clear();
+    for (const auto& in : node.input()) {
+      const int id = in.empty() ? -1 : table_.id(in);
+      if (id >= 0) add(local_, id);
+    }
+    return local_;
+  }
+  // The full map (outer scope of subgraphs); filled once a subgraph node needs it.
+  std::unordered_map<std::string, onnx::TypeProto*>& all() { return all_; }
+  // Keeps the full map current once it exists.
+  void defined(int id) {
+    if (all_built_) add(all_, id);
+  }
+
+ private:
+  void add(std::unordered_map<std::string, onnx::TypeProto*>& map, int id) {
+    const Facts& f = table_.at(id);
+    const onnx::TypeProto* other = table_.non_tensor_type(id);
+    if (!other && f.dtype == 0) return;
+    onnx::TypeProto* t = google::protobuf::Arena::CreateMessage<onnx::TypeProto>(&arena_);
+    if (other)
+      t->CopyFrom(*other);
+    else
+      write_type(f, t);
+    map[std::string(table_.name(id))] = t;
+  }
+
+  const FactTable& table_;
+  google::protobuf::Arena arena_;
+  std::unordered_map<std::string, onnx::TypeProto*> local_, all_;
+  bool all_built_ = false;
+};
+
+bool has_rank(const onnx::TypeProto& t) {
+  return t.has_tensor_type() && t.tensor_type().has_shape();
 }
 
 }  // namespace
 
 void infer_facts(const onnx::GraphProto& g, const std::unordered_map<std::string, int>& opsets, FactTable& table) {
-  auto& types = table.types();
-  types.reserve(types.size() + static_cast<size_t>(g.node_size()) * 2 + g.input_size() + g.initializer_size());
   std::unordered_map<std::string, const onnx::TensorProto*> data;
   std::unordered_map<std::string, const onnx::SparseTensorProto*> sparse;
   std::unordered_map<std::string, const onnx::ValueInfoProto*> declared;
   std::deque<onnx::TensorProto> constants;  // Constant nodes' values (stable addresses)
   for (const auto& t : g.initializer()) {
-    types[t.name()] = table.store(tensor_type_of(t));
+    table.set(t.name(), facts_of_tensor(t));
     data[t.name()] = &t;
   }
   for (const auto& s : g.sparse_initializer()) {
-    types[s.values().name()] = table.store(tensor_type_of(s.values()));
+    table.set(s.values().name(), facts_of_tensor(s.values()));
     sparse[s.values().name()] = &s;
   }
   for (const auto& vi : g.input())
-    if (vi.has_type() && !types.count(vi.name())) types[vi.name()] = table.store(vi.type());
+    if (table.id(vi.name()) < 0) table.set_type(vi.name(), vi.type());
   for (const auto& vi : g.value_info()) declared[vi.name()] = &vi;
   for (const auto& vi : g.output()) declared[vi.name()] = &vi;
 
@@ -50,14 +97,23 @@ void infer_facts(const onnx::GraphProto& g, const std::unordered_map<std::string
   const int default_opset = default_domain == opsets.end() ? 0 : default_domain->second;
   const onnx::ShapeInferenceOptions options(/*check_type=*/false, /*error_mode=*/0, /*data_prop=*/true);
   onnx::shape_inference::DataValueMap generated;
-  onnx::shape_inference::GraphInferenceContext graph_ctx(types, opsets, nullptr, {}, onnx::OpSchemaRegistry::Instance(),
-                                                         &generated);
+  OnnxTypes onnx_types(table);
+  onnx::shape_inference::GraphInferenceContext graph_ctx(onnx_types.all(), opsets, nullptr, {},
+                                                         onnx::OpSchemaRegistry::Instance(), &generated);
   SchemaCache schemas;
+  std::vector<const Facts*> in_facts;
+  std::vector<Facts> inferred;
+  std::vector<std::optional<onnx::TypeProto>> non_tensor;  // outputs ONNX types as non-tensors
   for (const auto& n : g.node()) {
-    std::vector<onnx::TypeProto*> inferred(n.output_size());
-    for (auto& t : inferred) t = table.make();
-    const bool fast = n.output_size() == 1 && fast_infer(n, default_opset, types, inferred[0]);
-    if (!fast && !inferred.empty()) inferred[0]->Clear();
+    in_facts.assign(static_cast<size_t>(n.input_size()), nullptr);
+    for (int i = 0; i < n.input_size(); ++i) {
+      const int id = n.input(i).empty() ? -1 : table.id(n.input(i));
+      if (id >= 0) in_facts[static_cast<size_t>(i)] = &table.at(id);
+    }
+    inferred.assign(static_cast<size_t>(n.output_size()), Facts{});
+    non_tensor.assign(static_cast<size_t>(n.output_size()), std::nullopt);
+    const bool fast = n.output_size() == 1 && fast_infer(n, default_opset, in_facts.data(), inferred[0]);
+    if (!fast && !inferred.empty()) inferred[0] = Facts{};
     const std::string domain = n.domain() == "ai.onnx" ? "" : n.domain();
     auto op = fast ? opsets.end() : opsets.find(domain);
     const onnx::OpSchema* schema = op == opsets.end() ? nullptr : schemas.find(n.op_type(), domain, op->second);
@@ -70,9 +126,17 @@ void infer_facts(const onnx::GraphProto& g, const std::unordered_map<std::string
         for (const auto& a : n.attribute())
           if (a.has_g() || a.graphs_size() > 0) with_subgraphs = n;
         onnx::NodeProto& node = with_subgraphs ? *with_subgraphs : const_cast<onnx::NodeProto&>(n);
+        auto& types = onnx_types.for_node(n, with_subgraphs.has_value());
         onnx::shape_inference::InferenceContextImpl ctx(node, types, data, sparse, options, &generated, &graph_ctx);
         schema->GetTypeAndShapeInferenceFunction()(ctx);
-        for (int i = 0; i < n.output_size(); ++i) inferred[i]->CopyFrom(*ctx.getOutputType(i));
+        for (int i = 0; i < n.output_size(); ++i) {
+          const onnx::TypeProto* t = ctx.getOutputType(i);
+          if (!t || t->value_case() == onnx::TypeProto::VALUE_NOT_SET) continue;
+          if (t->has_tensor_type())
+            inferred[static_cast<size_t>(i)] = facts_from_type(*t);
+          else
+            non_tensor[static_cast<size_t>(i)] = *t;
+        }
         if (schema->has_data_propagation_function()) {
           onnx::shape_inference::DataPropagationContextImpl dctx(node, types, data, generated);
           schema->GetDataPropagationFunction()(dctx);
@@ -84,25 +148,29 @@ void infer_facts(const onnx::GraphProto& g, const std::unordered_map<std::string
     }
     if (auto t = constant_tensor(n)) {
       constants.push_back(std::move(*t));
-      *inferred[0] = tensor_type_of(constants.back());
+      inferred[0] = facts_of_tensor(constants.back());
       data[n.output(0)] = &constants.back();
     }
     for (int i = 0; i < n.output_size(); ++i) {
       const std::string& name = n.output(i);
       if (name.empty()) continue;
-      onnx::TypeProto* t = nullptr;
+      Facts& f = inferred[static_cast<size_t>(i)];
+      auto& other = non_tensor[static_cast<size_t>(i)];
       auto d = declared.find(name);
-      const bool inferred_typed = inferred[i]->value_case() != onnx::TypeProto::VALUE_NOT_SET;
+      const bool inferred_typed = f.dtype != 0 || other.has_value();
+      int id;
       if (d != declared.end() && d->second->has_type() &&
-          (!inferred_typed || (!has_rank(inferred[i]) && has_rank(&d->second->type()))))
-        t = table.store(d->second->type());
-      else if (inferred_typed)
-        t = inferred[i];
-      if (t) types[name] = t;
+          (!inferred_typed || (!other && !f.has_shape && has_rank(d->second->type()))))
+        id = table.set_type(name, d->second->type());
+      else if (other)
+        id = table.set_type(name, *other);
+      else
+        id = table.set(name, std::move(f));  // unknown facts still give the value an id
+      onnx_types.defined(id);
     }
   }
   for (const auto& vi : g.output())
-    if (!types.count(vi.name()) && vi.has_type()) types[vi.name()] = table.store(vi.type());
+    if (table.id(vi.name()) < 0 && vi.has_type()) table.set_type(vi.name(), vi.type());
 }
 
 }  // namespace onnax

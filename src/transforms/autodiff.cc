@@ -172,7 +172,7 @@ onnx::ModelProto differentiate(const onnx::ModelProto& source, Mode mode, const 
 
   std::unordered_map<std::string, V> primal;   // source value name -> value
   std::unordered_map<std::string, V> tangent;  // source value name -> tangent (absent = zero)
-  auto facts = [&](const std::string& n) { return p.facts.get(n); };
+  auto facts = [&](const std::string& n) -> const Facts& { return p.facts.get(n); };
   for (const auto& t : src->initializer()) {
     primal[t.name()] = b.existing(t.name(), facts(t.name()));
     b.register_data(t.name(), &t);

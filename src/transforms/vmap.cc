@@ -145,19 +145,30 @@ onnx::ModelProto vmap(const onnx::ModelProto& source, const VmapOptions& opt) {
   out_graph.set_name(src_graph->name());
   out_graph.set_doc_string(src_graph->doc_string());
   Builder b(out_graph, p.value_names, p.node_names, p.opset);
-  std::unordered_map<std::string, Mapped> env;
-  env.reserve(static_cast<size_t>(src_graph->node_size()) * 2 + 16);
-
-  auto src_facts = [&](const std::string& name) -> Facts { return p.facts.get(name); };
+  // What each source value became, indexed by its fact-table id (every value of the graph
+  // has one): names are hashed once per use, and the environment is a plain vector.
+  std::vector<Mapped> env(static_cast<size_t>(p.facts.size()));
+  auto mapped = [&](const std::string& name) -> Mapped* {
+    const int id = p.facts.id(name);
+    if (id < 0 || static_cast<size_t>(id) >= env.size() || !env[static_cast<size_t>(id)].v.valid()) return nullptr;
+    return &env[static_cast<size_t>(id)];
+  };
+  auto bind = [&](const std::string& name, Mapped m) {
+    int id = p.facts.id(name);
+    if (id < 0) id = p.facts.set(name, Facts{});
+    if (static_cast<size_t>(id) >= env.size()) env.resize(static_cast<size_t>(p.facts.size()));
+    env[static_cast<size_t>(id)] = m;
+  };
+  auto src_facts = [&](const std::string& name) -> const Facts& { return p.facts.get(name); };
 
   // Initializers: shared, and their int64 contents are known to rules (axes, shapes).
   auto remember_tensor = [&](const onnx::TensorProto& t) { b.remember_tensor(t.name(), t); };
   for (const auto& t : src_graph->initializer()) {
-    env[t.name()] = Mapped{b.existing(t.name(), src_facts(t.name())), false};
+    bind(t.name(), Mapped{b.existing(t.name(), src_facts(t.name())), false});
     remember_tensor(t);
   }
   for (const auto& s : src_graph->sparse_initializer())
-    env[s.values().name()] = Mapped{b.existing(s.values().name(), src_facts(s.values().name())), false};
+    bind(s.values().name(), Mapped{b.existing(s.values().name(), src_facts(s.values().name())), false});
 
   // Graph inputs: batched ones get the batch dim at their in_axis and are moved to axis 0.
   std::optional<std::pair<std::string, int64_t>> batch_source;
@@ -170,10 +181,10 @@ onnx::ModelProto vmap(const onnx::ModelProto& source, const VmapOptions& opt) {
       continue;
     }
     const Axis axis = in_axes[k++];
-    Facts f = src_facts(vi.name());
+    const Facts& f = src_facts(vi.name());
     onnx::ValueInfoProto nvi = vi;
     if (!axis) {
-      env[vi.name()] = Mapped{b.existing(vi.name(), f), false};
+      bind(vi.name(), Mapped{b.existing(vi.name(), f), false});
       new_inputs.push_back(std::move(nvi));
       continue;
     }
@@ -188,13 +199,13 @@ onnx::ModelProto vmap(const onnx::ModelProto& source, const VmapOptions& opt) {
     V v = b.existing(vi.name(), f.with_dim(a, batch_dim));
     if (!batch_source) batch_source = {vi.name(), a};
     if (a != 0) entry_moves.emplace_back(v, move_axis_perm(a, 0, r + 1));
-    env[vi.name()] = Mapped{v, true};
+    bind(vi.name(), Mapped{v, true});
   }
   for (auto& [v, perm] : entry_moves) {
     const std::string name = b.name(v);
     b.set_origin(name);
     V moved = b.transpose(v, perm);
-    env[name].v = moved;
+    mapped(name)->v = moved;
   }
 
   std::optional<V> batch_size;
@@ -228,21 +239,25 @@ onnx::ModelProto vmap(const onnx::ModelProto& source, const VmapOptions& opt) {
   const BatchRules& rules = BatchRules::instance();
   SchemaCache schemas;
   std::map<std::string, int> looped;
+  std::vector<Mapped*> in_mapped;
   for (int ni = 0; ni < src_graph->node_size(); ++ni) {
     const onnx::NodeProto& node = src_graph->node(ni);
     bool any_batched = false;
-    for (const auto& in : node.input()) {
+    in_mapped.assign(static_cast<size_t>(node.input_size()), nullptr);
+    for (int i = 0; i < node.input_size(); ++i) {
+      const std::string& in = node.input(i);
       if (in.empty()) continue;
-      auto it = env.find(in);
-      if (it != env.end() && it->second.batched) any_batched = true;
+      Mapped* m = mapped(in);
+      in_mapped[static_cast<size_t>(i)] = m;
+      if (m && m->batched) any_batched = true;
     }
     // Batched values that the node's subgraphs (If/Loop/Scan bodies) read from this scope.
     std::vector<std::pair<std::string, V>> captured;
     if (node.attribute_size() > 0) {
       std::set<std::string> seen;
       for (const auto& r : outer_scope_reads(node)) {
-        auto it = env.find(r);
-        if (it != env.end() && it->second.batched && seen.insert(r).second) captured.emplace_back(r, it->second.v);
+        const Mapped* m = mapped(r);
+        if (m && m->batched && seen.insert(r).second) captured.emplace_back(r, m->v);
       }
     }
     if (!any_batched && captured.empty()) {
@@ -263,7 +278,7 @@ onnx::ModelProto vmap(const onnx::ModelProto& source, const VmapOptions& opt) {
       }
       if (auto t = constant_tensor(copy)) remember_tensor(*t);
       b.copy_node(std::move(copy));
-      for (auto& [n, v] : outs) env[n] = Mapped{v, false};
+      for (auto& [n, v] : outs) bind(n, Mapped{v, false});
       continue;
     }
     const std::string domain = node.domain() == "ai.onnx" ? "" : node.domain();
@@ -278,8 +293,9 @@ onnx::ModelProto vmap(const onnx::ModelProto& source, const VmapOptions& opt) {
     const onnx::OpSchema* schema = schemas.find(node.op_type(), domain, static_cast<int>(p.opset));
     if (!schema) {
       std::string batched_inputs;
-      for (const auto& in : node.input())
-        if (!in.empty() && env.at(in).batched)
+      for (int i = 0; i < node.input_size(); ++i)
+        if (const std::string& in = node.input(i);
+            in_mapped[static_cast<size_t>(i)] && in_mapped[static_cast<size_t>(i)]->batched)
           batched_inputs += (batched_inputs.empty() ? "'" : ", '") + in + "' (per-example shape " +
                             src_facts(in).shape_string() + ", " + diag::dtype_name(src_facts(in).dtype) + ")";
       diag::fail(Error::Kind::kUnsupported,
@@ -297,20 +313,20 @@ onnx::ModelProto vmap(const onnx::ModelProto& source, const VmapOptions& opt) {
     BatchCtx ctx{b, node, p.opset, {}, {}, {}, {}, get_batch_size, std::move(captured), false};
     ctx.schema = schema;
     for (const auto& o : node.output()) ctx.out_facts.push_back(src_facts(o));
-    std::vector<Facts> in_facts(node.input_size());
     for (int i = 0; i < node.input_size(); ++i) {
       const std::string& in = node.input(i);
-      if (in.empty()) {
+      const Mapped* m = in_mapped[static_cast<size_t>(i)];
+      if (in.empty() || !m) {
+        if (!in.empty())
+          diag::fail(Error::Kind::kInvalidModel, "vmap: " + op_label() + " reads undefined value '" + in + "'");
         ctx.in.push_back(V{});
         ctx.batched.push_back(false);
         ctx.facts.push_back(nullptr);
         continue;
       }
-      const Mapped& m = env.at(in);
-      ctx.in.push_back(m.v);
-      ctx.batched.push_back(m.batched);
-      in_facts[i] = src_facts(in);
-      ctx.facts.push_back(&in_facts[i]);
+      ctx.in.push_back(m->v);
+      ctx.batched.push_back(m->batched);
+      ctx.facts.push_back(&src_facts(in));
     }
     b.set_origin(node.output_size() && !node.output(0).empty() ? node.output(0) : node.op_type());
     const int first = b.node_count();
@@ -346,7 +362,7 @@ onnx::ModelProto vmap(const onnx::ModelProto& source, const VmapOptions& opt) {
           name_taken = name_taken || on == src_name;  // by an intermediate that kept it
         }
       if (may_take && made_here && !name_taken) b.rename(v, src_name, first);
-      env[src_name] = Mapped{v, bat};
+      bind(src_name, Mapped{v, bat});
     }
   }
 
@@ -355,8 +371,8 @@ onnx::ModelProto vmap(const onnx::ModelProto& source, const VmapOptions& opt) {
   for (int i = 0; i < src_graph->output_size(); ++i) {
     const auto& o = src_graph->output(i);
     auto alias = output_alias.find(o.name());
-    Mapped m = env.at(alias == output_alias.end() ? o.name() : alias->second);
-    Facts f = src_facts(o.name());
+    Mapped m = *mapped(alias == output_alias.end() ? o.name() : alias->second);
+    const Facts& f = src_facts(o.name());
     const int64_t axis = out_axes[i];
     b.set_origin(o.name());
     V v = m.v;
@@ -396,8 +412,8 @@ onnx::ModelProto vmap(const onnx::ModelProto& source, const VmapOptions& opt) {
   take_initializers(p, out_graph);
   // Value info stays valid only for values that kept their name and stayed unbatched.
   for (const auto& vi : source.graph().value_info()) {
-    auto it = env.find(vi.name());
-    if (it != env.end() && !it->second.batched && b.name(it->second.v) == vi.name()) *out_graph.add_value_info() = vi;
+    const Mapped* m = mapped(vi.name());
+    if (m && !m->batched && b.name(m->v) == vi.name()) *out_graph.add_value_info() = vi;
   }
   std::vector<std::string> axes_json, out_json;
   size_t ri = 0;
