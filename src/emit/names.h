@@ -59,6 +59,12 @@ class NameScope {
     return added;
   }
   bool contains(std::string_view name) const { return names_.find(name) >= 0; }
+  // Every name in the scope has a dense id (in order of reservation); transforms index their
+  // per-value tables by it.
+  int id(std::string_view name) const { return names_.find(name); }
+  int intern(std::string_view name) { return names_.intern(name); }
+  std::string_view name(int id) const { return names_.name(id); }
+  int size() const { return names_.size(); }
   // `base` itself when free, else base_1, base_2, ... (amortised O(1) per call).
   std::string fresh(std::string_view base);
 

@@ -99,44 +99,29 @@ std::optional<onnx::TensorProto> constant_tensor(const onnx::NodeProto& node) {
   return std::nullopt;
 }
 
-const Facts& FactTable::get(std::string_view name) const {
-  static const Facts kUnknown;
-  const int i = ids_.find(name);
-  return i < 0 ? kUnknown : facts_[static_cast<size_t>(i)];
-}
-
 const onnx::TypeProto* FactTable::non_tensor_type(int id) const {
   if (non_tensor_.empty()) return nullptr;
   auto it = non_tensor_.find(id);
   return it == non_tensor_.end() ? nullptr : &it->second;
 }
 
-int FactTable::set(std::string_view name, Facts facts) {
-  bool added = false;
-  const int i = ids_.intern(name, &added);
-  if (added)
-    facts_.push_back(std::move(facts));
-  else
-    facts_[static_cast<size_t>(i)] = std::move(facts);
-  if (!added && !non_tensor_.empty()) non_tensor_.erase(i);
-  return i;
+void FactTable::set(int id, Facts facts) {
+  if (static_cast<size_t>(id) >= facts_.size()) facts_.resize(static_cast<size_t>(id) + 1);
+  facts_[static_cast<size_t>(id)] = std::move(facts);
+  if (!non_tensor_.empty()) non_tensor_.erase(id);
 }
 
-int FactTable::set_type(std::string_view name, const onnx::TypeProto& type) {
-  const int i = set(name, facts_from_type(type));
-  if (!type.has_tensor_type() && type.value_case() != onnx::TypeProto::VALUE_NOT_SET) non_tensor_[i] = type;
-  return i;
+void FactTable::set_type(int id, const onnx::TypeProto& type) {
+  set(id, facts_from_type(type));
+  if (!type.has_tensor_type() && type.value_case() != onnx::TypeProto::VALUE_NOT_SET) non_tensor_[id] = type;
 }
 
-void FactTable::alias(std::string_view name, std::string_view existing) {
-  const int from = ids_.find(existing);
-  if (from < 0) return;
-  Facts copy = facts_[static_cast<size_t>(from)];
-  const onnx::TypeProto* other = non_tensor_type(from);
-  std::optional<onnx::TypeProto> other_copy;
-  if (other) other_copy = *other;
-  const int to = set(name, std::move(copy));
-  if (other_copy) non_tensor_[to] = std::move(*other_copy);
+void FactTable::alias(int id, int existing) {
+  Facts copy = at(existing);
+  std::optional<onnx::TypeProto> other;
+  if (const onnx::TypeProto* t = non_tensor_type(existing)) other = *t;
+  set(id, std::move(copy));
+  if (other) non_tensor_[id] = std::move(*other);
 }
 
 }  // namespace onnax

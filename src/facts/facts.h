@@ -43,30 +43,27 @@ Facts facts_from_type(const onnx::TypeProto& type);
 void write_type(const Facts& facts, onnx::TypeProto* type);
 
 // The facts of every value of a graph, as ONNX's per-operator inference (with data
-// propagation) and the model's own annotations tell them. Built in one topological pass
-// (facts/infer.cc). Names are interned once: transforms look a value up by name one time and
-// then use its dense id to index their own per-value vectors.
+// propagation) and the model's own annotations tell them, indexed by the value's id in the
+// model's NameScope. Built in one topological pass (facts/infer.cc).
 class FactTable {
  public:
-  // The id of a value the table knows (every value of the graph after infer_facts), or -1.
-  int id(std::string_view name) const { return ids_.find(name); }
-  int size() const { return ids_.size(); }
-  std::string_view name(int id) const { return ids_.name(id); }
-  const Facts& at(int id) const { return facts_[static_cast<size_t>(id)]; }
-  // Empty facts (unknown dtype and shape) for values the table does not know.
-  const Facts& get(std::string_view name) const;
+  // Empty facts (unknown dtype and shape) for ids the table has nothing for (or -1).
+  const Facts& at(int id) const {
+    static const Facts kUnknown;
+    return id < 0 || static_cast<size_t>(id) >= facts_.size() ? kUnknown : facts_[static_cast<size_t>(id)];
+  }
+  int size() const { return static_cast<int>(facts_.size()); }
   // The full type of a value whose type is not a tensor (sequence, optional, map), or nullptr;
   // kept so ONNX's inference can type the ops that read it.
   const onnx::TypeProto* non_tensor_type(int id) const;
 
-  // Records (or replaces) facts; returns the value's id.
-  int set(std::string_view name, Facts facts);
-  int set_type(std::string_view name, const onnx::TypeProto& type);
-  // `name` gets the facts `existing` has.
-  void alias(std::string_view name, std::string_view existing);
+  // Records (or replaces) the facts of value `id`.
+  void set(int id, Facts facts);
+  void set_type(int id, const onnx::TypeProto& type);
+  // Value `id` gets the facts (and type) of value `existing`.
+  void alias(int id, int existing);
 
  private:
-  Interner ids_;
   std::vector<Facts> facts_;
   std::unordered_map<int, onnx::TypeProto> non_tensor_;
 };
@@ -74,9 +71,20 @@ class FactTable {
 // The tensor a Constant node produces (from value, value_int(s) or value_float(s)), if any.
 std::optional<onnx::TensorProto> constant_tensor(const onnx::NodeProto& node);
 
+// The ids (in a NameScope) of every node's inputs and outputs, computed in one pass so later
+// passes never hash a name again. -1 stands for an empty (absent optional) name.
+struct NodeValueIds {
+  std::vector<int32_t> ids;       // node i: its inputs, then its outputs
+  std::vector<uint32_t> offsets;  // node i's first entry in `ids`
+  const int32_t* inputs(int node) const { return ids.data() + offsets[static_cast<size_t>(node)]; }
+  const int32_t* outputs(int node, int input_count) const { return inputs(node) + input_count; }
+};
+
 // Runs ONNX's per-node type and shape inference (and partial data propagation, so shapes
 // computed with Shape/Gather/Concat stay known) over `graph`, whose nodes must be in
-// topological order. Declared value_info fills in what inference cannot tell.
-void infer_facts(const onnx::GraphProto& graph, const std::unordered_map<std::string, int>& opsets, FactTable& table);
+// topological order and indexed in `node_ids` by `names`. Declared value_info fills in what
+// inference cannot tell.
+void infer_facts(const onnx::GraphProto& graph, const std::unordered_map<std::string, int>& opsets,
+                 const NameScope& names, const NodeValueIds& node_ids, FactTable& table);
 
 }  // namespace onnax

@@ -25,10 +25,11 @@ Facts facts_of_tensor(const onnx::TensorProto& t) {
 // is built the first time such a node comes and kept up to date from then on.
 class OnnxTypes {
  public:
-  explicit OnnxTypes(const FactTable& table) : table_(table) {}
+  OnnxTypes(const FactTable& table, const NameScope& names) : table_(table), names_(names) {}
 
   // The map for `node`: its inputs' types, or every value's when it has subgraphs.
-  std::unordered_map<std::string, onnx::TypeProto*>& for_node(const onnx::NodeProto& node, bool has_subgraphs) {
+  std::unordered_map<std::string, onnx::TypeProto*>& for_node(const onnx::NodeProto& node, const int32_t* input_ids,
+                                                              bool has_subgraphs) {
     if (has_subgraphs) {
       if (!all_built_) {
         for (int id = 0; id < table_.size(); ++id) add(all_, id);
@@ -37,10 +38,8 @@ class OnnxTypes {
       return all_;
     }
     local_.clear();
-    for (const auto& in : node.input()) {
-      const int id = in.empty() ? -1 : table_.id(in);
-      if (id >= 0) add(local_, id);
-    }
+    for (int i = 0; i < node.input_size(); ++i)
+      if (input_ids[i] >= 0) add(local_, input_ids[i]);
     return local_;
   }
   // The full map (outer scope of subgraphs); filled once a subgraph node needs it.
@@ -60,10 +59,11 @@ class OnnxTypes {
       t->CopyFrom(*other);
     else
       write_type(f, t);
-    map[std::string(table_.name(id))] = t;
+    map[std::string(names_.name(id))] = t;
   }
 
   const FactTable& table_;
+  const NameScope& names_;
   google::protobuf::Arena arena_;
   std::unordered_map<std::string, onnx::TypeProto*> local_, all_;
   bool all_built_ = false;
@@ -75,21 +75,23 @@ bool has_rank(const onnx::TypeProto& t) {
 
 }  // namespace
 
-void infer_facts(const onnx::GraphProto& g, const std::unordered_map<std::string, int>& opsets, FactTable& table) {
+void infer_facts(const onnx::GraphProto& g, const std::unordered_map<std::string, int>& opsets, const NameScope& names,
+                 const NodeValueIds& node_ids, FactTable& table) {
   std::unordered_map<std::string, const onnx::TensorProto*> data;
   std::unordered_map<std::string, const onnx::SparseTensorProto*> sparse;
   std::unordered_map<std::string, const onnx::ValueInfoProto*> declared;
   std::deque<onnx::TensorProto> constants;  // Constant nodes' values (stable addresses)
+  auto id_of = [&](const std::string& name) { return names.id(name); };
   for (const auto& t : g.initializer()) {
-    table.set(t.name(), facts_of_tensor(t));
+    table.set(id_of(t.name()), facts_of_tensor(t));
     data[t.name()] = &t;
   }
   for (const auto& s : g.sparse_initializer()) {
-    table.set(s.values().name(), facts_of_tensor(s.values()));
+    table.set(id_of(s.values().name()), facts_of_tensor(s.values()));
     sparse[s.values().name()] = &s;
   }
   for (const auto& vi : g.input())
-    if (table.id(vi.name()) < 0) table.set_type(vi.name(), vi.type());
+    if (table.at(id_of(vi.name())).dtype == 0) table.set_type(id_of(vi.name()), vi.type());
   for (const auto& vi : g.value_info()) declared[vi.name()] = &vi;
   for (const auto& vi : g.output()) declared[vi.name()] = &vi;
 
@@ -97,19 +99,20 @@ void infer_facts(const onnx::GraphProto& g, const std::unordered_map<std::string
   const int default_opset = default_domain == opsets.end() ? 0 : default_domain->second;
   const onnx::ShapeInferenceOptions options(/*check_type=*/false, /*error_mode=*/0, /*data_prop=*/true);
   onnx::shape_inference::DataValueMap generated;
-  OnnxTypes onnx_types(table);
+  OnnxTypes onnx_types(table, names);
   onnx::shape_inference::GraphInferenceContext graph_ctx(onnx_types.all(), opsets, nullptr, {},
                                                          onnx::OpSchemaRegistry::Instance(), &generated);
   SchemaCache schemas;
   std::vector<const Facts*> in_facts;
   std::vector<Facts> inferred;
   std::vector<std::optional<onnx::TypeProto>> non_tensor;  // outputs ONNX types as non-tensors
-  for (const auto& n : g.node()) {
+  for (int ni = 0; ni < g.node_size(); ++ni) {
+    const onnx::NodeProto& n = g.node(ni);
+    const int32_t* input_ids = node_ids.inputs(ni);
+    const int32_t* output_ids = node_ids.outputs(ni, n.input_size());
     in_facts.assign(static_cast<size_t>(n.input_size()), nullptr);
-    for (int i = 0; i < n.input_size(); ++i) {
-      const int id = n.input(i).empty() ? -1 : table.id(n.input(i));
-      if (id >= 0) in_facts[static_cast<size_t>(i)] = &table.at(id);
-    }
+    for (int i = 0; i < n.input_size(); ++i)
+      if (input_ids[i] >= 0) in_facts[static_cast<size_t>(i)] = &table.at(input_ids[i]);
     inferred.assign(static_cast<size_t>(n.output_size()), Facts{});
     non_tensor.assign(static_cast<size_t>(n.output_size()), std::nullopt);
     const bool fast = n.output_size() == 1 && fast_infer(n, default_opset, in_facts.data(), inferred[0]);
@@ -126,7 +129,7 @@ void infer_facts(const onnx::GraphProto& g, const std::unordered_map<std::string
         for (const auto& a : n.attribute())
           if (a.has_g() || a.graphs_size() > 0) with_subgraphs = n;
         onnx::NodeProto& node = with_subgraphs ? *with_subgraphs : const_cast<onnx::NodeProto&>(n);
-        auto& types = onnx_types.for_node(n, with_subgraphs.has_value());
+        auto& types = onnx_types.for_node(n, input_ids, with_subgraphs.has_value());
         onnx::shape_inference::InferenceContextImpl ctx(node, types, data, sparse, options, &generated, &graph_ctx);
         schema->GetTypeAndShapeInferenceFunction()(ctx);
         for (int i = 0; i < n.output_size(); ++i) {
@@ -158,19 +161,19 @@ void infer_facts(const onnx::GraphProto& g, const std::unordered_map<std::string
       auto& other = non_tensor[static_cast<size_t>(i)];
       auto d = declared.find(name);
       const bool inferred_typed = f.dtype != 0 || other.has_value();
-      int id;
+      const int id = output_ids[i];
       if (d != declared.end() && d->second->has_type() &&
           (!inferred_typed || (!other && !f.has_shape && has_rank(d->second->type()))))
-        id = table.set_type(name, d->second->type());
+        table.set_type(id, d->second->type());
       else if (other)
-        id = table.set_type(name, *other);
+        table.set_type(id, *other);
       else
-        id = table.set(name, std::move(f));  // unknown facts still give the value an id
+        table.set(id, std::move(f));
       onnx_types.defined(id);
     }
   }
   for (const auto& vi : g.output())
-    if (table.id(vi.name()) < 0 && vi.has_type()) table.set_type(vi.name(), vi.type());
+    if (table.at(id_of(vi.name())).dtype == 0 && vi.has_type()) table.set_type(id_of(vi.name()), vi.type());
 }
 
 }  // namespace onnax

@@ -45,19 +45,19 @@ Resolved resolve(const Prepared& p, const onnx::ModelProto& source, Mode mode, c
   std::vector<std::string> runtime, float_runtime, float_inits, outputs, float_outputs;
   for (const auto* vi : p.runtime_inputs) {
     runtime.push_back(vi->name());
-    if (differentiable_dtype(p.facts.get(vi->name()).dtype)) float_runtime.push_back(vi->name());
+    if (differentiable_dtype(p.fact(vi->name()).dtype)) float_runtime.push_back(vi->name());
   }
   for (const auto& t : g.initializer())
     if (differentiable_dtype(t.data_type())) float_inits.push_back(t.name());
   for (const auto& o : g.output()) {
     outputs.push_back(o.name());
-    if (differentiable_dtype(p.facts.get(o.name()).dtype)) float_outputs.push_back(o.name());
+    if (differentiable_dtype(p.fact(o.name()).dtype)) float_outputs.push_back(o.name());
   }
   Resolved r;
   // The checks every selected name gets, inputs and outputs alike.
   auto check_float_once = [&](const std::string& role, const std::string& name, std::set<std::string>& seen,
                               const std::string& float_choices) {
-    const int32_t dt = p.facts.get(name).dtype;
+    const int32_t dt = p.fact(name).dtype;
     if (!differentiable_dtype(dt))
       diag::fail(Error::Kind::kSelection, m + ": " + role + " selects '" + name + "' of dtype " + diag::dtype_name(dt) +
                                               "; derivatives are defined for float32/float64 only. Fix: select one "
@@ -105,7 +105,7 @@ Resolved resolve(const Prepared& p, const onnx::ModelProto& source, Mode mode, c
   } else if (mode == Mode::kGrad) {
     // The only rank-0 float output, when there is exactly one.
     for (const auto& n : float_outputs)
-      if (p.facts.get(n).rank() == 0) r.outputs.push_back(n);
+      if (p.fact(n).rank() == 0) r.outputs.push_back(n);
     if (r.outputs.size() != 1)
       diag::fail(Error::Kind::kSelection, "grad: no output was selected and the model has " +
                                               std::to_string(r.outputs.size()) + " rank-0 float outputs " +
@@ -122,7 +122,7 @@ Resolved resolve(const Prepared& p, const onnx::ModelProto& source, Mode mode, c
     diag::fail(Error::Kind::kSelection, m + ": the model has no float32/float64 output to differentiate; outputs: " +
                                             quoted_names(outputs) + ". Fix: add a float output");
   if (mode == Mode::kGrad) {
-    const Facts f = p.facts.get(r.outputs[0]);
+    const Facts f = p.fact(r.outputs[0]);
     if (f.rank() != 0)
       diag::fail(Error::Kind::kSelection,
                  "grad: output '" + r.outputs[0] + "' has shape " + f.shape_string() +
@@ -172,7 +172,7 @@ onnx::ModelProto differentiate(const onnx::ModelProto& source, Mode mode, const 
 
   std::unordered_map<std::string, V> primal;   // source value name -> value
   std::unordered_map<std::string, V> tangent;  // source value name -> tangent (absent = zero)
-  auto facts = [&](const std::string& n) -> const Facts& { return p.facts.get(n); };
+  auto facts = [&](const std::string& n) -> const Facts& { return p.fact(n); };
   for (const auto& t : src->initializer()) {
     primal[t.name()] = b.existing(t.name(), facts(t.name()));
     b.register_data(t.name(), &t);

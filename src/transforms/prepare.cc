@@ -20,18 +20,23 @@ int64_t default_opset(const onnx::ModelProto& m) {
   return -1;
 }
 
-void collect_names(const onnx::GraphProto& g, Prepared& p) {
-  for (const auto& vi : g.input()) p.value_names.reserve(vi.name());
+// Reserves the names of `g` (and its subgraphs) that index_graph did not: node names, output
+// and value_info names, and everything inside subgraphs (`nested`).
+void collect_names(const onnx::GraphProto& g, Prepared& p, bool nested) {
   for (const auto& vi : g.output()) p.value_names.reserve(vi.name());
   for (const auto& vi : g.value_info()) p.value_names.reserve(vi.name());
-  for (const auto& t : g.initializer()) p.value_names.reserve(t.name());
-  for (const auto& s : g.sparse_initializer()) p.value_names.reserve(s.values().name());
+  if (nested) {
+    for (const auto& vi : g.input()) p.value_names.reserve(vi.name());
+    for (const auto& t : g.initializer()) p.value_names.reserve(t.name());
+    for (const auto& s : g.sparse_initializer()) p.value_names.reserve(s.values().name());
+  }
   for (const auto& n : g.node()) {
     if (!n.name().empty()) p.node_names.reserve(n.name());
-    for (const auto& o : n.output()) p.value_names.reserve(o);
+    if (nested)
+      for (const auto& o : n.output()) p.value_names.reserve(o);
     for (const auto& a : n.attribute()) {
-      if (a.has_g()) collect_names(a.g(), p);
-      for (const auto& sg : a.graphs()) collect_names(sg, p);
+      if (a.has_g()) collect_names(a.g(), p, true);
+      for (const auto& sg : a.graphs()) collect_names(sg, p, true);
     }
   }
   auto add_dims = [&](const onnx::ValueInfoProto& vi) {
@@ -63,25 +68,55 @@ void collect_reads(const onnx::GraphProto& g, std::unordered_set<std::string>& d
     if (!local.count(o.name())) reads.push_back(o.name());
 }
 
-// True when every node reads only values defined before it and every name is defined once
-// (the common case, checked in one pass over a single set: `defined` ends up holding every
-// value name of the top-level graph).
-bool already_sorted(const onnx::GraphProto& g, NameScope& defined) {
-  for (const auto& vi : g.input()) defined.reserve(vi.name());
-  for (const auto& t : g.initializer()) defined.reserve(t.name());
-  for (const auto& sp : g.sparse_initializer()) defined.reserve(sp.values().name());
+// Interns every value name of the top-level graph in `names` and records each node's input
+// and output ids. True when every node reads only values defined before it and every name is
+// defined once (the common case, checked in the same single pass); false means the graph must
+// be sorted (or is invalid, which sort_nodes reports) and indexed again.
+bool index_graph(const onnx::GraphProto& g, NameScope& names, NodeValueIds& index) {
+  index.ids.clear();
+  index.offsets.clear();
+  index.offsets.reserve(static_cast<size_t>(g.node_size()));
+  std::vector<char> defined;
+  auto define = [&](const std::string& name) {
+    const int id = names.intern(name);
+    if (static_cast<size_t>(id) >= defined.size()) defined.resize(static_cast<size_t>(id) + 1 + defined.size() / 2);
+    const bool fresh = !defined[static_cast<size_t>(id)];
+    defined[static_cast<size_t>(id)] = 1;
+    return std::pair<int, bool>(id, fresh);
+  };
+  auto is_defined = [&](const std::string& name) {
+    const int id = names.id(name);
+    return id >= 0 && static_cast<size_t>(id) < defined.size() && defined[static_cast<size_t>(id)];
+  };
+  for (const auto& vi : g.input()) define(vi.name());
+  for (const auto& t : g.initializer()) define(t.name());
+  for (const auto& sp : g.sparse_initializer()) define(sp.values().name());
+  bool sorted = true;
   for (const auto& node : g.node()) {
-    for (const auto& in : node.input())
-      if (!in.empty() && !defined.contains(in)) return false;
-    if (node.attribute_size() > 0)
-      for (const auto& r : outer_scope_reads(node))
-        if (!defined.contains(r)) return false;
-    for (const auto& o : node.output())
-      if (!o.empty() && !defined.insert(o)) return false;
+    index.offsets.push_back(static_cast<uint32_t>(index.ids.size()));
+    for (const auto& in : node.input()) {
+      if (in.empty()) {
+        index.ids.push_back(-1);
+        continue;
+      }
+      const int id = names.id(in);
+      sorted = sorted && id >= 0 && static_cast<size_t>(id) < defined.size() && defined[static_cast<size_t>(id)];
+      index.ids.push_back(id >= 0 ? id : names.intern(in));
+    }
+    if (sorted && node.attribute_size() > 0)
+      for (const auto& r : outer_scope_reads(node)) sorted = sorted && is_defined(r);
+    for (const auto& o : node.output()) {
+      if (o.empty()) {
+        index.ids.push_back(-1);
+        continue;
+      }
+      auto [id, fresh] = define(o);
+      sorted = sorted && fresh;
+      index.ids.push_back(id);
+    }
   }
-  for (const auto& o : g.output())
-    if (!defined.contains(o.name())) return false;
-  return true;
+  for (const auto& o : g.output()) sorted = sorted && is_defined(o.name());
+  return sorted;
 }
 
 std::string node_label(const onnx::NodeProto& n) {
@@ -315,9 +350,12 @@ Prepared prepare(const onnx::ModelProto& source, const std::string& mode) {
     opset = kMinOpset;
   }
   p.opset = opset;
-  if (!already_sorted(*p.graph, p.value_names)) sort_nodes(mutable_graph(p));
+  if (!index_graph(*p.graph, p.value_names, p.node_ids)) {
+    sort_nodes(mutable_graph(p));
+    index_graph(*p.graph, p.value_names, p.node_ids);
+  }
   const auto& g = *p.graph;
-  collect_names(g, p);
+  collect_names(g, p, false);
   for (const auto& t : g.initializer()) p.initializer_names.insert(t.name());
   for (const auto& s : g.sparse_initializer()) p.initializer_names.insert(s.values().name());
 
@@ -326,7 +364,7 @@ Prepared prepare(const onnx::ModelProto& source, const std::string& mode) {
   for (const auto& o : p.model.opset_import())
     opsets[o.domain() == "ai.onnx" ? std::string() : o.domain()] = static_cast<int>(o.version());
   opsets[""] = static_cast<int>(opset);
-  infer_facts(g, opsets, p.facts);
+  infer_facts(g, opsets, p.value_names, p.node_ids, p.facts);
   collect_runtime_inputs(p);
   return p;
 }

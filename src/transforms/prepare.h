@@ -24,12 +24,16 @@ struct Prepared {
   onnx::ModelProto model;
   const onnx::GraphProto* graph = nullptr;  // the graph to transform; nodes in topological order
   int64_t opset = 0;                        // default-domain opset
+  NameScope value_names;                    // every value name in the model and its subgraphs; ids index `facts`
   FactTable facts;
-  NameScope value_names;  // every value name in the model and its subgraphs
+  NodeValueIds node_ids;  // ids of each node's inputs and outputs (of `graph`)
   NameScope node_names;
   std::unordered_set<std::string> initializer_names;
   std::vector<const onnx::ValueInfoProto*> runtime_inputs;  // graph inputs without initializers
   std::unordered_set<std::string> dim_params;               // symbolic dims used by the model
+
+  // The facts of a value by name (unknown facts when the model has no such value).
+  const Facts& fact(std::string_view name) const { return facts.at(value_names.id(name)); }
 };
 
 Prepared prepare(const onnx::ModelProto& source, const std::string& mode);

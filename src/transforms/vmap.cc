@@ -138,28 +138,30 @@ onnx::ModelProto vmap(const onnx::ModelProto& source, const VmapOptions& opt) {
     }
     p.initializer_names.erase(o.name());
     p.initializer_names.insert(renamed);
-    p.facts.alias(renamed, o.name());
+    const int old_id = p.value_names.id(o.name()), new_id = p.value_names.id(renamed);
+    p.facts.alias(new_id, old_id);
+    for (auto& id : p.node_ids.ids)
+      if (id == old_id) id = new_id;
     output_alias[o.name()] = renamed;
   }
   onnx::GraphProto out_graph;
   out_graph.set_name(src_graph->name());
   out_graph.set_doc_string(src_graph->doc_string());
   Builder b(out_graph, p.value_names, p.node_names, p.opset);
-  // What each source value became, indexed by its fact-table id (every value of the graph
-  // has one): names are hashed once per use, and the environment is a plain vector.
-  std::vector<Mapped> env(static_cast<size_t>(p.facts.size()));
-  auto mapped = [&](const std::string& name) -> Mapped* {
-    const int id = p.facts.id(name);
+  // What each source value became, indexed by its id in p.value_names: the nodes' value ids
+  // come precomputed from prepare, so the loop below never hashes a name.
+  std::vector<Mapped> env(static_cast<size_t>(p.value_names.size()));
+  auto mapped_id = [&](int id) -> Mapped* {
     if (id < 0 || static_cast<size_t>(id) >= env.size() || !env[static_cast<size_t>(id)].v.valid()) return nullptr;
     return &env[static_cast<size_t>(id)];
   };
-  auto bind = [&](const std::string& name, Mapped m) {
-    int id = p.facts.id(name);
-    if (id < 0) id = p.facts.set(name, Facts{});
-    if (static_cast<size_t>(id) >= env.size()) env.resize(static_cast<size_t>(p.facts.size()));
+  auto mapped = [&](const std::string& name) { return mapped_id(p.value_names.id(name)); };
+  auto bind_id = [&](int id, Mapped m) {
+    if (static_cast<size_t>(id) >= env.size()) env.resize(static_cast<size_t>(p.value_names.size()));
     env[static_cast<size_t>(id)] = m;
   };
-  auto src_facts = [&](const std::string& name) -> const Facts& { return p.facts.get(name); };
+  auto bind = [&](const std::string& name, Mapped m) { bind_id(p.value_names.intern(name), m); };
+  auto src_facts = [&](const std::string& name) -> const Facts& { return p.fact(name); };
 
   // Initializers: shared, and their int64 contents are known to rules (axes, shapes).
   auto remember_tensor = [&](const onnx::TensorProto& t) { b.remember_tensor(t.name(), t); };
@@ -219,11 +221,15 @@ onnx::ModelProto vmap(const onnx::ModelProto& source, const VmapOptions& opt) {
     return *batch_size;
   };
 
-  std::unordered_map<std::string, size_t> output_index;
+  // The graph output position of each value id (-1: not a graph output).
+  std::vector<int> output_pos(static_cast<size_t>(p.value_names.size()), -1);
+  auto output_position = [&](int id) {
+    return id < 0 || static_cast<size_t>(id) >= output_pos.size() ? -1 : output_pos[static_cast<size_t>(id)];
+  };
   std::vector<int64_t> out_axes(src_graph->output_size(), 0);
   for (int i = 0; i < src_graph->output_size(); ++i) {
     const auto& o = src_graph->output(i);
-    output_index[o.name()] = i;
+    output_pos[static_cast<size_t>(p.value_names.id(o.name()))] = i;
     int64_t requested = opt.out_axes.empty() ? 0 : opt.out_axes.size() == 1 ? opt.out_axes[0] : 0;
     if (opt.out_axes.size() > 1) {
       if (opt.out_axes.size() != static_cast<size_t>(src_graph->output_size()))
@@ -243,11 +249,11 @@ onnx::ModelProto vmap(const onnx::ModelProto& source, const VmapOptions& opt) {
   for (int ni = 0; ni < src_graph->node_size(); ++ni) {
     const onnx::NodeProto& node = src_graph->node(ni);
     bool any_batched = false;
+    const int32_t* input_ids = p.node_ids.inputs(ni);
+    const int32_t* output_ids = p.node_ids.outputs(ni, node.input_size());
     in_mapped.assign(static_cast<size_t>(node.input_size()), nullptr);
     for (int i = 0; i < node.input_size(); ++i) {
-      const std::string& in = node.input(i);
-      if (in.empty()) continue;
-      Mapped* m = mapped(in);
+      Mapped* m = mapped_id(input_ids[i]);
       in_mapped[static_cast<size_t>(i)] = m;
       if (m && m->batched) any_batched = true;
     }
@@ -263,22 +269,22 @@ onnx::ModelProto vmap(const onnx::ModelProto& source, const VmapOptions& opt) {
     if (!any_batched && captured.empty()) {
       // Shared computation: copy the node unchanged. Graph outputs get a private name so the
       // broadcast to the batch can take the output's own name at the end.
-      std::vector<std::pair<std::string, V>> outs;
+      std::vector<std::pair<int, V>> outs;
       onnx::NodeProto copy;
       if (src_graph == &p.model.graph())
         copy = std::move(*p.model.mutable_graph()->mutable_node(ni));  // private graph: take it
       else
         copy = node;
-      for (auto& o : *copy.mutable_output()) {
+      for (int oi = 0; oi < copy.output_size(); ++oi) {
+        std::string& o = *copy.mutable_output(oi);
         if (o.empty()) continue;
-        std::string src_name = o;
-        if (output_index.count(o)) o = p.value_names.fresh(o + "_shared");
+        if (output_position(output_ids[oi]) >= 0) o = p.value_names.fresh(o + "_shared");
         // Rules read per-example facts from the fact table; shared values need none here.
-        outs.emplace_back(src_name, b.existing(o, Facts{}));
+        outs.emplace_back(output_ids[oi], b.existing(o, Facts{}));
       }
       if (auto t = constant_tensor(copy)) remember_tensor(*t);
       b.copy_node(std::move(copy));
-      for (auto& [n, v] : outs) bind(n, Mapped{v, false});
+      for (auto& [id, v] : outs) bind_id(id, Mapped{v, false});
       continue;
     }
     const std::string domain = node.domain() == "ai.onnx" ? "" : node.domain();
@@ -312,7 +318,7 @@ onnx::ModelProto vmap(const onnx::ModelProto& source, const VmapOptions& opt) {
     if (!rule) rule = &fallback;
     BatchCtx ctx{b, node, p.opset, {}, {}, {}, {}, get_batch_size, std::move(captured), false};
     ctx.schema = schema;
-    for (const auto& o : node.output()) ctx.out_facts.push_back(src_facts(o));
+    for (int o = 0; o < node.output_size(); ++o) ctx.out_facts.push_back(p.facts.at(output_ids[o]));
     for (int i = 0; i < node.input_size(); ++i) {
       const std::string& in = node.input(i);
       const Mapped* m = in_mapped[static_cast<size_t>(i)];
@@ -326,14 +332,14 @@ onnx::ModelProto vmap(const onnx::ModelProto& source, const VmapOptions& opt) {
       }
       ctx.in.push_back(m->v);
       ctx.batched.push_back(m->batched);
-      ctx.facts.push_back(&src_facts(in));
+      ctx.facts.push_back(&p.facts.at(input_ids[i]));
     }
     b.set_origin(node.output_size() && !node.output(0).empty() ? node.output(0) : node.op_type());
     const int first = b.node_count();
     // Graph outputs may need their names for a final transpose or broadcast, so only other
     // nodes keep their source names in place.
     bool feeds_output = false;
-    for (const auto& o : node.output()) feeds_output = feeds_output || output_index.count(o);
+    for (int o = 0; o < node.output_size(); ++o) feeds_output = feeds_output || output_position(output_ids[o]) >= 0;
     b.allow_source_names(feeds_output ? nullptr : &node);
     BatchResult res = (*rule)(ctx);
     b.allow_source_names(nullptr);
@@ -353,8 +359,8 @@ onnx::ModelProto vmap(const onnx::ModelProto& source, const VmapOptions& opt) {
       b.set_facts(v, bat ? f.with_dim(0, batch_dim) : f);
       // Give the final value the source's readable name when it was made by this rule and
       // the name is free to take (graph outputs may need one more node to reach their axis).
-      auto oi = output_index.find(src_name);
-      bool may_take = oi == output_index.end() || (bat && out_axes[oi->second] == 0);
+      const int oi = output_position(output_ids[o]);
+      bool may_take = oi < 0 || (bat && out_axes[static_cast<size_t>(oi)] == 0);
       bool made_here = false, name_taken = false;
       for (int ni2 = first; ni2 < b.node_count(); ++ni2)
         for (const auto& on : out_graph.node(ni2).output()) {
@@ -362,7 +368,7 @@ onnx::ModelProto vmap(const onnx::ModelProto& source, const VmapOptions& opt) {
           name_taken = name_taken || on == src_name;  // by an intermediate that kept it
         }
       if (may_take && made_here && !name_taken) b.rename(v, src_name, first);
-      bind(src_name, Mapped{v, bat});
+      bind_id(output_ids[o], Mapped{v, bat});
     }
   }
 
