@@ -1,6 +1,17 @@
 #include "facts/facts.h"
 
+#include <mutex>
+#include <unordered_set>
+
 namespace onnax {
+
+std::string_view intern_dim_param(std::string_view name) {
+  if (name.empty()) return {};
+  static std::mutex mutex;
+  static auto* names = new std::unordered_set<std::string>();  // never freed: views outlive statics
+  std::lock_guard<std::mutex> lock(mutex);
+  return *names->emplace(name).first;
+}
 
 std::string Facts::shape_string() const {
   if (!has_shape) return "unknown shape";
@@ -10,7 +21,7 @@ std::string Facts::shape_string() const {
     if (dims[i].known())
       s += std::to_string(dims[i].value);
     else
-      s += dims[i].param.empty() ? "?" : dims[i].param;
+      s += dims[i].param.empty() ? std::string_view("?") : dims[i].param;
   }
   return s + "]";
 }
@@ -65,7 +76,7 @@ void write_type(const Facts& facts, onnx::TypeProto* type) {
     if (d.known())
       pd->set_dim_value(d.value);
     else if (!d.param.empty())
-      pd->set_dim_param(d.param);
+      pd->set_dim_param(std::string(d.param));
   }
 }
 

@@ -12,28 +12,21 @@
 #include <vector>
 
 #include "emit/names.h"
+#include "facts/dims.h"
 
 namespace onnax {
-
-struct Dim {
-  int64_t value = -1;  // >= 0 when the size is known
-  std::string param;   // symbolic name when the size is symbolic
-  bool known() const { return value >= 0; }
-  static Dim of(int64_t v) { return Dim{v, {}}; }
-  static Dim named(std::string p) { return Dim{-1, std::move(p)}; }
-};
 
 struct Facts {
   int32_t dtype = 0;  // onnx::TensorProto::DataType, 0 when unknown
   bool has_shape = false;
-  std::vector<Dim> dims;
+  Dims dims;
 
   int64_t rank() const { return has_shape ? static_cast<int64_t>(dims.size()) : -1; }
   // "[batch, 3, N]" or "unknown shape"; for diagnostics.
   std::string shape_string() const;
   // The same facts with a dimension inserted at `axis` (0 <= axis <= rank).
   Facts with_dim(int64_t axis, Dim dim) const;
-  static Facts of(int32_t dtype, std::vector<Dim> dims) { return Facts{dtype, true, std::move(dims)}; }
+  static Facts of(int32_t dtype, Dims dims) { return Facts{dtype, true, std::move(dims)}; }
 };
 
 // True when both shapes are known and provably equal (equal sizes, or the same symbolic name).
@@ -53,6 +46,7 @@ class FactTable {
     return id < 0 || static_cast<size_t>(id) >= facts_.size() ? kUnknown : facts_[static_cast<size_t>(id)];
   }
   int size() const { return static_cast<int>(facts_.size()); }
+  void reserve(int values) { facts_.reserve(static_cast<size_t>(values)); }
   // The full type of a value whose type is not a tensor (sequence, optional, map), or nullptr;
   // kept so ONNX's inference can type the ops that read it.
   const onnx::TypeProto* non_tensor_type(int id) const;

@@ -46,14 +46,14 @@ bool floating(int32_t t) {
 
 // The leading `size` dims of a shape (all of them, or the batch dims of a MatMul operand).
 struct Operand {
-  const std::vector<Dim>* dims;
+  const Dims* dims;
   int size;
 };
 
 // The same dimension algebra as ONNX's multidirectional broadcast inference: a known size
 // other than 1 wins; one distinct symbolic dim survives; several give an unknown dim.
 // False when known sizes conflict (ONNX's inference fails there; leave it to report).
-bool broadcast(const Operand* ops, int count, std::vector<Dim>& out) {
+bool broadcast(const Operand* ops, int count, Dims& out) {
   int rank = 0;
   for (int k = 0; k < count; ++k) rank = std::max(rank, ops[k].size);
   for (int i = 0; i < rank; ++i) {
@@ -86,7 +86,7 @@ bool broadcast(const Operand* ops, int count, std::vector<Dim>& out) {
 }
 
 // MatMul of operands of rank >= 2: broadcast batch dims, then [.., M, K] x [.., K, N].
-bool matmul(const std::vector<Dim>& a, const std::vector<Dim>& b, std::vector<Dim>& out) {
+bool matmul(const Dims& a, const Dims& b, Dims& out) {
   const int ra = static_cast<int>(a.size()), rb = static_cast<int>(b.size());
   if (ra < 2 || rb < 2) return false;  // vector promotion: leave to ONNX
   const Dim& k1 = a[static_cast<size_t>(ra - 1)];

@@ -31,7 +31,7 @@ onnx::TypeProto type_of(const Facts& f) {
       if (d.known())
         dim->set_dim_value(d.value);
       else if (!d.param.empty())
-        dim->set_dim_param(d.param);
+        dim->set_dim_param(std::string(d.param));
     }
   }
   return t;

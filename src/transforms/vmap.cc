@@ -246,6 +246,15 @@ onnx::ModelProto vmap(const onnx::ModelProto& source, const VmapOptions& opt) {
   SchemaCache schemas;
   std::map<std::string, int> looped;
   std::vector<Mapped*> in_mapped;
+  const std::function<V()> batch_size_fn = get_batch_size;
+  const BatchRule fallback = scan_fallback;
+  std::unordered_map<const onnx::OpSchema*, const BatchRule*> rule_of_schema;
+  struct {
+    std::vector<V> in;
+    std::vector<bool> batched;
+    std::vector<const Facts*> facts;
+    std::vector<Facts> out_facts;
+  } spare;  // per-node context buffers, reused
   for (int ni = 0; ni < src_graph->node_size(); ++ni) {
     const onnx::NodeProto& node = src_graph->node(ni);
     bool any_batched = false;
@@ -313,10 +322,23 @@ onnx::ModelProto vmap(const onnx::ModelProto& source, const VmapOptions& opt) {
     }
     // Nodes with subgraphs that read batched values, and ops without a vectorized rule, are
     // batched by a per-example Scan.
-    const BatchRule* rule = captured.empty() ? rules.find(domain, node.op_type(), schema->since_version()) : nullptr;
-    BatchRule fallback = scan_fallback;
+    const BatchRule* rule = nullptr;
+    if (captured.empty()) {
+      auto [cached, added] = rule_of_schema.try_emplace(schema, nullptr);
+      if (added) cached->second = rules.find(domain, node.op_type(), schema->since_version());
+      rule = cached->second;
+    }
     if (!rule) rule = &fallback;
-    BatchCtx ctx{b, node, p.opset, {}, {}, {}, {}, get_batch_size, std::move(captured), false};
+    BatchCtx ctx{b,
+                 node,
+                 p.opset,
+                 std::move(spare.in),
+                 std::move(spare.batched),
+                 std::move(spare.facts),
+                 std::move(spare.out_facts),
+                 batch_size_fn,
+                 std::move(captured),
+                 false};
     ctx.schema = schema;
     for (int o = 0; o < node.output_size(); ++o) ctx.out_facts.push_back(p.facts.at(output_ids[o]));
     for (int i = 0; i < node.input_size(); ++i) {
@@ -356,7 +378,8 @@ onnx::ModelProto vmap(const onnx::ModelProto& source, const VmapOptions& opt) {
       V v = res.out[o];
       const bool bat = res.batched[o];
       Facts f = std::move(ctx.out_facts[o]);  // the rule has run; its copy of the facts is free
-      b.set_facts(v, bat ? f.with_dim(0, batch_dim) : f);
+      if (bat && f.has_shape) f.dims.insert(f.dims.begin(), batch_dim);
+      b.set_facts(v, std::move(f));
       // Give the final value the source's readable name when it was made by this rule and
       // the name is free to take (graph outputs may need one more node to reach their axis).
       const int oi = output_position(output_ids[o]);
@@ -370,6 +393,15 @@ onnx::ModelProto vmap(const onnx::ModelProto& source, const VmapOptions& opt) {
       if (may_take && made_here && !name_taken) b.rename(v, src_name, first);
       bind_id(output_ids[o], Mapped{v, bat});
     }
+    // Hand the context's buffers to the next node (their capacity is what is reused).
+    spare.in = std::move(ctx.in);
+    spare.batched = std::move(ctx.batched);
+    spare.facts = std::move(ctx.facts);
+    spare.out_facts = std::move(ctx.out_facts);
+    spare.in.clear();
+    spare.batched.clear();
+    spare.facts.clear();
+    spare.out_facts.clear();
   }
 
   // Outputs: move the batch axis to out_axes; broadcast outputs that never saw the batch.
