@@ -69,7 +69,7 @@ PYBIND11_MODULE(_core, m) {
          const py::object& in_axes_by_name, const std::vector<int64_t>& out_axes, const std::string& axis_name) {
         onnax::VmapOptions opt = vmap_options(in_axis, in_axes, in_axes_by_name, out_axes, axis_name);
         onnx::ModelProto source = onnax::parse_model(std::string(model));
-        return to_bytes(onnax::vmap(source, opt));
+        return to_bytes(onnax::vmap(std::move(source), opt));
       },
       py::arg("model"), py::arg("in_axis"), py::arg("in_axes"), py::arg("in_axes_by_name"), py::arg("out_axes"),
       py::arg("axis_name"),
@@ -157,7 +157,7 @@ PYBIND11_MODULE(_core, m) {
         onnx::ModelProto source = onnax::parse_model(std::string(model));
         onnax::VmapOptions opt = vmap_options(in_axis, py::none(), py::none(), {}, "");
         auto t0 = std::chrono::steady_clock::now();
-        onnx::ModelProto out = onnax::vmap(source, opt);
+        onnx::ModelProto out = onnax::vmap(std::move(source), opt);  // as the vmap binding does
         return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       },
       py::arg("model"), py::arg("in_axis") = 0, "Seconds of the C++ vmap transform alone (parsed input).");

@@ -58,6 +58,10 @@ using NoticeSink = void (*)(const std::string& message);
 void set_notice_sink(NoticeSink sink);
 
 onnx::ModelProto vmap(const onnx::ModelProto& model, const VmapOptions& options);
+// The same for a model the caller no longer needs: its nodes and initializers are moved into
+// the result rather than copied (much faster for large models; the Python package and the
+// onnax command use it on the model they parsed).
+onnx::ModelProto vmap(onnx::ModelProto&& model, const VmapOptions& options);
 
 // Which values to differentiate, by graph name (ordered; not positions). Unset inputs select
 // every FLOAT/DOUBLE runtime input (initializers are selectable explicitly and keep their

@@ -58,7 +58,7 @@ Axis parse_axis(const std::string& s, const std::string& option) {
 
 // Loads `in`, applies `fn`, writes `out` (never over the input).
 int transform_file(const std::string& mode, const std::string& in, const std::string& out, bool external,
-                   const std::function<onnx::ModelProto(const onnx::ModelProto&)>& fn) {
+                   const std::function<onnx::ModelProto(onnx::ModelProto&&)>& fn) {
   if (in.empty()) throw UsageError{mode + " needs an input model"};
   if (out.empty()) throw UsageError{mode + " needs -o OUT.onnx"};
   std::error_code ec;
@@ -126,7 +126,7 @@ int cmd_vmap(const std::vector<std::string>& args) {
     else
       throw UsageError{"unexpected argument '" + a + "'"};
   }
-  return transform_file("vmap", in, out, external, [&](const onnx::ModelProto& m) { return vmap(m, opt); });
+  return transform_file("vmap", in, out, external, [&](onnx::ModelProto&& m) { return vmap(std::move(m), opt); });
 }
 
 // jvp / vjp / grad: selections by graph name.
@@ -162,7 +162,7 @@ int cmd_derivative(const std::string& mode, const std::vector<std::string>& args
     else
       throw UsageError{"unexpected argument '" + a + "'"};
   }
-  return transform_file(mode, in, out, external, [&](const onnx::ModelProto& m) {
+  return transform_file(mode, in, out, external, [&](onnx::ModelProto&& m) {
     if (mode == "jvp") return jvp(m, Selection{inputs, outputs});
     if (mode == "vjp") return vjp(m, Selection{inputs, outputs});
     return grad(m, inputs, outputs ? std::optional<std::string>((*outputs)[0]) : std::nullopt);

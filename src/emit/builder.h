@@ -110,7 +110,18 @@ class Builder {
   // While a transform rewrites `node` (nullptr: none), the first clone of it with unchanged
   // attributes and inputs that carry the source's input names is emitted as an exact copy,
   // keeping the source's node and output names: no fresh names, and a readable result.
-  void allow_source_names(const onnx::NodeProto* node) { source_names_node_ = node; }
+  // With `defer_copy`, that exact copy is emitted as an empty placeholder node and the caller
+  // moves the source node into it afterwards (take_deferred_copy), sparing a deep copy.
+  void allow_source_names(const onnx::NodeProto* node, bool defer_copy = false) {
+    source_names_node_ = node;
+    defer_copy_ = defer_copy && node && !inference_ && !tape_;
+  }
+  // The index of the placeholder left for a deferred exact copy (then cleared), or -1.
+  int take_deferred_copy() {
+    const int slot = deferred_slot_;
+    deferred_slot_ = -1;
+    return slot;
+  }
   // Emits `node` unchanged (moves it); registers its outputs with the given facts.
   void copy_node(onnx::NodeProto&& node);
   // Emits a one-output node whose output has exactly `output_name` (already reserved).
@@ -161,7 +172,24 @@ class Builder {
   NameScope& node_names_;
   int64_t opset_;
   std::string origin_;
-  std::deque<Value> values_;  // a deque: references to facts stay valid while nodes are emitted
+  // Values in fixed chunks: references to facts stay valid while nodes are emitted (as with a
+  // deque), but with one allocation per 256 values where a deque of these makes one per 3.
+  class ValueStore {
+   public:
+    Value& operator[](size_t i) { return chunks_[i / kChunk][i % kChunk]; }
+    const Value& operator[](size_t i) const { return chunks_[i / kChunk][i % kChunk]; }
+    size_t size() const { return size_; }
+    void push_back(Value v) {
+      if (size_ % kChunk == 0) chunks_.push_back(std::make_unique<Value[]>(kChunk));
+      (*this)[size_++] = std::move(v);
+    }
+
+   private:
+    static constexpr size_t kChunk = 256;
+    std::vector<std::unique_ptr<Value[]>> chunks_;
+    size_t size_ = 0;
+  };
+  ValueStore values_;
   std::map<std::string, V> const_cache_;
   std::map<std::string, std::vector<int64_t>> known_i64_;
   std::vector<char> tangent_;
@@ -170,6 +198,8 @@ class Builder {
   std::vector<V> declared_;
   std::unordered_map<int, V> witness_;
   const onnx::NodeProto* source_names_node_ = nullptr;
+  bool defer_copy_ = false;
+  int deferred_slot_ = -1;
   struct Inference;
   std::unique_ptr<Inference> inference_;
 };

@@ -103,7 +103,7 @@ bool index_graph(const onnx::GraphProto& g, NameScope& names, NodeValueIds& inde
       sorted = sorted && id >= 0 && static_cast<size_t>(id) < defined.size() && defined[static_cast<size_t>(id)];
       index.ids.push_back(id >= 0 ? id : names.intern(in));
     }
-    if (sorted && node.attribute_size() > 0)
+    if (sorted && has_subgraphs(node))
       for (const auto& r : outer_scope_reads(node)) sorted = sorted && is_defined(r);
     for (const auto& o : node.output()) {
       if (o.empty()) {
@@ -304,6 +304,10 @@ void take_initializers(Prepared& p, onnx::GraphProto& out) {
   }
 }
 
+namespace {
+void prepare_graph(Prepared& p, const std::string& mode);
+}  // namespace
+
 Prepared prepare(const onnx::ModelProto& source, const std::string& mode) {
   Prepared p;
   copy_all_but_graph(source, &p.model);
@@ -311,6 +315,24 @@ Prepared prepare(const onnx::ModelProto& source, const std::string& mode) {
   if (!source.has_graph())
     diag::fail(Error::Kind::kInvalidModel,
                mode + ": the model has no graph. Fix: pass an ONNX ModelProto with a graph");
+  prepare_graph(p, mode);
+  return p;
+}
+
+Prepared prepare(onnx::ModelProto&& source, const std::string& mode) {
+  Prepared p;
+  if (!source.has_graph())
+    diag::fail(Error::Kind::kInvalidModel,
+               mode + ": the model has no graph. Fix: pass an ONNX ModelProto with a graph");
+  p.model = std::move(source);
+  p.graph = &p.model.graph();
+  prepare_graph(p, mode);
+  return p;
+}
+
+namespace {
+
+void prepare_graph(Prepared& p, const std::string& mode) {
   int64_t opset = default_opset(p.model);
   const std::string interval = "supported: " + std::to_string(kMinOpset) + "-" + std::to_string(kMaxOpset) + " (" +
                                std::to_string(kMinConvertibleOpset) + "-" + std::to_string(kMinOpset - 1) +
@@ -366,7 +388,8 @@ Prepared prepare(const onnx::ModelProto& source, const std::string& mode) {
   opsets[""] = static_cast<int>(opset);
   infer_facts(g, opsets, p.value_names, p.node_ids, p.facts);
   collect_runtime_inputs(p);
-  return p;
 }
+
+}  // namespace
 
 }  // namespace onnax

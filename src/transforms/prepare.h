@@ -37,6 +37,9 @@ struct Prepared {
 };
 
 Prepared prepare(const onnx::ModelProto& source, const std::string& mode);
+// The same for a model the caller gives away: its graph becomes p's private graph without a
+// copy, so transforms can move its nodes and initializers into their result.
+Prepared prepare(onnx::ModelProto&& source, const std::string& mode);
 
 // The graph, made private to `p` first when it is still the source's (copy on write).
 // Invalidates pointers into the previous graph (runtime_inputs are recomputed).
@@ -44,6 +47,13 @@ onnx::GraphProto& mutable_graph(Prepared& p);
 
 // The initializers of p's graph for the output graph: moved when private, else copied.
 void take_initializers(Prepared& p, onnx::GraphProto& out);
+
+// True when a node has graph attributes (If/Loop/Scan bodies); only those read outer scopes.
+inline bool has_subgraphs(const onnx::NodeProto& node) {
+  for (const auto& a : node.attribute())
+    if (a.has_g() || a.graphs_size() > 0) return true;
+  return false;
+}
 
 // Names a subgraph reads from enclosing scopes (recursively), for batchedness checks.
 std::vector<std::string> outer_scope_reads(const onnx::NodeProto& node);

@@ -108,8 +108,12 @@ std::vector<int64_t> move_axis_perm(int64_t from, int64_t to, int64_t rank) {
 
 }  // namespace
 
-onnx::ModelProto vmap(const onnx::ModelProto& source, const VmapOptions& opt) {
-  Prepared p = prepare(source, "vmap");
+namespace {
+
+// The transform proper, on a prepared model. When p's graph is private (the caller gave the
+// model away, or prepare had to rewrite it), nodes that pass through unchanged are moved into
+// the result instead of copied.
+onnx::ModelProto vmap_prepared(Prepared p, const VmapOptions& opt) {
   const std::vector<Axis> in_axes = resolve_in_axes(p, opt);
   const std::string axis_name = pick_axis_name(p, opt);
   const Dim batch_dim = Dim::named(axis_name);
@@ -118,7 +122,8 @@ onnx::ModelProto vmap(const onnx::ModelProto& source, const VmapOptions& opt) {
   const onnx::GraphProto* src_graph = p.graph;
   // An initializer that is also a graph output must be broadcast under the output's name, so
   // the (still shared) initializer takes a new one (in a private copy of the graph).
-  for (const auto& o : source.graph().output()) {
+  const onnx::GraphProto& given = *p.graph;  // stays valid: mutable_graph copies from it
+  for (const auto& o : given.output()) {
     if (!p.initializer_names.count(o.name())) continue;
     bool is_input = false;
     for (const auto& vi : p.graph->input()) is_input = is_input || vi.name() == o.name();
@@ -268,7 +273,7 @@ onnx::ModelProto vmap(const onnx::ModelProto& source, const VmapOptions& opt) {
     }
     // Batched values that the node's subgraphs (If/Loop/Scan bodies) read from this scope.
     std::vector<std::pair<std::string, V>> captured;
-    if (node.attribute_size() > 0) {
+    if (has_subgraphs(node)) {
       std::set<std::string> seen;
       for (const auto& r : outer_scope_reads(node)) {
         const Mapped* m = mapped(r);
@@ -362,7 +367,8 @@ onnx::ModelProto vmap(const onnx::ModelProto& source, const VmapOptions& opt) {
     // nodes keep their source names in place.
     bool feeds_output = false;
     for (int o = 0; o < node.output_size(); ++o) feeds_output = feeds_output || output_position(output_ids[o]) >= 0;
-    b.allow_source_names(feeds_output ? nullptr : &node);
+    const bool private_graph = src_graph == &p.model.graph();
+    b.allow_source_names(feeds_output ? nullptr : &node, private_graph);
     BatchResult res = (*rule)(ctx);
     b.allow_source_names(nullptr);
     if (ctx.used_scan) looped[(domain.empty() ? "ai.onnx" : domain) + "::" + node.op_type()]++;
@@ -393,6 +399,9 @@ onnx::ModelProto vmap(const onnx::ModelProto& source, const VmapOptions& opt) {
       if (may_take && made_here && !name_taken) b.rename(v, src_name, first);
       bind_id(output_ids[o], Mapped{v, bat});
     }
+    // An exact copy of a node of the private graph was left as a placeholder: move the node in.
+    if (const int slot = b.take_deferred_copy(); slot >= 0)
+      out_graph.mutable_node(slot)->Swap(p.model.mutable_graph()->mutable_node(ni));
     // Hand the context's buffers to the next node (their capacity is what is reused).
     spare.in = std::move(ctx.in);
     spare.batched = std::move(ctx.batched);
@@ -449,7 +458,7 @@ onnx::ModelProto vmap(const onnx::ModelProto& source, const VmapOptions& opt) {
   *out_graph.mutable_quantization_annotation() = src_graph->quantization_annotation();
   take_initializers(p, out_graph);
   // Value info stays valid only for values that kept their name and stayed unbatched.
-  for (const auto& vi : source.graph().value_info()) {
+  for (const auto& vi : src_graph->value_info()) {
     const Mapped* m = mapped(vi.name());
     if (m && !m->batched && b.name(m->v) == vi.name()) *out_graph.add_value_info() = vi;
   }
@@ -472,6 +481,16 @@ onnx::ModelProto vmap(const onnx::ModelProto& source, const VmapOptions& opt) {
   *out.mutable_graph() = std::move(out_graph);
   provenance::record_step(out, step);
   return out;
+}
+
+}  // namespace
+
+onnx::ModelProto vmap(const onnx::ModelProto& source, const VmapOptions& opt) {
+  return vmap_prepared(prepare(source, "vmap"), opt);
+}
+
+onnx::ModelProto vmap(onnx::ModelProto&& source, const VmapOptions& opt) {
+  return vmap_prepared(prepare(std::move(source), "vmap"), opt);
 }
 
 }  // namespace onnax
