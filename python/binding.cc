@@ -81,21 +81,21 @@ PYBIND11_MODULE(_core, m) {
       "jvp",
       [](const py::bytes& model, const Names& inputs, const Names& outputs) {
         onnx::ModelProto source = onnax::parse_model(std::string(model));
-        return to_bytes(onnax::jvp(source, onnax::Selection{inputs, outputs}));
+        return to_bytes(onnax::jvp(std::move(source), onnax::Selection{inputs, outputs}));
       },
       py::arg("model"), py::arg("inputs"), py::arg("outputs"));
   m.def(
       "vjp",
       [](const py::bytes& model, const Names& inputs, const Names& outputs) {
         onnx::ModelProto source = onnax::parse_model(std::string(model));
-        return to_bytes(onnax::vjp(source, onnax::Selection{inputs, outputs}));
+        return to_bytes(onnax::vjp(std::move(source), onnax::Selection{inputs, outputs}));
       },
       py::arg("model"), py::arg("inputs"), py::arg("outputs"));
   m.def(
       "grad",
       [](const py::bytes& model, const Names& inputs, const std::optional<std::string>& output) {
         onnx::ModelProto source = onnax::parse_model(std::string(model));
-        return to_bytes(onnax::grad(source, inputs, output));
+        return to_bytes(onnax::grad(std::move(source), inputs, output));
       },
       py::arg("model"), py::arg("inputs"), py::arg("output"));
 
@@ -167,7 +167,7 @@ PYBIND11_MODULE(_core, m) {
          const std::optional<std::string>& output) {
         onnx::ModelProto source = onnax::parse_model(std::string(model));
         auto t0 = std::chrono::steady_clock::now();
-        onnx::ModelProto out = onnax::grad(source, inputs, output);
+        onnx::ModelProto out = onnax::grad(std::move(source), inputs, output);  // as the grad binding does
         return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       },
       py::arg("model"), py::arg("inputs") = py::none(), py::arg("output") = py::none(),

@@ -58,9 +58,7 @@ using NoticeSink = void (*)(const std::string& message);
 void set_notice_sink(NoticeSink sink);
 
 onnx::ModelProto vmap(const onnx::ModelProto& model, const VmapOptions& options);
-// The same for a model the caller no longer needs: its nodes and initializers are moved into
-// the result rather than copied (much faster for large models; the Python package and the
-// onnax command use it on the model they parsed).
+// The same for a model the caller gives away (see grad below).
 onnx::ModelProto vmap(onnx::ModelProto&& model, const VmapOptions& options);
 
 // Which values to differentiate, by graph name (ordered; not positions). Unset inputs select
@@ -77,12 +75,19 @@ struct Selection {
 // "<input>_tangent") and returns all primal outputs, then the tangents of the selected
 // outputs ("<output>_tangent").
 onnx::ModelProto jvp(const onnx::ModelProto& model, const Selection& selection);
+onnx::ModelProto jvp(onnx::ModelProto&& model, const Selection& selection);
 // Reverse mode: appends one cotangent input per selected output ("<output>_cotangent") and
 // returns all primal outputs, then the cotangents of the selected inputs ("<input>_cotangent").
 onnx::ModelProto vjp(const onnx::ModelProto& model, const Selection& selection);
+onnx::ModelProto vjp(onnx::ModelProto&& model, const Selection& selection);
 // Gradient of one rank-0 output (default: the only rank-0 FLOAT/DOUBLE output) with an
 // implicit unit seed: all primal outputs, then "<input>_grad" per selected input.
 onnx::ModelProto grad(const onnx::ModelProto& model, const std::optional<std::vector<std::string>>& inputs,
+                      const std::optional<std::string>& output);
+// Each transform also takes a model the caller gives away (an rvalue): its nodes and
+// initializers are then moved into the result instead of copied, which is much faster for large
+// models. The Python package and the onnax command use these on the models they parse.
+onnx::ModelProto grad(onnx::ModelProto&& model, const std::optional<std::vector<std::string>>& inputs,
                       const std::optional<std::string>& output);
 
 // Model I/O. load_model resolves external data relative to the file's directory so the

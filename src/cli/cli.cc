@@ -163,9 +163,9 @@ int cmd_derivative(const std::string& mode, const std::vector<std::string>& args
       throw UsageError{"unexpected argument '" + a + "'"};
   }
   return transform_file(mode, in, out, external, [&](onnx::ModelProto&& m) {
-    if (mode == "jvp") return jvp(m, Selection{inputs, outputs});
-    if (mode == "vjp") return vjp(m, Selection{inputs, outputs});
-    return grad(m, inputs, outputs ? std::optional<std::string>((*outputs)[0]) : std::nullopt);
+    if (mode == "jvp") return jvp(std::move(m), Selection{inputs, outputs});
+    if (mode == "vjp") return vjp(std::move(m), Selection{inputs, outputs});
+    return grad(std::move(m), inputs, outputs ? std::optional<std::string>((*outputs)[0]) : std::nullopt);
   });
 }
 

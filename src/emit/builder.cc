@@ -229,16 +229,21 @@ V Builder::existing(const std::string& name, Facts facts) {
   return add_value(name, std::move(facts));
 }
 
-static std::string lower(std::string_view s) {
-  std::string out(s);
-  std::transform(out.begin(), out.end(), out.begin(), [](unsigned char c) { return std::tolower(c); });
-  return out;
+// The name base for what this builder emits next: the origin (or "onnax"), a separator and
+// the op type (lowercased for values), built in a reused buffer.
+std::string_view Builder::name_base(char separator, std::string_view type, bool lowercase) {
+  name_base_.assign(origin_.empty() ? std::string_view("onnax") : std::string_view(origin_));
+  name_base_.push_back(separator);
+  for (char c : type)
+    name_base_.push_back(lowercase ? static_cast<char>(std::tolower(static_cast<unsigned char>(c))) : c);
+  return name_base_;
 }
 
 onnx::NodeProto* Builder::new_node(std::string_view type) {
   auto* n = out_.add_node();
-  n->set_op_type(std::string(type));
-  n->set_name(node_names_.fresh((origin_.empty() ? std::string("onnax") : origin_) + "/" + std::string(type)));
+  n->set_op_type(type.data(), type.size());
+  const std::string_view name = node_names_.fresh_view(name_base('/', type, false));
+  n->set_name(name.data(), name.size());
   return n;
 }
 
@@ -247,9 +252,8 @@ std::vector<V> Builder::op(std::string_view type, const std::vector<V>& inputs, 
   for (V v : inputs) n->add_input(v.valid() ? name(v) : std::string());
   for (const auto& a : attrs) *n->add_attribute() = a.proto;
   std::vector<V> outs;
-  std::string base = (origin_.empty() ? std::string("onnax") : origin_) + "_" + lower(type);
   for (int i = 0; i < num_outputs; ++i) {
-    std::string nm = value_names_.fresh(base);
+    std::string nm(value_names_.fresh_view(name_base('_', type, true)));
     n->add_output(nm);
     outs.push_back(add_value(nm, Facts{}));
   }

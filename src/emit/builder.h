@@ -161,6 +161,7 @@ class Builder {
   };
   V add_value(std::string name, Facts facts);
   onnx::NodeProto* new_node(std::string_view type);
+  std::string_view name_base(char separator, std::string_view type, bool lowercase);
   bool same_input_names(const onnx::NodeProto& node, const std::vector<V>& inputs) const;
   // Bookkeeping after a node is complete: tangent flags, inferred facts, tape routing.
   void finish(const std::vector<V>& inputs, const std::vector<V>& outputs);
@@ -172,6 +173,7 @@ class Builder {
   NameScope& node_names_;
   int64_t opset_;
   std::string origin_;
+  std::string name_base_;  // reused buffer for generated names
   // Values in fixed chunks: references to facts stay valid while nodes are emitted (as with a
   // deque), but with one allocation per 256 values where a deque of these makes one per 3.
   class ValueStore {

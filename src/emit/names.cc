@@ -64,13 +64,19 @@ int Interner::intern(std::string_view name, bool* added) {
   return id;
 }
 
-std::string NameScope::fresh(std::string_view base_view) {
-  std::string base(base_view.empty() ? "v" : base_view);
-  if (insert(base)) return base;
-  int& next = next_suffix_[base];
+std::string_view NameScope::fresh_view(std::string_view base) {
+  if (base.empty()) base = "v";
+  bool added = false;
+  const int base_id = names_.intern(base, &added);
+  if (added) return names_.name(base_id);
+  if (static_cast<size_t>(base_id) >= next_suffix_.size()) next_suffix_.resize(static_cast<size_t>(base_id) + 1, 0);
   for (;;) {
-    std::string candidate = base + "_" + std::to_string(++next);
-    if (insert(candidate)) return candidate;
+    const int suffix = ++next_suffix_[static_cast<size_t>(base_id)];
+    candidate_.assign(names_.name(base_id));
+    candidate_.push_back('_');
+    candidate_.append(std::to_string(suffix));
+    const int id = names_.intern(candidate_, &added);
+    if (added) return names_.name(id);
   }
 }
 

@@ -66,11 +66,15 @@ class NameScope {
   std::string_view name(int id) const { return names_.name(id); }
   int size() const { return names_.size(); }
   // `base` itself when free, else base_1, base_2, ... (amortised O(1) per call).
-  std::string fresh(std::string_view base);
+  std::string fresh(std::string_view base) { return std::string(fresh_view(base)); }
+  // The same name as a view of the scope's own copy (valid while the scope lives), sparing the
+  // string a caller that copies it into a proto field anyway would allocate.
+  std::string_view fresh_view(std::string_view base);
 
  private:
   Interner names_;
-  std::unordered_map<std::string, int> next_suffix_;
+  std::vector<int> next_suffix_;  // by the base name's id: the last suffix tried for it
+  std::string candidate_;         // reused buffer for suffixed candidates
 };
 
 }  // namespace onnax

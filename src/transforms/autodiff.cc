@@ -39,7 +39,7 @@ struct Resolved {
   std::vector<std::string> outputs;
 };
 
-Resolved resolve(const Prepared& p, const onnx::ModelProto& source, Mode mode, const Selection& sel) {
+Resolved resolve(const Prepared& p, Mode mode, const Selection& sel) {
   const std::string m = mode_name(mode);
   const auto& g = *p.graph;
   std::vector<std::string> runtime, float_runtime, float_inits, outputs, float_outputs;
@@ -112,7 +112,7 @@ Resolved resolve(const Prepared& p, const onnx::ModelProto& source, Mode mode, c
                                               quoted_names(r.outputs) + " (outputs: " + quoted_names(outputs) +
                                               "). Fix: pass output=<name of the scalar loss>");
   } else {
-    std::vector<std::string> generated = provenance::derivative_outputs(source);
+    std::vector<std::string> generated = provenance::derivative_outputs(p.model);
     if (mode == Mode::kJvp)
       for (const auto& n : generated)
         if (std::find(float_outputs.begin(), float_outputs.end(), n) != float_outputs.end()) r.outputs.push_back(n);
@@ -133,16 +133,24 @@ Resolved resolve(const Prepared& p, const onnx::ModelProto& source, Mode mode, c
 }
 
 // Values that lie on some path to the selected outputs (only those need derivatives).
-std::unordered_set<std::string> needed_values(const onnx::GraphProto& g, const std::vector<std::string>& outputs) {
-  std::unordered_set<std::string> needed(outputs.begin(), outputs.end());
+// Which values (by id) the selected outputs depend on.
+std::vector<char> needed_values(const Prepared& p, const std::vector<std::string>& outputs) {
+  std::vector<char> needed(static_cast<size_t>(p.value_names.size()), 0);
+  auto mark = [&](int id) {
+    if (id >= 0) needed[static_cast<size_t>(id)] = 1;
+  };
+  for (const auto& o : outputs) mark(p.value_names.id(o));
+  const onnx::GraphProto& g = *p.graph;
   for (int i = g.node_size() - 1; i >= 0; --i) {
     const auto& n = g.node(i);
+    const int32_t* ins = p.node_ids.inputs(i);
+    const int32_t* outs = p.node_ids.outputs(i, n.input_size());
     bool useful = false;
-    for (const auto& o : n.output()) useful = useful || needed.count(o);
+    for (int k = 0; k < n.output_size(); ++k) useful = useful || (outs[k] >= 0 && needed[static_cast<size_t>(outs[k])]);
     if (!useful) continue;
-    for (const auto& in : n.input())
-      if (!in.empty()) needed.insert(in);
-    for (const auto& r : outer_scope_reads(n)) needed.insert(r);
+    for (int k = 0; k < n.input_size(); ++k) mark(ins[k]);
+    if (has_subgraphs(n))
+      for (const auto& r : outer_scope_reads(n)) mark(p.value_names.id(r));
   }
   return needed;
 }
@@ -154,10 +162,9 @@ onnx::ValueInfoProto value_info_like(const std::string& name, const Facts& f) {
   return vi;
 }
 
-onnx::ModelProto differentiate(const onnx::ModelProto& source, Mode mode, const Selection& sel) {
+onnx::ModelProto differentiate(Prepared p, Mode mode, const Selection& sel) {
   const std::string m = mode_name(mode);
-  Prepared p = prepare(source, m);
-  const Resolved r = resolve(p, source, mode, sel);
+  const Resolved r = resolve(p, mode, sel);
   std::unordered_map<std::string, int> opsets;
   for (const auto& o : p.model.opset_import())
     opsets[o.domain() == "ai.onnx" ? std::string() : o.domain()] = static_cast<int>(o.version());
@@ -170,16 +177,21 @@ onnx::ModelProto differentiate(const onnx::ModelProto& source, Mode mode, const 
   Builder b(out, p.value_names, p.node_names, p.opset);
   b.enable_inference(opsets);
 
-  std::unordered_map<std::string, V> primal;   // source value name -> value
-  std::unordered_map<std::string, V> tangent;  // source value name -> tangent (absent = zero)
+  // Per source value (by id in p.value_names): its primal value, its tangent (invalid: zero)
+  // and the selected input it depends on (for diagnostics).
+  const size_t source_values = static_cast<size_t>(p.value_names.size());
+  std::vector<V> primal(source_values), tangent(source_values);
+  std::vector<int> origin(source_values, -1);
+  auto id_of = [&](const std::string& n) { return p.value_names.id(n); };
+  auto at = [](std::vector<V>& table, int id) -> V& { return table[static_cast<size_t>(id)]; };
   auto facts = [&](const std::string& n) -> const Facts& { return p.fact(n); };
   for (const auto& t : src->initializer()) {
-    primal[t.name()] = b.existing(t.name(), facts(t.name()));
+    at(primal, id_of(t.name())) = b.existing(t.name(), facts(t.name()));
     b.register_data(t.name(), &t);
     b.remember_tensor(t.name(), t);
   }
   for (const auto& vi : src->input())
-    if (!primal.count(vi.name())) primal[vi.name()] = b.existing(vi.name(), facts(vi.name()));
+    if (!at(primal, id_of(vi.name())).valid()) at(primal, id_of(vi.name())) = b.existing(vi.name(), facts(vi.name()));
 
   // Seeds: one tangent per selected input.
   std::vector<onnx::ValueInfoProto> new_inputs;
@@ -189,31 +201,31 @@ onnx::ModelProto differentiate(const onnx::ModelProto& source, Mode mode, const 
     const std::string tname = p.value_names.fresh(name + "_tangent");
     V t = b.existing(tname, f);
     b.mark_tangent(t);
-    b.set_witness(t, primal.at(name));
+    b.set_witness(t, at(primal, id_of(name)));
     if (mode == Mode::kJvp) new_inputs.push_back(value_info_like(tname, f));
-    tangent[name] = t;
+    at(tangent, id_of(name)) = t;
+    origin[static_cast<size_t>(id_of(name))] = id_of(name);
     seeds.push_back(t);
   }
 
   std::vector<Builder::TapeNode> tape;
   if (mode != Mode::kJvp) b.set_tape(&tape);
-  const std::unordered_set<std::string> needed = needed_values(*src, r.outputs);
+  const std::vector<char> needed = needed_values(p, r.outputs);
   const DerivativeRules& rules = DerivativeRules::instance();
-  std::unordered_map<std::string, std::string> origin;  // active value -> selected input it depends on
-  for (const auto& name : r.inputs) origin[name] = name;
+  const bool private_graph = src == &p.model.graph();
 
   for (int ni = 0; ni < src->node_size(); ++ni) {
     const onnx::NodeProto& node = src->node(ni);
-    onnx::NodeProto copy = node;
-    b.copy_node(std::move(copy));
+    const int32_t* input_ids = p.node_ids.inputs(ni);
+    const int32_t* output_ids = p.node_ids.outputs(ni, node.input_size());
     std::vector<V> ys;
-    for (const auto& o : node.output()) {
-      if (o.empty()) {
+    for (int k = 0; k < node.output_size(); ++k) {
+      if (output_ids[k] < 0) {
         ys.push_back(V{});
         continue;
       }
-      V v = b.existing(o, facts(o));
-      primal[o] = v;
+      V v = b.existing(node.output(k), p.facts.at(output_ids[k]));
+      at(primal, output_ids[k]) = v;
       ys.push_back(v);
     }
     if (node.op_type() == "Constant" && node.domain().empty())
@@ -222,24 +234,35 @@ onnx::ModelProto differentiate(const onnx::ModelProto& source, Mode mode, const 
     if (auto t = constant_tensor(node)) b.remember_tensor(node.output(0), *t);
 
     bool active = false, useful = false;
-    std::string from;
-    for (const auto& in : node.input())
-      if (!in.empty() && tangent.count(in)) {
+    int from = -1;
+    for (int k = 0; k < node.input_size(); ++k)
+      if (input_ids[k] >= 0 && at(tangent, input_ids[k]).valid()) {
         active = true;
-        from = origin[in];
+        from = origin[static_cast<size_t>(input_ids[k])];
       }
-    for (const auto& rd : outer_scope_reads(node))
-      if (tangent.count(rd)) {
-        active = true;
-        from = origin[rd];
+    if (has_subgraphs(node))
+      for (const auto& rd : outer_scope_reads(node)) {
+        const int id = id_of(rd);
+        if (id >= 0 && at(tangent, id).valid()) {
+          active = true;
+          from = origin[static_cast<size_t>(id)];
+        }
       }
-    for (const auto& o : node.output()) useful = useful || needed.count(o);
-    if (!active || !useful) continue;
+    for (int k = 0; k < node.output_size(); ++k)
+      useful = useful || (output_ids[k] >= 0 && needed[static_cast<size_t>(output_ids[k])]);
     bool float_out = false;
-    for (const auto& o : node.output()) {
-      const int32_t dt = o.empty() ? -1 : facts(o).dtype;
+    for (int k = 0; k < node.output_size(); ++k) {
+      const int32_t dt = output_ids[k] < 0 ? -1 : p.facts.at(output_ids[k]).dtype;
       float_out = float_out || dt == 0 || differentiable_dtype(dt);  // unknown dtype: could be float
     }
+    // The primal node itself passes through unchanged (moved when the graph is private).
+    if (private_graph && !(active && useful && float_out)) {
+      b.copy_node(std::move(*p.model.mutable_graph()->mutable_node(ni)));
+      continue;
+    }
+    onnx::NodeProto copy = node;
+    b.copy_node(std::move(copy));
+    if (!active || !useful) continue;
     if (!float_out) continue;  // integer/bool results carry no derivative
     const std::string domain = node.domain() == "ai.onnx" ? "" : node.domain();
     if (rules.is_zero(node.op_type()) && domain.empty()) continue;
@@ -256,15 +279,14 @@ onnx::ModelProto differentiate(const onnx::ModelProto& source, Mode mode, const 
                             ? "control flow is not differentiable yet"
                             : "no derivative rule for this operator yet";
       diag::fail(Error::Kind::kUnsupported,
-                 m + ": cannot differentiate " + label + ": " + why + "; it lies on the path from input '" + from +
-                     "' to the selected outputs " + quoted_names(r.outputs) +
+                 m + ": cannot differentiate " + label + ": " + why + "; it lies on the path from input '" +
+                     std::string(p.value_names.name(from)) + "' to the selected outputs " + quoted_names(r.outputs) +
                      ". Fix: select inputs/outputs that avoid it, or compute it outside the differentiated model");
     }
     JvpCtx ctx{b, node, p.opset, {}, ys, {}};
-    for (const auto& in : node.input()) {
-      ctx.xs.push_back(in.empty() ? V{} : primal.at(in));
-      auto it = in.empty() ? tangent.end() : tangent.find(in);
-      ctx.ts.push_back(it == tangent.end() ? V{} : it->second);
+    for (int k = 0; k < node.input_size(); ++k) {
+      ctx.xs.push_back(input_ids[k] < 0 ? V{} : at(primal, input_ids[k]));
+      ctx.ts.push_back(input_ids[k] < 0 ? V{} : at(tangent, input_ids[k]));
     }
     b.set_origin(node.output(0) + "_tangent");
     std::vector<V> touts = (*rule)(ctx);
@@ -272,8 +294,8 @@ onnx::ModelProto differentiate(const onnx::ModelProto& source, Mode mode, const 
       const std::string& o = node.output(k);
       const int32_t dt = o.empty() ? -1 : facts(o).dtype;
       if (o.empty() || !touts[k].valid() || !(dt == 0 || differentiable_dtype(dt))) continue;
-      tangent[o] = touts[k];
-      origin[o] = from;
+      at(tangent, output_ids[k]) = touts[k];
+      origin[static_cast<size_t>(output_ids[k])] = from;
       if (!b.witness(touts[k]).valid()) b.set_witness(touts[k], ys[k]);
       // A tangent has its primal's shape; the primal's facts may know more (data propagation).
       if (facts(o).has_shape && !b.tangent(ys[k])) b.set_facts(touts[k], facts(o));
@@ -285,13 +307,18 @@ onnx::ModelProto differentiate(const onnx::ModelProto& source, Mode mode, const 
   // Derivative outputs take their readable names: a value this transform computed is renamed
   // (in one pass at the end); a primal value, a graph input, or a value already renamed gets
   // an Identity instead.
+  // Fixed: the names of primal values (source values keep their names) and of new inputs.
   std::unordered_set<std::string> fixed_names;
-  for (const auto& [n, v] : primal) fixed_names.insert(n);
   for (const auto& vi : new_inputs) fixed_names.insert(vi.name());
+  auto is_primal_name = [&](const std::string& n) {
+    const int id = id_of(n);
+    return id >= 0 && static_cast<size_t>(id) < source_values && primal[static_cast<size_t>(id)].valid() &&
+           b.name(primal[static_cast<size_t>(id)]) == n;
+  };
   std::set<int> renamed;
   std::vector<std::pair<V, std::string>> renames;
   auto emit_named = [&](V v, const std::string& name) {
-    if (!fixed_names.count(b.name(v)) && !renamed.count(v.id)) {
+    if (!is_primal_name(b.name(v)) && !fixed_names.count(b.name(v)) && !renamed.count(v.id)) {
       renamed.insert(v.id);
       renames.emplace_back(v, name);
       return;
@@ -299,7 +326,7 @@ onnx::ModelProto differentiate(const onnx::ModelProto& source, Mode mode, const 
     b.op_named("Identity", {v}, {}, name);
   };
   auto zeros_like = [&](const std::string& name) {
-    V x = primal.at(name);
+    V x = at(primal, id_of(name));
     return b.expand(b.scalar(0.0, facts(name).dtype), b.shape_of(x));
   };
 
@@ -307,8 +334,8 @@ onnx::ModelProto differentiate(const onnx::ModelProto& source, Mode mode, const 
     for (const auto& o : r.outputs) {
       const std::string tname = p.value_names.fresh(o + "_tangent");
       b.set_origin(tname);
-      auto it = tangent.find(o);
-      emit_named(it == tangent.end() ? zeros_like(o) : it->second, tname);
+      const V t = at(tangent, id_of(o));
+      emit_named(t.valid() ? t : zeros_like(o), tname);
       new_outputs.push_back(value_info_like(tname, facts(o)));
       derivative_names.push_back(tname);
     }
@@ -332,8 +359,7 @@ onnx::ModelProto differentiate(const onnx::ModelProto& source, Mode mode, const 
         new_inputs.push_back(value_info_like(cname, facts(o)));
         fixed_names.insert(cname);
       }
-      auto it = tangent.find(o);
-      if (it != tangent.end()) accumulate(it->second, seed);
+      if (const V t = at(tangent, id_of(o)); t.valid()) accumulate(t, seed);
     }
     for (size_t k = tape.size(); k-- > 0;) {
       Builder::TapeNode& tn = tape[k];
@@ -388,7 +414,7 @@ onnx::ModelProto differentiate(const onnx::ModelProto& source, Mode mode, const 
   }
   for (auto& vi : new_outputs) *out.add_output() = std::move(vi);
   take_initializers(p, out);
-  for (const auto& vi : source.graph().value_info()) *out.add_value_info() = vi;
+  for (const auto& vi : src->value_info()) *out.add_value_info() = vi;
   for (V v : b.declared())
     if (b.facts(v).dtype) *out.add_value_info() = value_info_like(b.name(v), b.facts(v));
   onnx::ModelProto result = std::move(p.model);
@@ -405,20 +431,37 @@ onnx::ModelProto differentiate(const onnx::ModelProto& source, Mode mode, const 
 
 }  // namespace
 
+namespace {
+Selection grad_selection(const std::optional<std::vector<std::string>>& inputs,
+                         const std::optional<std::string>& output) {
+  Selection s;
+  s.inputs = inputs;
+  if (output) s.outputs = std::vector<std::string>{*output};
+  return s;
+}
+}  // namespace
+
 onnx::ModelProto jvp(const onnx::ModelProto& model, const Selection& selection) {
-  return differentiate(model, Mode::kJvp, selection);
+  return differentiate(prepare(model, "jvp"), Mode::kJvp, selection);
+}
+onnx::ModelProto jvp(onnx::ModelProto&& model, const Selection& selection) {
+  return differentiate(prepare(std::move(model), "jvp"), Mode::kJvp, selection);
 }
 
 onnx::ModelProto vjp(const onnx::ModelProto& model, const Selection& selection) {
-  return differentiate(model, Mode::kVjp, selection);
+  return differentiate(prepare(model, "vjp"), Mode::kVjp, selection);
+}
+onnx::ModelProto vjp(onnx::ModelProto&& model, const Selection& selection) {
+  return differentiate(prepare(std::move(model), "vjp"), Mode::kVjp, selection);
 }
 
 onnx::ModelProto grad(const onnx::ModelProto& model, const std::optional<std::vector<std::string>>& inputs,
                       const std::optional<std::string>& output) {
-  Selection s;
-  s.inputs = inputs;
-  if (output) s.outputs = std::vector<std::string>{*output};
-  return differentiate(model, Mode::kGrad, s);
+  return differentiate(prepare(model, "grad"), Mode::kGrad, grad_selection(inputs, output));
+}
+onnx::ModelProto grad(onnx::ModelProto&& model, const std::optional<std::vector<std::string>>& inputs,
+                      const std::optional<std::string>& output) {
+  return differentiate(prepare(std::move(model), "grad"), Mode::kGrad, grad_selection(inputs, output));
 }
 
 }  // namespace onnax
