@@ -537,16 +537,26 @@ def bench_scaling(sizes: list[int], repeats: int, wrt_mode: str) -> dict[str, An
             gs, gs_samples = _median(
                 lambda data=data: core.grad_seconds(data, wrt, "loss"), repeats, n <= 100_000
             )
+            # The result is several times the source (a forward copy plus tangent and
+            # cotangent nodes): parse+serialize of the result is the floor of building it.
+            result = core.grad(data, wrt, "loss")
+            rps, _ = _median(lambda result=result: core.parse_serialize_seconds(result), repeats, False)
             row.update(
                 parse_serialize_s=ps,
                 grad_s=gs,
                 ratio=gs / ps if ps > 0 else float("nan"),
+                result_bytes=len(result),
+                result_parse_serialize_s=rps,
+                ratio_to_result=gs / rps if rps > 0 else float("nan"),
                 parse_serialize_samples=ps_samples,
                 grad_samples=gs_samples,
             )
+            del result
             print(
                 f"  N={_fmt_n(n)} ({len(data) / 1e6:.1f} MB, generated in {gen_s:.1f} s): "
-                f"parse+serialize {ps:.4f} s, grad {gs:.4f} s ({gs / ps:.1f}x)",
+                f"parse+serialize {ps:.4f} s, grad {gs:.4f} s ({gs / ps:.1f}x); result "
+                f"{row['result_bytes'] / len(data):.1f}x the bytes, its parse+serialize {rps:.4f} s "
+                f"(grad = {gs / rps:.1f}x that)",
                 flush=True,
             )
         except Exception as exc:
@@ -784,7 +794,7 @@ def report(result: dict[str, Any]) -> list[str]:
         rows = []
         for r in a["rows"]:
             if "grad_s" not in r:
-                rows.append((_fmt_n(r["n"]), "-", "ERROR", "-", "-", "-"))
+                rows.append((_fmt_n(r["n"]), "-", "ERROR", "-", "-", "-", "-"))
                 problems.append(f"(a) N={r['n']}: {r['error']['message']}")
                 continue
             g1 = r.get("parse_serialize_s_growth_per_10x")
@@ -795,6 +805,7 @@ def report(result: dict[str, Any]) -> list[str]:
                     f"{r['parse_serialize_s']:.4f}",
                     f"{r['grad_s']:.4f}",
                     f"{r['ratio']:.1f}x",
+                    f"{r['ratio_to_result']:.1f}x",
                     "-" if g1 is None else f"{g1:.1f}x",
                     "-" if g2 is None else f"{g2:.1f}x",
                 )
@@ -804,7 +815,16 @@ def report(result: dict[str, Any]) -> list[str]:
             if g2 is not None and g2 > 12:
                 problems.append(f"(a) N={_fmt_n(r['n'])}: grad growth {g2:.1f}x per 10x N (> ~10x)")
         _print_table(
-            ("N", "parse+ser s", "grad s", "grad/parse", "growth/10x parse", "growth/10x grad"), rows
+            (
+                "N",
+                "parse+ser s",
+                "grad s",
+                "grad/parse",
+                "grad/result parse",
+                "growth/10x parse",
+                "growth/10x grad",
+            ),
+            rows,
         )
         if not a.get("verification", {}).get("ok", False):
             problems.append("(a) grad(chain) verification failed")

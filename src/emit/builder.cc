@@ -284,12 +284,11 @@ std::vector<V> Builder::clone(const onnx::NodeProto& node, const std::vector<V>&
   if (source_names_node_ == &node && overrides.empty() && drop.empty() && num_outputs < 0 &&
       same_input_names(node, inputs)) {
     source_names_node_ = nullptr;  // the names can be taken once
-    if (defer_copy_) {
-      out_.add_node();  // the caller moves `node` here after the rule
-      deferred_slot_ = out_.node_size() - 1;
-    } else {
+    if (source_owner_ && source_owner_->get() == &node)
+      out_.mutable_node()->AddAllocated(source_owner_->release());  // the same object: no copy
+    else
       *out_.add_node() = node;
-    }
+    source_owner_ = nullptr;
     std::vector<V> outs;
     for (const auto& o : node.output()) outs.push_back(o.empty() ? V{} : add_value(o, Facts{}));
     finish(inputs, outs);

@@ -110,20 +110,17 @@ class Builder {
   // While a transform rewrites `node` (nullptr: none), the first clone of it with unchanged
   // attributes and inputs that carry the source's input names is emitted as an exact copy,
   // keeping the source's node and output names: no fresh names, and a readable result.
-  // With `defer_copy`, that exact copy is emitted as an empty placeholder node and the caller
-  // moves the source node into it afterwards (take_deferred_copy), sparing a deep copy.
-  void allow_source_names(const onnx::NodeProto* node, bool defer_copy = false) {
+  // With `owner` (the unique owner of `node`), that exact copy is `node` itself: the builder
+  // takes it from the owner instead of copying it. Rules may still read the node afterwards (it
+  // is the same object, unchanged).
+  void allow_source_names(const onnx::NodeProto* node, std::unique_ptr<onnx::NodeProto>* owner = nullptr) {
     source_names_node_ = node;
-    defer_copy_ = defer_copy && node && !inference_ && !tape_;
-  }
-  // The index of the placeholder left for a deferred exact copy (then cleared), or -1.
-  int take_deferred_copy() {
-    const int slot = deferred_slot_;
-    deferred_slot_ = -1;
-    return slot;
+    source_owner_ = node && !tape_ ? owner : nullptr;
   }
   // Emits `node` unchanged (moves it); registers its outputs with the given facts.
   void copy_node(onnx::NodeProto&& node);
+  // Emits `node` unchanged, taking ownership of it (no copy).
+  void adopt_node(std::unique_ptr<onnx::NodeProto> node) { out_.mutable_node()->AddAllocated(node.release()); }
   // Emits a one-output node whose output has exactly `output_name` (already reserved).
   V op_named(std::string_view type, const std::vector<V>& inputs, const Attrs& attrs, const std::string& output_name);
 
@@ -200,8 +197,7 @@ class Builder {
   std::vector<V> declared_;
   std::unordered_map<int, V> witness_;
   const onnx::NodeProto* source_names_node_ = nullptr;
-  bool defer_copy_ = false;
-  int deferred_slot_ = -1;
+  std::unique_ptr<onnx::NodeProto>* source_owner_ = nullptr;
   struct Inference;
   std::unique_ptr<Inference> inference_;
 };

@@ -46,7 +46,10 @@ class FactTable {
     return id < 0 || static_cast<size_t>(id) >= facts_.size() ? kUnknown : facts_[static_cast<size_t>(id)];
   }
   int size() const { return static_cast<int>(facts_.size()); }
-  void reserve(int values) { facts_.reserve(static_cast<size_t>(values)); }
+  // Makes room for ids below `values` at once (ids are dense), instead of growing per value.
+  void cover(int values) {
+    if (static_cast<size_t>(values) > facts_.size()) facts_.resize(static_cast<size_t>(values));
+  }
   // The full type of a value whose type is not a tensor (sequence, optional, map), or nullptr;
   // kept so ONNX's inference can type the ops that read it.
   const onnx::TypeProto* non_tensor_type(int id) const;

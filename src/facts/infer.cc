@@ -82,7 +82,7 @@ void infer_facts(const onnx::GraphProto& g, const std::unordered_map<std::string
   std::unordered_map<std::string, const onnx::ValueInfoProto*> declared;
   std::deque<onnx::TensorProto> constants;  // Constant nodes' values (stable addresses)
   auto id_of = [&](const std::string& name) { return names.id(name); };
-  table.reserve(names.size());
+  table.cover(names.size());
   for (const auto& t : g.initializer()) {
     table.set(id_of(t.name()), facts_of_tensor(t));
     data[t.name()] = &t;

@@ -260,8 +260,18 @@ onnx::ModelProto vmap_prepared(Prepared p, const VmapOptions& opt) {
     std::vector<const Facts*> facts;
     std::vector<Facts> out_facts;
   } spare;  // per-node context buffers, reused
-  for (int ni = 0; ni < src_graph->node_size(); ++ni) {
-    const onnx::NodeProto& node = src_graph->node(ni);
+  // A private graph's nodes are taken out of it, so nodes that pass through unchanged can be
+  // handed to the result as they are (a pointer moves; nothing is copied, allocated or freed).
+  const int node_count = src_graph->node_size();
+  std::vector<std::unique_ptr<onnx::NodeProto>> owned;
+  if (src_graph == &p.model.graph()) {
+    std::vector<onnx::NodeProto*> taken(static_cast<size_t>(node_count));
+    p.model.mutable_graph()->mutable_node()->ExtractSubrange(0, node_count, taken.data());
+    owned.reserve(taken.size());
+    for (onnx::NodeProto* n : taken) owned.emplace_back(n);
+  }
+  for (int ni = 0; ni < node_count; ++ni) {
+    const onnx::NodeProto& node = owned.empty() ? src_graph->node(ni) : *owned[static_cast<size_t>(ni)];
     bool any_batched = false;
     const int32_t* input_ids = p.node_ids.inputs(ni);
     const int32_t* output_ids = p.node_ids.outputs(ni, node.input_size());
@@ -284,20 +294,17 @@ onnx::ModelProto vmap_prepared(Prepared p, const VmapOptions& opt) {
       // Shared computation: copy the node unchanged. Graph outputs get a private name so the
       // broadcast to the batch can take the output's own name at the end.
       std::vector<std::pair<int, V>> outs;
-      onnx::NodeProto copy;
-      if (src_graph == &p.model.graph())
-        copy = std::move(*p.model.mutable_graph()->mutable_node(ni));  // private graph: take it
-      else
-        copy = node;
-      for (int oi = 0; oi < copy.output_size(); ++oi) {
-        std::string& o = *copy.mutable_output(oi);
+      std::unique_ptr<onnx::NodeProto> copy =
+          owned.empty() ? std::make_unique<onnx::NodeProto>(node) : std::move(owned[static_cast<size_t>(ni)]);
+      for (int oi = 0; oi < copy->output_size(); ++oi) {
+        std::string& o = *copy->mutable_output(oi);
         if (o.empty()) continue;
         if (output_position(output_ids[oi]) >= 0) o = p.value_names.fresh(o + "_shared");
         // Rules read per-example facts from the fact table; shared values need none here.
         outs.emplace_back(output_ids[oi], b.existing(o, Facts{}));
       }
-      if (auto t = constant_tensor(copy)) remember_tensor(*t);
-      b.copy_node(std::move(copy));
+      if (auto t = constant_tensor(*copy)) remember_tensor(*t);
+      b.adopt_node(std::move(copy));
       for (auto& [id, v] : outs) bind_id(id, Mapped{v, false});
       continue;
     }
@@ -367,8 +374,7 @@ onnx::ModelProto vmap_prepared(Prepared p, const VmapOptions& opt) {
     // nodes keep their source names in place.
     bool feeds_output = false;
     for (int o = 0; o < node.output_size(); ++o) feeds_output = feeds_output || output_position(output_ids[o]) >= 0;
-    const bool private_graph = src_graph == &p.model.graph();
-    b.allow_source_names(feeds_output ? nullptr : &node, private_graph);
+    b.allow_source_names(feeds_output ? nullptr : &node, owned.empty() ? nullptr : &owned[static_cast<size_t>(ni)]);
     BatchResult res = (*rule)(ctx);
     b.allow_source_names(nullptr);
     if (ctx.used_scan) looped[(domain.empty() ? "ai.onnx" : domain) + "::" + node.op_type()]++;
@@ -399,9 +405,6 @@ onnx::ModelProto vmap_prepared(Prepared p, const VmapOptions& opt) {
       if (may_take && made_here && !name_taken) b.rename(v, src_name, first);
       bind_id(output_ids[o], Mapped{v, bat});
     }
-    // An exact copy of a node of the private graph was left as a placeholder: move the node in.
-    if (const int slot = b.take_deferred_copy(); slot >= 0)
-      out_graph.mutable_node(slot)->Swap(p.model.mutable_graph()->mutable_node(ni));
     // Hand the context's buffers to the next node (their capacity is what is reused).
     spare.in = std::move(ctx.in);
     spare.batched = std::move(ctx.batched);
