@@ -14,6 +14,8 @@ enum class Kind {
   // ONNX gives no inference function at all (GroupNormalization 18/21, MVN 13), so without
   // this their outputs, and everything after them, would have no rank.
   kLikeFirst,
+  // Output dims are the input's permuted by `perm` (reversed without it).
+  kTranspose,
 };
 
 // Operators whose ONNX inference is "element type and shape of the first input" (for
@@ -30,6 +32,7 @@ Kind kind_of(const std::string& op, int opset) {
       m[u] = Kind::kUnary;
     for (const char* b : {"Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Sum", "Mean"}) m[b] = Kind::kBroadcast;
     m["MatMul"] = Kind::kMatMul;
+    m["Transpose"] = Kind::kTranspose;
     m["GroupNormalization"] = Kind::kLikeFirst;
     m["MeanVarianceNormalization"] = Kind::kLikeFirst;
     return m;
@@ -100,13 +103,37 @@ bool matmul(const Dims& a, const Dims& b, Dims& out) {
   return true;
 }
 
+// Transpose: a valid permutation of the input's axes (every axis once); anything else is left
+// to ONNX's inference, which reports it.
+bool transpose(const onnx::NodeProto& node, const Facts& in, Facts& out) {
+  if (!in.has_shape) return true;  // ONNX types the output without a shape
+  const size_t rank = in.dims.size();
+  const onnx::AttributeProto* perm = nullptr;
+  for (const auto& a : node.attribute()) {
+    if (a.name() != "perm") return false;  // unknown attributes: ONNX decides
+    perm = &a;
+  }
+  if (perm && (perm->type() != onnx::AttributeProto::INTS || static_cast<size_t>(perm->ints_size()) != rank))
+    return false;
+  std::vector<char> seen(rank, 0);
+  out.has_shape = true;
+  out.dims.reserve(rank);
+  for (size_t i = 0; i < rank; ++i) {
+    const int64_t axis = perm ? perm->ints(static_cast<int>(i)) : static_cast<int64_t>(rank - 1 - i);
+    if (axis < 0 || static_cast<size_t>(axis) >= rank || seen[static_cast<size_t>(axis)]) return false;
+    seen[static_cast<size_t>(axis)] = 1;
+    out.dims.push_back(in.dims[static_cast<size_t>(axis)]);
+  }
+  return true;
+}
+
 }  // namespace
 
 bool fast_infer(const onnx::NodeProto& node, int opset, const Facts* const* inputs, Facts& out) {
   if (!node.domain().empty() && node.domain() != "ai.onnx") return false;
   const Kind kind = kind_of(node.op_type(), opset);
   if (kind == Kind::kNone || node.output_size() != 1 || node.input_size() == 0) return false;
-  if (kind == Kind::kUnary && node.input_size() != 1) return false;
+  if ((kind == Kind::kUnary || kind == Kind::kTranspose) && node.input_size() != 1) return false;
   if ((kind == Kind::kMatMul || (kind == Kind::kBroadcast && node.op_type() != "Sum" && node.op_type() != "Mean" &&
                                  node.op_type() != "Max" && node.op_type() != "Min")) &&
       node.input_size() != 2)
@@ -121,6 +148,7 @@ bool fast_infer(const onnx::NodeProto& node, int opset, const Facts* const* inpu
   }
   out = Facts{};
   out.dtype = inputs[0]->dtype;
+  if (kind == Kind::kTranspose) return transpose(node, *inputs[0], out);
   if (kind == Kind::kUnary || kind == Kind::kLikeFirst) {
     out.has_shape = inputs[0]->has_shape;
     out.dims = inputs[0]->dims;

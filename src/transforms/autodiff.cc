@@ -212,10 +212,19 @@ onnx::ModelProto differentiate(Prepared p, Mode mode, const Selection& sel) {
   if (mode != Mode::kJvp) b.set_tape(&tape);
   const std::vector<char> needed = needed_values(p, r.outputs);
   const DerivativeRules& rules = DerivativeRules::instance();
-  const bool private_graph = src == &p.model.graph();
+  // A private graph's nodes are taken out of it and handed to the result by pointer (the same
+  // objects, so rules and registered constants keep reading them); others are copied.
+  const int node_count = src->node_size();
+  std::vector<std::unique_ptr<onnx::NodeProto>> owned;
+  if (src == &p.model.graph()) {
+    std::vector<onnx::NodeProto*> taken(static_cast<size_t>(node_count));
+    p.model.mutable_graph()->mutable_node()->ExtractSubrange(0, node_count, taken.data());
+    owned.reserve(taken.size());
+    for (onnx::NodeProto* n : taken) owned.emplace_back(n);
+  }
 
-  for (int ni = 0; ni < src->node_size(); ++ni) {
-    const onnx::NodeProto& node = src->node(ni);
+  for (int ni = 0; ni < node_count; ++ni) {
+    const onnx::NodeProto& node = owned.empty() ? src->node(ni) : *owned[static_cast<size_t>(ni)];
     const int32_t* input_ids = p.node_ids.inputs(ni);
     const int32_t* output_ids = p.node_ids.outputs(ni, node.input_size());
     std::vector<V> ys;
@@ -255,13 +264,11 @@ onnx::ModelProto differentiate(Prepared p, Mode mode, const Selection& sel) {
       const int32_t dt = output_ids[k] < 0 ? -1 : p.facts.at(output_ids[k]).dtype;
       float_out = float_out || dt == 0 || differentiable_dtype(dt);  // unknown dtype: could be float
     }
-    // The primal node itself passes through unchanged (moved when the graph is private).
-    if (private_graph && !(active && useful && float_out)) {
-      b.copy_node(std::move(*p.model.mutable_graph()->mutable_node(ni)));
-      continue;
-    }
-    onnx::NodeProto copy = node;
-    b.copy_node(std::move(copy));
+    // The primal node itself passes through unchanged.
+    if (owned.empty())
+      b.copy_node(onnx::NodeProto(node));
+    else
+      b.adopt_node(std::move(owned[static_cast<size_t>(ni)]));
     if (!active || !useful) continue;
     if (!float_out) continue;  // integer/bool results carry no derivative
     const std::string domain = node.domain() == "ai.onnx" ? "" : node.domain();

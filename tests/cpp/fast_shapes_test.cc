@@ -6,6 +6,7 @@
 #include <onnx/defs/schema.h>
 #include <onnx/shape_inference/implementation.h>
 
+#include <algorithm>
 #include <optional>
 #include <random>
 #include <string>
@@ -95,7 +96,8 @@ TEST(FastShapes, AgreesWithOnnxInference) {
                                                         {"Min", 1},
                                                         {"Sum", 3},
                                                         {"Mean", 2},
-                                                        {"MatMul", 2}};
+                                                        {"MatMul", 2},
+                                                        {"Transpose", 1}};
   const std::vector<int32_t> dtypes = {onnx::TensorProto::FLOAT, onnx::TensorProto::DOUBLE, onnx::TensorProto::FLOAT16,
                                        onnx::TensorProto::INT64};
   onnx::NodeProto node_template;
@@ -131,6 +133,39 @@ TEST(FastShapes, AgreesWithOnnxInference) {
     }
   }
   EXPECT_GT(answered, 10000);  // the fast path really ran on most cases
+}
+
+// Transpose with explicit permutations (valid and invalid) against ONNX's inference.
+TEST(FastShapes, TransposeAgreesWithOnnxInference) {
+  std::mt19937 rng(11);
+  int answered = 0;
+  for (int trial = 0; trial < 2000; ++trial) {
+    onnx::TypeProto x = random_type(rng, onnx::TensorProto::FLOAT);
+    std::unordered_map<std::string, onnx::TypeProto*> types{{"x", &x}};
+    onnx::NodeProto node;
+    node.set_op_type("Transpose");
+    node.add_input("x");
+    node.add_output("y");
+    const int rank = x.tensor_type().has_shape() ? x.tensor_type().shape().dim_size() : 3;
+    std::vector<int64_t> perm(static_cast<size_t>(rank));
+    for (int i = 0; i < rank; ++i) perm[static_cast<size_t>(i)] = i;
+    std::shuffle(perm.begin(), perm.end(), rng);
+    if (rng() % 5 == 0 && rank > 0) perm[0] = rng() % 2 ? rank : perm.back();  // out of range or repeated
+    if (rng() % 7 == 0) perm.push_back(0);                                     // wrong length
+    auto* a = node.add_attribute();
+    a->set_name("perm");
+    a->set_type(onnx::AttributeProto::INTS);
+    for (int64_t v : perm) a->add_ints(v);
+    onnx::TypeProto fast;
+    if (!fast_types(node, 18, types, &fast)) continue;
+    ++answered;
+    auto want = onnx_infer(node, 18, types);
+    ASSERT_TRUE(want.has_value()) << "ONNX fails where fast_infer answers " << fast.ShortDebugString();
+    EXPECT_EQ(fast.SerializeAsString(), want->SerializeAsString())
+        << "\n fast: " << fast.ShortDebugString() << "\n onnx: " << want->ShortDebugString()
+        << "\n x: " << x.ShortDebugString() << "\n node: " << node.ShortDebugString();
+  }
+  EXPECT_GT(answered, 1000);
 }
 
 TEST(FastShapes, DeclinesWhatItDoesNotCover) {
