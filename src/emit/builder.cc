@@ -161,14 +161,14 @@ void Builder::propagate_witness(const onnx::NodeProto& node, const std::vector<V
   if (node.op_type() == "Neg" || node.op_type() == "Identity" || node.op_type() == "Cast" ||
       node.op_type() == "CastLike" || node.op_type() == "Dropout") {
     V w = tangent(inputs[0]) ? witness(inputs[0]) : inputs[0];
-    if (w.valid()) witness_[outputs[0].id] = w;
+    if (w.valid()) set_witness(outputs[0], w);
     return;
   }
   for (V in : inputs) {
     if (!in.valid()) continue;
     V w = tangent(in) ? witness(in) : in;
     if (w.valid() && same_static_shape(facts(w), of)) {
-      witness_[outputs[0].id] = w;
+      set_witness(outputs[0], w);
       return;
     }
   }
@@ -196,7 +196,7 @@ void Builder::propagate_witness(const onnx::NodeProto& node, const std::vector<V
       }
     }
     if (dominated) {
-      witness_[outputs[0].id] = witness(in);
+      set_witness(outputs[0], witness(in));
       return;
     }
   }

@@ -51,18 +51,21 @@ class Builder {
     std::vector<V> outputs;
     std::string origin;  // the naming origin when it was emitted (its source value)
   };
-  void set_tape(std::vector<TapeNode>* tape) { tape_ = tape; }
+  void set_tape(std::deque<TapeNode>* tape) { tape_ = tape; }
   // While transposing, tangents exist only on the tape: reading one is an internal error.
   void forbid_tangent_inputs(bool forbid) { forbid_tangents_ = forbid; }
   bool tangent(V v) const { return v.valid() && tangent_[v.id]; }
   void mark_tangent(V v) { tangent_[v.id] = 1; }
   // A primal value with the same shape as tangent `t` (its primal twin), when known: lets
   // transposes read run-time shapes of values that exist only on the tape.
-  void set_witness(V t, V primal) { witness_[t.id] = primal; }
-  V witness(V t) const {
-    auto it = witness_.find(t.id);
-    return it == witness_.end() ? V{} : it->second;
+  void set_witness(V t, V primal) {
+    if (static_cast<size_t>(t.id) >= witness_.size()) witness_.resize(values_.size());
+    witness_[static_cast<size_t>(t.id)] = primal;
   }
+  V witness(V t) const {
+    return t.valid() && static_cast<size_t>(t.id) < witness_.size() ? witness_[static_cast<size_t>(t.id)] : V{};
+  }
+  int value_count() const { return static_cast<int>(values_.size()); }
   // Runs ONNX's per-node inference on every emitted node so emitted values have facts
   // (ranks, static and symbolic dims) — needed when transposing broadcasts.
   void enable_inference(const std::unordered_map<std::string, int>& opsets);
@@ -192,10 +195,10 @@ class Builder {
   std::map<std::string, V> const_cache_;
   std::map<std::string, std::vector<int64_t>> known_i64_;
   std::vector<char> tangent_;
-  std::vector<TapeNode>* tape_ = nullptr;
+  std::deque<TapeNode>* tape_ = nullptr;  // a deque: growing it never moves the nodes
   bool forbid_tangents_ = false;
   std::vector<V> declared_;
-  std::unordered_map<int, V> witness_;
+  std::vector<V> witness_;  // by value id (invalid: none)
   const onnx::NodeProto* source_names_node_ = nullptr;
   std::unique_ptr<onnx::NodeProto>* source_owner_ = nullptr;
   struct Inference;

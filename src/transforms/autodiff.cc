@@ -5,6 +5,7 @@
 #include <onnax/onnax.h>
 #include <onnx/defs/schema.h>
 
+#include <deque>
 #include <set>
 #include <unordered_map>
 #include <unordered_set>
@@ -208,20 +209,14 @@ onnx::ModelProto differentiate(Prepared p, Mode mode, const Selection& sel) {
     seeds.push_back(t);
   }
 
-  std::vector<Builder::TapeNode> tape;
+  std::deque<Builder::TapeNode> tape;
   if (mode != Mode::kJvp) b.set_tape(&tape);
   const std::vector<char> needed = needed_values(p, r.outputs);
   const DerivativeRules& rules = DerivativeRules::instance();
   // A private graph's nodes are taken out of it and handed to the result by pointer (the same
   // objects, so rules and registered constants keep reading them); others are copied.
   const int node_count = src->node_size();
-  std::vector<std::unique_ptr<onnx::NodeProto>> owned;
-  if (src == &p.model.graph()) {
-    std::vector<onnx::NodeProto*> taken(static_cast<size_t>(node_count));
-    p.model.mutable_graph()->mutable_node()->ExtractSubrange(0, node_count, taken.data());
-    owned.reserve(taken.size());
-    for (onnx::NodeProto* n : taken) owned.emplace_back(n);
-  }
+  std::vector<std::unique_ptr<onnx::NodeProto>> owned = take_nodes(p);
 
   for (int ni = 0; ni < node_count; ++ni) {
     const onnx::NodeProto& node = owned.empty() ? src->node(ni) : *owned[static_cast<size_t>(ni)];
@@ -350,11 +345,15 @@ onnx::ModelProto differentiate(Prepared p, Mode mode, const Selection& sel) {
     // Transpose the tape: cotangents flow from the selected outputs back to the seeds.
     b.set_tape(nullptr);
     b.forbid_tangent_inputs(true);
-    std::unordered_map<int, V> ct;
+    std::vector<V> ct;  // cotangent of each builder value, by id (invalid: zero)
+    auto ct_of = [&](V v) {
+      return v.valid() && static_cast<size_t>(v.id) < ct.size() ? ct[static_cast<size_t>(v.id)] : V{};
+    };
     auto accumulate = [&](V t, V c) {
       if (!t.valid() || !c.valid()) return;
-      auto it = ct.find(t.id);
-      ct[t.id] = it == ct.end() ? c : b.add(it->second, c);
+      const V sum = b.add(ct_of(t), c);  // add() of a zero (invalid) and c is c
+      if (static_cast<size_t>(t.id) >= ct.size()) ct.resize(static_cast<size_t>(b.value_count()));
+      ct[static_cast<size_t>(t.id)] = sum;
     };
     for (const auto& o : r.outputs) {
       V seed;
@@ -373,9 +372,9 @@ onnx::ModelProto differentiate(Prepared p, Mode mode, const Selection& sel) {
       std::vector<V> cts;
       bool any = false;
       for (V o : tn.outputs) {
-        auto it = o.valid() ? ct.find(o.id) : ct.end();
-        cts.push_back(it == ct.end() ? V{} : it->second);
-        any = any || it != ct.end();
+        const V c = ct_of(o);
+        cts.push_back(c);
+        any = any || c.valid();
       }
       if (!any) continue;
       const TransposeRule* rule = rules.find_transpose(tn.node.op_type());
@@ -402,8 +401,8 @@ onnx::ModelProto differentiate(Prepared p, Mode mode, const Selection& sel) {
       const std::string& name = r.inputs[i];
       const std::string oname = p.value_names.fresh(name + (mode == Mode::kGrad ? "_grad" : "_cotangent"));
       b.set_origin(oname);
-      auto it = ct.find(seeds[i].id);
-      V c = it == ct.end() ? zeros_like(name) : it->second;
+      V c = ct_of(seeds[i]);
+      if (!c.valid()) c = zeros_like(name);
       emit_named(c, oname);
       new_outputs.push_back(value_info_like(oname, facts(name)));
       derivative_names.push_back(oname);

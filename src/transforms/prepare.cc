@@ -294,6 +294,17 @@ onnx::GraphProto& mutable_graph(Prepared& p) {
   return *p.model.mutable_graph();
 }
 
+std::vector<std::unique_ptr<onnx::NodeProto>> take_nodes(Prepared& p) {
+  std::vector<std::unique_ptr<onnx::NodeProto>> owned;
+  if (p.graph != &p.model.graph()) return owned;
+  const int count = p.graph->node_size();
+  std::vector<onnx::NodeProto*> taken(static_cast<size_t>(count));
+  p.model.mutable_graph()->mutable_node()->ExtractSubrange(0, count, taken.data());
+  owned.reserve(taken.size());
+  for (onnx::NodeProto* n : taken) owned.emplace_back(n);
+  return owned;
+}
+
 void take_initializers(Prepared& p, onnx::GraphProto& out) {
   if (p.graph == &p.model.graph()) {
     out.mutable_initializer()->Swap(p.model.mutable_graph()->mutable_initializer());

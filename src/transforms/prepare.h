@@ -4,6 +4,7 @@
 
 #include <onnx/onnx_pb.h>
 
+#include <memory>
 #include <string>
 #include <unordered_set>
 #include <vector>
@@ -44,6 +45,11 @@ Prepared prepare(onnx::ModelProto&& source, const std::string& mode);
 // The graph, made private to `p` first when it is still the source's (copy on write).
 // Invalidates pointers into the previous graph (runtime_inputs are recomputed).
 onnx::GraphProto& mutable_graph(Prepared& p);
+
+// The nodes of p's graph when it is private, taken out of it (in order), so a transform can hand
+// nodes that pass through unchanged to its result by pointer: the same objects, never copied.
+// Empty when the graph is the caller's (then nodes are read in place and copied).
+std::vector<std::unique_ptr<onnx::NodeProto>> take_nodes(Prepared& p);
 
 // The initializers of p's graph for the output graph: moved when private, else copied.
 void take_initializers(Prepared& p, onnx::GraphProto& out);

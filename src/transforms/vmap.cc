@@ -263,13 +263,7 @@ onnx::ModelProto vmap_prepared(Prepared p, const VmapOptions& opt) {
   // A private graph's nodes are taken out of it, so nodes that pass through unchanged can be
   // handed to the result as they are (a pointer moves; nothing is copied, allocated or freed).
   const int node_count = src_graph->node_size();
-  std::vector<std::unique_ptr<onnx::NodeProto>> owned;
-  if (src_graph == &p.model.graph()) {
-    std::vector<onnx::NodeProto*> taken(static_cast<size_t>(node_count));
-    p.model.mutable_graph()->mutable_node()->ExtractSubrange(0, node_count, taken.data());
-    owned.reserve(taken.size());
-    for (onnx::NodeProto* n : taken) owned.emplace_back(n);
-  }
+  std::vector<std::unique_ptr<onnx::NodeProto>> owned = take_nodes(p);
   for (int ni = 0; ni < node_count; ++ni) {
     const onnx::NodeProto& node = owned.empty() ? src_graph->node(ni) : *owned[static_cast<size_t>(ni)];
     bool any_batched = false;
