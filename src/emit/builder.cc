@@ -65,7 +65,9 @@ Builder::~Builder() = default;
 Builder::Builder(Builder&&) noexcept = default;
 
 V Builder::add_value(std::string name, Facts facts) {
-  values_.push_back(Value{std::move(name), std::move(facts)});
+  Value& value = values_.add();
+  value.name = std::move(name);
+  value.facts = std::move(facts);
   tangent_.push_back(0);
   const int id = static_cast<int>(values_.size() - 1);
   return V{id};

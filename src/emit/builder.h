@@ -181,9 +181,10 @@ class Builder {
     Value& operator[](size_t i) { return chunks_[i / kChunk][i % kChunk]; }
     const Value& operator[](size_t i) const { return chunks_[i / kChunk][i % kChunk]; }
     size_t size() const { return size_; }
-    void push_back(Value v) {
+    // A new value, filled in place (facts are moved once, not through a temporary Value).
+    Value& add() {
       if (size_ % kChunk == 0) chunks_.push_back(std::make_unique<Value[]>(kChunk));
-      (*this)[size_++] = std::move(v);
+      return (*this)[size_++];
     }
 
    private:

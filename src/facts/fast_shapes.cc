@@ -20,26 +20,35 @@ enum class Kind {
 
 // Operators whose ONNX inference is "element type and shape of the first input" (for
 // floating inputs) or a plain broadcast of all inputs, in every opset from 18 to 28.
-Kind kind_of(const std::string& op, int opset) {
-  static const std::unordered_map<std::string, Kind> kinds = [] {
-    std::unordered_map<std::string, Kind> m;
+// How an op is inferred here, and whether it takes any number of inputs (Sum, Mean, Max, Min)
+// rather than exactly two. One table lookup per node: fast_infer runs for every node.
+struct OpKind {
+  Kind kind = Kind::kNone;
+  bool variadic = false;
+  int since = 0;  // the first opset where this kind applies (Gelu: 20)
+};
+
+OpKind kind_of(const std::string& op, int opset) {
+  static const std::unordered_map<std::string, OpKind> kinds = [] {
+    std::unordered_map<std::string, OpKind> m;
     for (const char* u : {"Abs",       "Acos",     "Acosh",   "Asin",        "Asinh",      "Atan",
                           "Atanh",     "Ceil",     "Celu",    "Cos",         "Cosh",       "Elu",
                           "Erf",       "Exp",      "Floor",   "HardSigmoid", "HardSwish",  "Identity",
                           "LeakyRelu", "Log",      "Mish",    "Neg",         "Reciprocal", "Relu",
                           "Round",     "Selu",     "Sigmoid", "Sign",        "Sin",        "Sinh",
                           "Softplus",  "Softsign", "Sqrt",    "Tan",         "Tanh",       "ThresholdedRelu"})
-      m[u] = Kind::kUnary;
-    for (const char* b : {"Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Sum", "Mean"}) m[b] = Kind::kBroadcast;
-    m["MatMul"] = Kind::kMatMul;
-    m["Transpose"] = Kind::kTranspose;
-    m["GroupNormalization"] = Kind::kLikeFirst;
-    m["MeanVarianceNormalization"] = Kind::kLikeFirst;
+      m[u] = OpKind{Kind::kUnary};
+    m["Gelu"] = OpKind{Kind::kUnary, false, 20};
+    for (const char* b : {"Add", "Sub", "Mul", "Div", "Pow"}) m[b] = OpKind{Kind::kBroadcast};
+    for (const char* b : {"Max", "Min", "Sum", "Mean"}) m[b] = OpKind{Kind::kBroadcast, true};
+    m["MatMul"] = OpKind{Kind::kMatMul};
+    m["Transpose"] = OpKind{Kind::kTranspose};
+    m["GroupNormalization"] = OpKind{Kind::kLikeFirst};
+    m["MeanVarianceNormalization"] = OpKind{Kind::kLikeFirst};
     return m;
   }();
-  if (op == "Gelu") return opset >= 20 ? Kind::kUnary : Kind::kNone;
   auto it = kinds.find(op);
-  return it == kinds.end() ? Kind::kNone : it->second;
+  return it == kinds.end() || opset < it->second.since ? OpKind{} : it->second;
 }
 
 bool floating(int32_t t) {
@@ -131,13 +140,11 @@ bool transpose(const onnx::NodeProto& node, const Facts& in, Facts& out) {
 
 bool fast_infer(const onnx::NodeProto& node, int opset, const Facts* const* inputs, Facts& out) {
   if (!node.domain().empty() && node.domain() != "ai.onnx") return false;
-  const Kind kind = kind_of(node.op_type(), opset);
+  const OpKind op = kind_of(node.op_type(), opset);
+  const Kind kind = op.kind;
   if (kind == Kind::kNone || node.output_size() != 1 || node.input_size() == 0) return false;
   if ((kind == Kind::kUnary || kind == Kind::kTranspose) && node.input_size() != 1) return false;
-  if ((kind == Kind::kMatMul || (kind == Kind::kBroadcast && node.op_type() != "Sum" && node.op_type() != "Mean" &&
-                                 node.op_type() != "Max" && node.op_type() != "Min")) &&
-      node.input_size() != 2)
-    return false;
+  if ((kind == Kind::kMatMul || (kind == Kind::kBroadcast && !op.variadic)) && node.input_size() != 2) return false;
   constexpr int kMaxInputs = 8;  // Sum/Max/... with more inputs go to ONNX
   if (node.input_size() > kMaxInputs) return false;
   bool all_shapes = true;
