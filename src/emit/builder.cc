@@ -325,10 +325,6 @@ std::vector<V> Builder::clone(const onnx::NodeProto& node, const std::vector<V>&
   return outs;
 }
 
-void Builder::copy_node(onnx::NodeProto&& node) {
-  *out_.add_node() = std::move(node);
-}
-
 void Builder::rename(V v, const std::string& new_name, int first_node) {
   const std::string old = values_[v.id].name;
   for (int i = first_node; i < out_.node_size(); ++i) {

@@ -120,8 +120,6 @@ class Builder {
     source_names_node_ = node;
     source_owner_ = node && !tape_ ? owner : nullptr;
   }
-  // Emits `node` unchanged (moves it); registers its outputs with the given facts.
-  void copy_node(onnx::NodeProto&& node);
   // Emits `node` unchanged, taking ownership of it (no copy).
   void adopt_node(std::unique_ptr<onnx::NodeProto> node) { out_.mutable_node()->AddAllocated(node.release()); }
   // Emits a one-output node whose output has exactly `output_name` (already reserved).

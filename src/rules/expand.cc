@@ -22,18 +22,7 @@ bool float_dtype(int32_t dt) {
 
 onnx::TypeProto type_of(const Facts& f) {
   onnx::TypeProto t;
-  auto* tt = t.mutable_tensor_type();
-  tt->set_elem_type(f.dtype);
-  if (f.has_shape) {
-    auto* s = tt->mutable_shape();
-    for (const auto& d : f.dims) {
-      auto* dim = s->add_dim();
-      if (d.known())
-        dim->set_dim_value(d.value);
-      else if (!d.param.empty())
-        dim->set_dim_param(std::string(d.param));
-    }
-  }
+  write_type(f, &t);
   return t;
 }
 

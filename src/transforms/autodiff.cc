@@ -260,10 +260,7 @@ onnx::ModelProto differentiate(Prepared p, Mode mode, const Selection& sel) {
       float_out = float_out || dt == 0 || differentiable_dtype(dt);  // unknown dtype: could be float
     }
     // The primal node itself passes through unchanged.
-    if (owned.empty())
-      b.copy_node(onnx::NodeProto(node));
-    else
-      b.adopt_node(std::move(owned[static_cast<size_t>(ni)]));
+    b.adopt_node(owned.empty() ? std::make_unique<onnx::NodeProto>(node) : std::move(owned[static_cast<size_t>(ni)]));
     if (!active || !useful) continue;
     if (!float_out) continue;  // integer/bool results carry no derivative
     const std::string domain = node.domain() == "ai.onnx" ? "" : node.domain();
