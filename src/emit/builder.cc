@@ -191,9 +191,9 @@ void Builder::propagate_witness(const onnx::NodeProto& node, const std::vector<V
       for (int64_t i = 0; i < f.rank(); ++i) {
         const Dim& d = f.dims[i];
         const Dim& w = wf.dims[wf.rank() - f.rank() + i];
-        const bool one = d.known() && d.value == 1;
-        const bool equal = (d.known() && w.known() && d.value == w.value) ||
-                           (!d.known() && !w.known() && !d.param.empty() && d.param == w.param);
+        const bool one = d.known() && d.value() == 1;
+        const bool equal = (d.known() && w.known() && d.value() == w.value()) ||
+                           (!d.known() && !w.known() && !d.param().empty() && d.param() == w.param());
         if (!one && !equal) dominated = false;
       }
     }
@@ -567,7 +567,7 @@ V Builder::concat(const std::vector<V>& parts, int64_t axis) {
         total = -1;
         break;
       }
-      total += pf.dims[ax].value;
+      total += pf.dims[ax].value();
     }
     f.dims[ax] = total >= 0 ? Dim::of(total) : Dim{};
   }
@@ -582,7 +582,7 @@ V Builder::reshape(V x, V shape) {
   const Facts& sf = facts(shape);
   if (sf.has_shape && sf.rank() == 1 && sf.dims[0].known()) {
     f.has_shape = true;
-    f.dims.resize(sf.dims[0].value);
+    f.dims.resize(sf.dims[0].value());
     if (const auto* k = known_i64(shape)) {
       for (size_t i = 0; i < k->size(); ++i)
         if ((*k)[i] > 0) f.dims[i] = Dim::of((*k)[i]);
@@ -599,7 +599,7 @@ V Builder::expand(V x, V shape) {
   const Facts& sf = facts(shape);
   if (sf.has_shape && sf.rank() == 1 && sf.dims[0].known() && rank(x) >= 0) {
     f.has_shape = true;
-    f.dims.resize(std::max<int64_t>(sf.dims[0].value, rank(x)));
+    f.dims.resize(std::max<int64_t>(sf.dims[0].value(), rank(x)));
   }
   set_facts(y, f);
   return y;

@@ -5,12 +5,12 @@
 
 namespace onnax {
 
-std::string_view intern_dim_param(std::string_view name) {
-  if (name.empty()) return {};
+const std::string* intern_dim_param(std::string_view name) {
+  if (name.empty()) return nullptr;
   static std::mutex mutex;
   static auto* names = new std::unordered_set<std::string>();  // never freed: views outlive statics
   std::lock_guard<std::mutex> lock(mutex);
-  return *names->emplace(name).first;
+  return &*names->emplace(name).first;
 }
 
 std::string Facts::shape_string() const {
@@ -19,9 +19,9 @@ std::string Facts::shape_string() const {
   for (size_t i = 0; i < dims.size(); ++i) {
     if (i) s += ", ";
     if (dims[i].known())
-      s += std::to_string(dims[i].value);
+      s += std::to_string(dims[i].value());
     else
-      s += dims[i].param.empty() ? std::string_view("?") : dims[i].param;
+      s += dims[i].param().empty() ? std::string_view("?") : dims[i].param();
   }
   return s + "]";
 }
@@ -37,8 +37,8 @@ bool same_static_shape(const Facts& a, const Facts& b) {
   for (size_t i = 0; i < a.dims.size(); ++i) {
     const Dim& x = a.dims[i];
     const Dim& y = b.dims[i];
-    if (x.known() && y.known() && x.value == y.value) continue;
-    if (!x.known() && !y.known() && !x.param.empty() && x.param == y.param) continue;
+    if (x.known() && y.known() && x.value() == y.value()) continue;
+    if (!x.known() && !y.known() && !x.param().empty() && x.param() == y.param()) continue;
     return false;
   }
   return true;
@@ -74,9 +74,9 @@ void write_type(const Facts& facts, onnx::TypeProto* type) {
   for (const auto& d : facts.dims) {
     auto* pd = shape->add_dim();
     if (d.known())
-      pd->set_dim_value(d.value);
-    else if (!d.param.empty())
-      pd->set_dim_param(std::string(d.param));
+      pd->set_dim_value(d.value());
+    else if (!d.param().empty())
+      pd->set_dim_param(std::string(d.param()));
   }
 }
 

@@ -77,13 +77,13 @@ bool broadcast(const Operand* ops, int count, Dims& out) {
       if (i < rank - op.size) continue;
       const Dim& d = (*op.dims)[static_cast<size_t>(i - rank + op.size)];
       if (d.known()) {
-        if (d.value == 1) continue;
-        if (value != 1 && value != d.value) return false;
-        value = d.value;
+        if (d.value() == 1) continue;
+        if (value != 1 && value != d.value()) return false;
+        value = d.value();
       } else if (symbolic_count == 0) {
         symbolic = &d;
         symbolic_count = 1;
-      } else if (d.param != symbolic->param) {
+      } else if (d.param() != symbolic->param()) {
         ++symbolic_count;
       }
     }
@@ -103,7 +103,7 @@ bool matmul(const Dims& a, const Dims& b, Dims& out) {
   if (ra < 2 || rb < 2) return false;  // vector promotion: leave to ONNX
   const Dim& k1 = a[static_cast<size_t>(ra - 1)];
   const Dim& k2 = b[static_cast<size_t>(rb - 2)];
-  if (k1.known() && k2.known() && k1.value != k2.value) return false;
+  if (k1.known() && k2.known() && k1.value() != k2.value()) return false;
   const Operand batch[2] = {{&a, ra - 2}, {&b, rb - 2}};
   out.reserve(static_cast<size_t>(std::max(ra, rb)));
   if (!broadcast(batch, 2, out)) return false;

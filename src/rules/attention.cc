@@ -79,7 +79,7 @@ bool mask_stays_shared(BatchCtx& c) {
   const int64_t r = c.rank(kMask);
   if (r < 4) return true;
   const Facts* f = c.facts[kMask];
-  return r == 4 && f->dims[0].known() && f->dims[0].value == 1;
+  return r == 4 && f->dims[0].known() && f->dims[0].value() == 1;
 }
 
 // The mask as (B*N, heads or 1, q_seq, kv), example b's rows at b*N .. b*N+N-1.

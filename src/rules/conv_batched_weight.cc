@@ -44,20 +44,20 @@ std::optional<BatchResult> conv_batched_weight(BatchCtx& c) {
   if (kernel.empty())
     for (int64_t k = 0; k < spatial; ++k) {
       if (!wf->dims[2 + k].known()) return std::nullopt;
-      kernel.push_back(wf->dims[2 + k].value);
+      kernel.push_back(wf->dims[2 + k].value());
     }
   const int64_t group = c.attr_i("group", 1);
-  if (!channels.known() || static_cast<int64_t>(kernel.size()) != spatial || group < 1 || channels.value % group)
+  if (!channels.known() || static_cast<int64_t>(kernel.size()) != spatial || group < 1 || channels.value() % group)
     return std::nullopt;
   int64_t k_total = 1;
   for (int64_t k : kernel) k_total *= k;
-  const int64_t q = channels.value / group * k_total;
+  const int64_t q = channels.value() / group * k_total;
 
   // Windows of every (example's) input: a depthwise Conv with the one-hot kernels.
-  Attrs window_attrs{Attr::i("group", channels.value), Attr::ints("kernel_shape", kernel)};
+  Attrs window_attrs{Attr::i("group", channels.value()), Attr::ints("kernel_shape", kernel)};
   for (const char* name : {"auto_pad", "dilations", "pads", "strides"})
     if (const auto* a = c.attr(name)) window_attrs.push_back(Attr{*a});
-  V kernels = window_kernels(c, channels.value, kernel);
+  V kernels = window_kernels(c, channels.value(), kernel);
   V x = c.in[0];
   if (c.batched[0]) x = c.b.reshape(x, c.b.concat({c.b.i64s({-1}), c.b.shape_of(x, 2)}, 0));
   V patches = c.b.op1("Conv", {x, kernels}, window_attrs);
@@ -70,7 +70,7 @@ std::optional<BatchResult> conv_batched_weight(BatchCtx& c) {
   V p = c.b.reshape(patches, c.b.i64s(p_shape));
 
   const Dim& m = wf->dims[0];
-  const int64_t per_group = m.known() && m.value % group == 0 ? m.value / group : -1;
+  const int64_t per_group = m.known() && m.value() % group == 0 ? m.value() / group : -1;
   V w = c.b.unsqueeze(c.b.reshape(c.in[1], c.b.i64s({0, group, per_group, q})), {1});  // (B, 1, g, M/g, Q)
   V y = c.b.op1("MatMul", {w, p});                                                     // (B, N, g, M/g, S)
   // (B, N, M, S...): M from the weights, the output's spatial sizes from the windows.

@@ -105,11 +105,11 @@ V unbroadcast(Builder& b, V ct, V target, V witness) {
   for (int64_t i = 0; i < r; ++i) {
     const Dim& td = tf.dims[i];
     const Dim* cd = cf.has_shape ? &cf.dims[R - r + i] : nullptr;
-    const bool cd_one = cd && cd->known() && cd->value == 1;
+    const bool cd_one = cd && cd->known() && cd->value() == 1;
     if (td.known()) {
-      if (td.value == 1 && !cd_one) axes.push_back(i);
-    } else if (!(cd && !cd->known() && !td.param.empty() && cd->param == td.param) &&
-               !(cd && cd->known() && cd->value == 1)) {
+      if (td.value() == 1 && !cd_one) axes.push_back(i);
+    } else if (!(cd && !cd->known() && !td.param().empty() && cd->param() == td.param()) &&
+               !(cd && cd->known() && cd->value() == 1)) {
       // An unknown or symbolic target dim could be a broadcast 1 at run time.
       ambiguous = true;
     }
@@ -149,7 +149,7 @@ V tangent_shape(TransposeCtx& c, V t) {
   bool known = f.has_shape;
   for (const auto& d : f.dims) {
     known = known && d.known();
-    dims.push_back(d.value);
+    dims.push_back(d.value());
   }
   if (!known) c.unsupported("the shape of its tangent input is not known statically and has no primal twin");
   return c.b.i64s(dims);

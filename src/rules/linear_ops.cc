@@ -62,7 +62,7 @@ std::vector<V> dft_transpose(TransposeCtx& c) {
   const Facts& xf = b.facts(c.in(0));
   if (!xf.has_shape || xf.dims.empty() || !xf.dims.back().known())
     c.unsupported("whether the input is real (last dim 1) or complex (2) is not known statically");
-  const bool real = xf.dims.back().value == 1;
+  const bool real = xf.dims.back().value() == 1;
   const bool inverse = c.attr_i("inverse", 0) != 0;
   if (inverse && c.attr_i("onesided", 0))
     c.unsupported("an inverse DFT of a one-sided (Hermitian) spectrum has no transpose yet",
@@ -106,7 +106,7 @@ std::vector<V> affine_grid_transpose(TransposeCtx& c) {
   const Facts& tf = b.facts(c.in(0));
   if (!tf.has_shape || tf.dims.size() != 3 || !tf.dims[1].known())
     c.unsupported("theta's shape (N, 2, 3) or (N, 3, 4) is not known statically");
-  const int64_t k = tf.dims[1].value;
+  const int64_t k = tf.dims[1].value();
   const int32_t dt = b.facts(c.ct()).dtype;
   onnx::TensorProto eye;
   eye.set_data_type(dt);
@@ -198,7 +198,7 @@ std::vector<V> stft_transpose(TransposeCtx& c) {
   const Facts& sf = b.facts(c.in(0));
   if (!sf.has_shape || sf.dims.size() != 3 || !sf.dims[2].known())
     c.unsupported("whether the signal is real (last dim 1) or complex (2) is not known statically");
-  const bool real = sf.dims[2].value == 1;
+  const bool real = sf.dims[2].value() == 1;
   V sshape = c.linear(0) ? tangent_shape(c, c.in(0)) : b.shape_of(c.in(0));
   V n = !c.in(2).valid() ? b.reshape(c.in(3), b.i64s({1}))
         : c.linear(2)    ? tangent_shape(c, c.in(2))

@@ -427,7 +427,7 @@ std::vector<V> resize_transpose(TransposeCtx& c) {
   V ct = c.ct();
   for (int64_t j = 0; j < k; ++j) {
     const int64_t a = axes[j] < 0 ? axes[j] + r : axes[j];
-    if (sizes && xf.has_shape && xf.dims[a].known() && (*sizes)[j] == xf.dims[a].value) continue;
+    if (sizes && xf.has_shape && xf.dims[a].known() && (*sizes)[j] == xf.dims[a].value()) continue;
     V n = b.op1("Slice", {xshape, b.i64s({a}), b.i64s({a + 1})});
     V iota = b.op1("Range", {b.i64(0), b.op1("Squeeze", {n, b.i64s({0})}), b.i64(1)});
     V eye = b.op1("Cast", {b.op1("Equal", {b.unsqueeze(iota, {1}), b.unsqueeze(iota, {0})})}, {Attr::i("to", dt)});

@@ -52,7 +52,7 @@ BatchResult squeeze_rule(BatchCtx& c) {
           c.unsupported("Squeeze without axes on " + c.describe_input(0) + ": dim " + std::to_string(k) +
                             " is not statically known, so which dims are 1 is unknown",
                         "give Squeeze an explicit axes input");
-        if (f->dims[k].value == 1) ones.push_back(k + 1);
+        if (f->dims[k].value() == 1) ones.push_back(k + 1);
       }
     else
       c.rank(0);  // fails with the unknown-rank diagnostic
@@ -79,7 +79,7 @@ BatchResult expand_rule(BatchCtx& c) {
   const Facts* sf = c.facts[1];
   if (!sf || !sf->has_shape || sf->rank() != 1 || !sf->dims[0].known())
     c.unsupported("the length of the shape input is not statically known", "declare the shape input's length");
-  const int64_t len = sf->dims[0].value;
+  const int64_t len = sf->dims[0].value();
   V x = c.pad_rank(0, len);
   return all_batched(c.b.clone(c.node, {x, prepend(c, c.b.i64s({1}), 1)}));
 }
@@ -106,7 +106,7 @@ BatchResult slice_rule(BatchCtx& c) {
     if (!sf || !sf->has_shape || sf->rank() != 1 || !sf->dims[0].known())
       c.unsupported("Slice without axes needs the length of 'starts' statically", "give Slice an explicit axes input");
     std::vector<int64_t> axes;
-    for (int64_t k = 1; k <= sf->dims[0].value; ++k) axes.push_back(k);
+    for (int64_t k = 1; k <= sf->dims[0].value(); ++k) axes.push_back(k);
     V a = c.b.i64s(axes);
     if (c.dtype(1) != onnx::TensorProto::INT64) a = c.b.op1("Cast", {a}, {Attr::i("to", c.dtype(1))});
     ins[3] = a;
