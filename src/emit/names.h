@@ -28,11 +28,13 @@ class Interner {
   int intern(std::string_view name, bool* added = nullptr);
   std::string_view name(int id) const { return names_[static_cast<size_t>(id)]; }
   int size() const { return static_cast<int>(names_.size()); }
+  // Makes room for `names` names in all, so interning them never rehashes.
+  void reserve(size_t names);
 
  private:
   static size_t hash(std::string_view s);
   std::string_view store(std::string_view s);
-  void grow();
+  void grow(size_t slots);  // rehashes into `slots` slots (a power of two)
 
   struct Slot {
     uint32_t hash = 0;
@@ -65,6 +67,8 @@ class NameScope {
   int intern(std::string_view name) { return names_.intern(name); }
   std::string_view name(int id) const { return names_.name(id); }
   int size() const { return names_.size(); }
+  // Makes room for `count` names in all (a hint: more can always be added).
+  void expect(size_t count) { names_.reserve(count); }
   // `base` itself when free, else base_1, base_2, ... (amortised O(1) per call).
   std::string fresh(std::string_view base) { return std::string(fresh_view(base)); }
   // The same name as a view of the scope's own copy (valid while the scope lives), sparing the

@@ -1,6 +1,9 @@
 #include "facts/fast_shapes.h"
 
 #include <algorithm>
+#include <vector>
+
+#include "emit/names.h"
 
 namespace onnax {
 namespace {
@@ -28,27 +31,43 @@ struct OpKind {
   int since = 0;  // the first opset where this kind applies (Gelu: 20)
 };
 
-OpKind kind_of(const std::string& op, int opset) {
-  static const std::unordered_map<std::string, OpKind> kinds = [] {
-    std::unordered_map<std::string, OpKind> m;
+// The kinds by op type, looked up with one hash of the name (fast_infer runs for every node).
+class KindTable {
+ public:
+  KindTable() {
     for (const char* u : {"Abs",       "Acos",     "Acosh",   "Asin",        "Asinh",      "Atan",
                           "Atanh",     "Ceil",     "Celu",    "Cos",         "Cosh",       "Elu",
                           "Erf",       "Exp",      "Floor",   "HardSigmoid", "HardSwish",  "Identity",
                           "LeakyRelu", "Log",      "Mish",    "Neg",         "Reciprocal", "Relu",
                           "Round",     "Selu",     "Sigmoid", "Sign",        "Sin",        "Sinh",
                           "Softplus",  "Softsign", "Sqrt",    "Tan",         "Tanh",       "ThresholdedRelu"})
-      m[u] = OpKind{Kind::kUnary};
-    m["Gelu"] = OpKind{Kind::kUnary, false, 20};
-    for (const char* b : {"Add", "Sub", "Mul", "Div", "Pow"}) m[b] = OpKind{Kind::kBroadcast};
-    for (const char* b : {"Max", "Min", "Sum", "Mean"}) m[b] = OpKind{Kind::kBroadcast, true};
-    m["MatMul"] = OpKind{Kind::kMatMul};
-    m["Transpose"] = OpKind{Kind::kTranspose};
-    m["GroupNormalization"] = OpKind{Kind::kLikeFirst};
-    m["MeanVarianceNormalization"] = OpKind{Kind::kLikeFirst};
-    return m;
-  }();
-  auto it = kinds.find(op);
-  return it == kinds.end() || opset < it->second.since ? OpKind{} : it->second;
+      add(u, OpKind{Kind::kUnary});
+    add("Gelu", OpKind{Kind::kUnary, false, 20});
+    for (const char* b : {"Add", "Sub", "Mul", "Div", "Pow"}) add(b, OpKind{Kind::kBroadcast});
+    for (const char* b : {"Max", "Min", "Sum", "Mean"}) add(b, OpKind{Kind::kBroadcast, true});
+    add("MatMul", OpKind{Kind::kMatMul});
+    add("Transpose", OpKind{Kind::kTranspose});
+    add("GroupNormalization", OpKind{Kind::kLikeFirst});
+    add("MeanVarianceNormalization", OpKind{Kind::kLikeFirst});
+  }
+  OpKind find(const std::string& op, int opset) const {
+    const int id = names_.find(op);  // read-only: safe from several threads
+    if (id < 0 || opset < kinds_[static_cast<size_t>(id)].since) return OpKind{};
+    return kinds_[static_cast<size_t>(id)];
+  }
+
+ private:
+  void add(const char* op, OpKind kind) {
+    names_.intern(op);
+    kinds_.push_back(kind);
+  }
+  Interner names_;
+  std::vector<OpKind> kinds_;  // by id in names_
+};
+
+OpKind kind_of(const std::string& op, int opset) {
+  static const KindTable table;
+  return table.find(op, opset);
 }
 
 bool floating(int32_t t) {

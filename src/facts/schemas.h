@@ -6,7 +6,9 @@
 #include <onnx/defs/schema.h>
 
 #include <string>
-#include <unordered_map>
+#include <vector>
+
+#include "emit/names.h"
 
 namespace onnax {
 
@@ -14,19 +16,25 @@ class SchemaCache {
  public:
   // The schema of domain::op in effect at `opset` (nullptr when ONNX has none).
   const onnx::OpSchema* find(const std::string& op, const std::string& domain, int opset) {
-    key_.assign(domain).push_back('\0');
-    key_.append(op).push_back('\0');
-    key_.append(reinterpret_cast<const char*>(&opset), sizeof opset);
-    auto it = cache_.find(key_);
-    if (it != cache_.end()) return it->second;
+    // One hash of the op type (graphs use a few dozen distinct ones), then a short scan over
+    // the domains and opsets seen with it (usually one).
+    const size_t id = static_cast<size_t>(ops_.intern(op));
+    if (id >= entries_.size()) entries_.resize(id + 1);
+    for (const Entry& e : entries_[id])
+      if (e.opset == opset && e.domain == domain) return e.schema;
     const onnx::OpSchema* schema = onnx::OpSchemaRegistry::Schema(op, opset, domain);
-    cache_.emplace(key_, schema);
+    entries_[id].push_back(Entry{domain, opset, schema});
     return schema;
   }
 
  private:
-  std::string key_;  // reused to avoid an allocation per lookup
-  std::unordered_map<std::string, const onnx::OpSchema*> cache_;
+  struct Entry {
+    std::string domain;
+    int opset;
+    const onnx::OpSchema* schema;
+  };
+  Interner ops_;                             // op type -> id
+  std::vector<std::vector<Entry>> entries_;  // by op id
 };
 
 }  // namespace onnax

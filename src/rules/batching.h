@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "emit/builder.h"
+#include "emit/small_vec.h"
 #include "facts/facts.h"
 
 namespace onnax {
@@ -66,7 +67,7 @@ class BatchCtx {
 
 struct BatchResult {
   std::vector<V> out;
-  std::vector<bool> batched;
+  SmallVec<bool, 8> batched;  // whether out[i] carries the batch axis at 0
 };
 
 using BatchRule = std::function<BatchResult(BatchCtx&)>;

@@ -14,6 +14,7 @@ BatchResult broadcast_rule(BatchCtx& c) {
   for (int i = 0; i < c.num_inputs(); ++i)
     if (c.has(i)) out_rank = std::max(out_rank, c.rank(i));
   std::vector<V> ins;
+  ins.reserve(static_cast<size_t>(c.num_inputs()));
   for (int i = 0; i < c.num_inputs(); ++i) ins.push_back(c.has(i) ? c.pad_rank(i, out_rank) : V{});
   return all_batched(c.b.clone(c.node, ins));
 }

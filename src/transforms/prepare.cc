@@ -76,7 +76,16 @@ bool index_graph(const onnx::GraphProto& g, NameScope& names, NodeValueIds& inde
   index.ids.clear();
   index.offsets.clear();
   index.offsets.reserve(static_cast<size_t>(g.node_size()));
-  std::vector<char> defined;
+  // Size the name table and the id list once: growing them per name rehashes and copies.
+  size_t values = static_cast<size_t>(g.input_size() + g.initializer_size() + g.sparse_initializer_size());
+  size_t slots = 0;
+  for (const auto& node : g.node()) {
+    values += static_cast<size_t>(node.output_size());
+    slots += static_cast<size_t>(node.input_size() + node.output_size());
+  }
+  names.expect(static_cast<size_t>(names.size()) + values);
+  index.ids.reserve(slots);
+  std::vector<char> defined(static_cast<size_t>(names.size()) + values);
   auto define = [&](const std::string& name) {
     const int id = names.intern(name);
     if (static_cast<size_t>(id) >= defined.size()) defined.resize(static_cast<size_t>(id) + 1 + defined.size() / 2);
@@ -388,6 +397,7 @@ void prepare_graph(Prepared& p, const std::string& mode) {
     index_graph(*p.graph, p.value_names, p.node_ids);
   }
   const auto& g = *p.graph;
+  p.node_names.expect(static_cast<size_t>(g.node_size()));
   collect_names(g, p, false);
   for (const auto& t : g.initializer()) p.initializer_names.insert(t.name());
   for (const auto& s : g.sparse_initializer()) p.initializer_names.insert(s.values().name());

@@ -388,15 +388,18 @@ onnx::ModelProto vmap_prepared(Prepared p, const VmapOptions& opt) {
       b.set_facts(v, std::move(f));
       // Give the final value the source's readable name when it was made by this rule and
       // the name is free to take (graph outputs may need one more node to reach their axis).
+      // (An exact copy of the node already has it: nothing to look for.)
       const int oi = output_position(output_ids[o]);
       bool may_take = oi < 0 || (bat && out_axes[static_cast<size_t>(oi)] == 0);
-      bool made_here = false, name_taken = false;
-      for (int ni2 = first; ni2 < b.node_count(); ++ni2)
-        for (const auto& on : out_graph.node(ni2).output()) {
-          made_here = made_here || on == b.name(v);
-          name_taken = name_taken || on == src_name;  // by an intermediate that kept it
-        }
-      if (may_take && made_here && !name_taken) b.rename(v, src_name, first);
+      if (may_take && b.name(v) != src_name) {
+        bool made_here = false, name_taken = false;
+        for (int ni2 = first; ni2 < b.node_count(); ++ni2)
+          for (const auto& on : out_graph.node(ni2).output()) {
+            made_here = made_here || on == b.name(v);
+            name_taken = name_taken || on == src_name;  // by an intermediate that kept it
+          }
+        if (made_here && !name_taken) b.rename(v, src_name, first);
+      }
       bind_id(output_ids[o], Mapped{v, bat});
     }
     // Hand the context's buffers to the next node (their capacity is what is reused).

@@ -1,0 +1,82 @@
+// A vector of trivially copyable elements whose first N live inside the object.
+//
+// Transforms make a few short lists per node (which outputs are batched, ...); as
+// std::vectors each was a heap allocation and a free, which over a 100k-node graph costs as
+// much as the useful work. Lists longer than N (a Split with many outputs) move to the heap.
+#pragma once
+
+#include <cstddef>
+#include <cstring>
+#include <initializer_list>
+#include <memory>
+#include <type_traits>
+
+namespace onnax {
+
+template <typename T, size_t N>
+class SmallVec {
+  static_assert(std::is_trivially_copyable_v<T>);
+
+ public:
+  SmallVec() = default;
+  SmallVec(std::initializer_list<T> items) {
+    for (const T& x : items) push_back(x);
+  }
+  SmallVec(const SmallVec& o) { copy_from(o); }
+  SmallVec& operator=(const SmallVec& o) {
+    if (this != &o) {
+      size_ = 0;
+      copy_from(o);
+    }
+    return *this;
+  }
+  SmallVec(SmallVec&& o) noexcept { copy_from(o); }
+  SmallVec& operator=(SmallVec&& o) noexcept { return *this = static_cast<const SmallVec&>(o); }
+
+  size_t size() const { return size_; }
+  bool empty() const { return size_ == 0; }
+  T* data() { return heap_ ? heap_.get() : inline_; }
+  const T* data() const { return heap_ ? heap_.get() : inline_; }
+  T& operator[](size_t i) { return data()[i]; }
+  const T& operator[](size_t i) const { return data()[i]; }
+  T* begin() { return data(); }
+  T* end() { return data() + size_; }
+  const T* begin() const { return data(); }
+  const T* end() const { return data() + size_; }
+
+  void clear() { size_ = 0; }
+  void push_back(const T& x) {
+    if (size_ == capacity_) reserve(capacity_ * 2);
+    data()[size_++] = x;
+  }
+  void resize(size_t n, const T& fill = T{}) {
+    reserve(n);
+    for (size_t i = size_; i < n; ++i) data()[i] = fill;
+    size_ = n;
+  }
+  void assign(size_t n, const T& fill) {
+    size_ = 0;
+    resize(n, fill);
+  }
+  void reserve(size_t n) {
+    if (n <= capacity_) return;
+    std::unique_ptr<T[]> grown(new T[n]);
+    if (size_) std::memcpy(static_cast<void*>(grown.get()), data(), size_ * sizeof(T));
+    heap_ = std::move(grown);
+    capacity_ = n;
+  }
+
+ private:
+  void copy_from(const SmallVec& o) {
+    reserve(o.size_);
+    if (o.size_) std::memcpy(static_cast<void*>(data()), o.data(), o.size_ * sizeof(T));
+    size_ = o.size_;
+  }
+
+  size_t size_ = 0;
+  size_t capacity_ = N;
+  std::unique_ptr<T[]> heap_;  // set once more than N elements were needed
+  T inline_[N]{};
+};
+
+}  // namespace onnax
