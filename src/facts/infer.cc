@@ -79,7 +79,7 @@ void infer_facts(const onnx::GraphProto& g, const std::unordered_map<std::string
                  const NodeValueIds& node_ids, FactTable& table) {
   std::unordered_map<std::string, const onnx::TensorProto*> data;
   std::unordered_map<std::string, const onnx::SparseTensorProto*> sparse;
-  std::unordered_map<std::string, const onnx::ValueInfoProto*> declared;
+  std::vector<const onnx::ValueInfoProto*> declared(static_cast<size_t>(names.size()), nullptr);  // by id
   std::deque<onnx::TensorProto> constants;  // Constant nodes' values (stable addresses)
   auto id_of = [&](const std::string& name) { return names.id(name); };
   table.cover(names.size());
@@ -93,8 +93,12 @@ void infer_facts(const onnx::GraphProto& g, const std::unordered_map<std::string
   }
   for (const auto& vi : g.input())
     if (table.at(id_of(vi.name())).dtype == 0) table.set_type(id_of(vi.name()), vi.type());
-  for (const auto& vi : g.value_info()) declared[vi.name()] = &vi;
-  for (const auto& vi : g.output()) declared[vi.name()] = &vi;
+  auto declare = [&](const onnx::ValueInfoProto& vi) {
+    const int id = id_of(vi.name());
+    if (id >= 0 && static_cast<size_t>(id) < declared.size()) declared[static_cast<size_t>(id)] = &vi;
+  };
+  for (const auto& vi : g.value_info()) declare(vi);
+  for (const auto& vi : g.output()) declare(vi);
 
   const auto default_domain = opsets.find("");
   const int default_opset = default_domain == opsets.end() ? 0 : default_domain->second;
@@ -103,6 +107,21 @@ void infer_facts(const onnx::GraphProto& g, const std::unordered_map<std::string
   OnnxTypes onnx_types(table, names);
   onnx::shape_inference::GraphInferenceContext graph_ctx(onnx_types.all(), opsets, nullptr, {},
                                                          onnx::OpSchemaRegistry::Instance(), &generated);
+  // Stores what was inferred for output `id`: a declared type wins where inference found
+  // none, or only a dtype where the declaration gives a rank.
+  auto record = [&](int id, const std::string& name, Facts& f, const onnx::TypeProto* other) {
+    if (name.empty()) return;
+    const onnx::ValueInfoProto* d =
+        id >= 0 && static_cast<size_t>(id) < declared.size() ? declared[static_cast<size_t>(id)] : nullptr;
+    const bool inferred_typed = f.dtype != 0 || other;
+    if (d && d->has_type() && (!inferred_typed || (!other && !f.has_shape && has_rank(d->type()))))
+      table.set_type(id, d->type());
+    else if (other)
+      table.set_type(id, *other);
+    else
+      table.set(id, std::move(f));
+    onnx_types.defined(id);
+  };
   SchemaCache schemas;
   std::vector<const Facts*> in_facts;
   std::vector<Facts> inferred;
@@ -114,12 +133,18 @@ void infer_facts(const onnx::GraphProto& g, const std::unordered_map<std::string
     in_facts.assign(static_cast<size_t>(n.input_size()), nullptr);
     for (int i = 0; i < n.input_size(); ++i)
       if (input_ids[i] >= 0) in_facts[static_cast<size_t>(i)] = &table.at(input_ids[i]);
-    inferred.assign(static_cast<size_t>(n.output_size()), Facts{});
-    non_tensor.assign(static_cast<size_t>(n.output_size()), std::nullopt);
+    inferred.resize(static_cast<size_t>(n.output_size()));
+    for (Facts& f : inferred) f = Facts{};
     const bool fast = n.output_size() == 1 && fast_infer(n, default_opset, in_facts.data(), inferred[0]);
-    if (!fast && !inferred.empty()) inferred[0] = Facts{};
+    if (fast) {
+      // The common case: one tensor output, typed by the fast shape functions.
+      record(output_ids[0], n.output(0), inferred[0], nullptr);
+      continue;
+    }
+    if (!inferred.empty()) inferred[0] = Facts{};
+    non_tensor.assign(static_cast<size_t>(n.output_size()), std::nullopt);
     const std::string domain = n.domain() == "ai.onnx" ? "" : n.domain();
-    auto op = fast ? opsets.end() : opsets.find(domain);
+    auto op = opsets.find(domain);
     const onnx::OpSchema* schema = op == opsets.end() ? nullptr : schemas.find(n.op_type(), domain, op->second);
     if (schema && schema->has_type_and_shape_inference_function()) {
       try {
@@ -156,21 +181,8 @@ void infer_facts(const onnx::GraphProto& g, const std::unordered_map<std::string
       data[n.output(0)] = &constants.back();
     }
     for (int i = 0; i < n.output_size(); ++i) {
-      const std::string& name = n.output(i);
-      if (name.empty()) continue;
-      Facts& f = inferred[static_cast<size_t>(i)];
-      auto& other = non_tensor[static_cast<size_t>(i)];
-      auto d = declared.find(name);
-      const bool inferred_typed = f.dtype != 0 || other.has_value();
-      const int id = output_ids[i];
-      if (d != declared.end() && d->second->has_type() &&
-          (!inferred_typed || (!other && !f.has_shape && has_rank(d->second->type()))))
-        table.set_type(id, d->second->type());
-      else if (other)
-        table.set_type(id, *other);
-      else
-        table.set(id, std::move(f));
-      onnx_types.defined(id);
+      const auto& other = non_tensor[static_cast<size_t>(i)];
+      record(output_ids[i], n.output(i), inferred[static_cast<size_t>(i)], other ? &*other : nullptr);
     }
   }
   for (const auto& vi : g.output())
