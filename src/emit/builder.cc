@@ -88,7 +88,7 @@ void Builder::register_data(const std::string& n, const onnx::TensorProto* tenso
   if (inference_) inference_->data[n] = tensor;
 }
 
-void Builder::infer(onnx::NodeProto& node, const std::vector<V>& inputs, const std::vector<V>& outputs) {
+void Builder::infer(onnx::NodeProto& node, const std::vector<V>& inputs, const Vs& outputs) {
   auto& inf = *inference_;
   // `inputs` are the node's inputs in order.
   inf.in_facts.assign(inputs.size(), nullptr);
@@ -132,7 +132,7 @@ void Builder::infer(onnx::NodeProto& node, const std::vector<V>& inputs, const s
   }
 }
 
-void Builder::finish(const std::vector<V>& inputs, const std::vector<V>& outputs) {
+void Builder::finish(const std::vector<V>& inputs, const Vs& outputs) {
   bool linear = false;
   for (V v : inputs) linear = linear || tangent(v);
   if (linear && forbid_tangents_)
@@ -141,7 +141,7 @@ void Builder::finish(const std::vector<V>& inputs, const std::vector<V>& outputs
   for (V v : outputs)
     if (v.valid()) tangent_[v.id] = linear ? 1 : 0;
   auto* node = out_.mutable_node(out_.node_size() - 1);
-  if (node->op_type() == "Constant" && inference_)
+  if (inference_ && node->op_type() == "Constant")
     for (const auto& a : node->attribute())
       if (a.name() == "value" && a.has_t()) inference_->data[node->output(0)] = &a.t();
   if (inference_) infer(*node, inputs, outputs);
@@ -152,8 +152,7 @@ void Builder::finish(const std::vector<V>& inputs, const std::vector<V>& outputs
   }
 }
 
-void Builder::propagate_witness(const onnx::NodeProto& node, const std::vector<V>& inputs,
-                                const std::vector<V>& outputs) {
+void Builder::propagate_witness(const onnx::NodeProto& node, const std::vector<V>& inputs, const Vs& outputs) {
   // Shape-preserving and elementwise linear ops: the output has the shape of an input (or of
   // a tangent input's witness) whenever the facts say so.
   static const std::set<std::string> elementwise{"Add",      "Sub",  "Mul",      "Div",     "Where", "Sum", "Neg",
@@ -249,11 +248,11 @@ onnx::NodeProto* Builder::new_node(std::string_view type) {
   return n;
 }
 
-std::vector<V> Builder::op(std::string_view type, const std::vector<V>& inputs, const Attrs& attrs, int num_outputs) {
+Vs Builder::op(std::string_view type, const std::vector<V>& inputs, const Attrs& attrs, int num_outputs) {
   auto* n = new_node(type);
   for (V v : inputs) n->add_input(v.valid() ? name(v) : std::string());
   for (const auto& a : attrs) *n->add_attribute() = a.proto;
-  std::vector<V> outs;
+  Vs outs;
   for (int i = 0; i < num_outputs; ++i) {
     std::string nm(value_names_.fresh_view(name_base('_', type, true)));
     n->add_output(nm);
@@ -281,7 +280,7 @@ bool Builder::same_input_names(const onnx::NodeProto& node, const std::vector<V>
   return true;
 }
 
-std::vector<V> Builder::clone(const onnx::NodeProto& node, const std::vector<V>& inputs, const Attrs& overrides,
+Vs Builder::clone(const onnx::NodeProto& node, const std::vector<V>& inputs, const Attrs& overrides,
                               const std::vector<std::string>& drop, int num_outputs) {
   if (source_names_node_ == &node && overrides.empty() && drop.empty() && num_outputs < 0 &&
       same_input_names(node, inputs)) {
@@ -291,7 +290,7 @@ std::vector<V> Builder::clone(const onnx::NodeProto& node, const std::vector<V>&
     else
       *out_.add_node() = node;
     source_owner_ = nullptr;
-    std::vector<V> outs;
+    Vs outs;
     for (const auto& o : node.output()) outs.push_back(o.empty() ? V{} : add_value(o, Facts{}));
     finish(inputs, outs);
     return outs;
@@ -306,7 +305,7 @@ std::vector<V> Builder::clone(const onnx::NodeProto& node, const std::vector<V>&
     if (!replaced && !dropped) *n->add_attribute() = a;
   }
   for (const auto& a : overrides) *n->add_attribute() = a.proto;
-  std::vector<V> outs;
+  Vs outs;
   const int count = num_outputs >= 0 ? num_outputs : node.output_size();
   for (int i = 0; i < count; ++i) {
     if (i < node.output_size() && node.output(i).empty() && num_outputs < 0) {

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "emit/names.h"
+#include "emit/small_vec.h"
 #include "facts/facts.h"
 
 namespace onnax {
@@ -25,6 +26,8 @@ struct V {
   int id = -1;
   bool valid() const { return id >= 0; }
 };
+// The outputs of one emitted node (few: no heap allocation for up to 4).
+using Vs = SmallVec<V, 4>;
 
 // One attribute to set on an emitted node.
 struct Attr {
@@ -48,7 +51,7 @@ class Builder {
   struct TapeNode {
     onnx::NodeProto node;
     std::vector<V> inputs;
-    std::vector<V> outputs;
+    Vs outputs;
     std::string origin;  // the naming origin when it was emitted (its source value)
   };
   void set_tape(std::deque<TapeNode>* tape) { tape_ = tape; }
@@ -101,14 +104,14 @@ class Builder {
   int64_t rank(V v) const { return values_[v.id].facts.rank(); }
 
   // Emits a node; outputs get fresh names derived from the origin and op type.
-  std::vector<V> op(std::string_view type, const std::vector<V>& inputs, const Attrs& attrs = {}, int num_outputs = 1);
+  Vs op(std::string_view type, const std::vector<V>& inputs, const Attrs& attrs = {}, int num_outputs = 1);
   V op1(std::string_view type, const std::vector<V>& inputs, const Attrs& attrs = {}) {
     return op(type, inputs, attrs, 1)[0];
   }
   // Emits a copy of `node` (type, domain, attributes) with new inputs; attributes in
   // `overrides` replace or add, names in `drop` are removed.
   // num_outputs >= 0 emits that many outputs instead of the node's own count.
-  std::vector<V> clone(const onnx::NodeProto& node, const std::vector<V>& inputs, const Attrs& overrides = {},
+  Vs clone(const onnx::NodeProto& node, const std::vector<V>& inputs, const Attrs& overrides = {},
                        const std::vector<std::string>& drop = {}, int num_outputs = -1);
   // While a transform rewrites `node` (nullptr: none), the first clone of it with unchanged
   // attributes and inputs that carry the source's input names is emitted as an exact copy,
@@ -162,9 +165,9 @@ class Builder {
   std::string_view name_base(char separator, std::string_view type, bool lowercase);
   bool same_input_names(const onnx::NodeProto& node, const std::vector<V>& inputs) const;
   // Bookkeeping after a node is complete: tangent flags, inferred facts, tape routing.
-  void finish(const std::vector<V>& inputs, const std::vector<V>& outputs);
-  void infer(onnx::NodeProto& node, const std::vector<V>& inputs, const std::vector<V>& outputs);
-  void propagate_witness(const onnx::NodeProto& node, const std::vector<V>& inputs, const std::vector<V>& outputs);
+  void finish(const std::vector<V>& inputs, const Vs& outputs);
+  void infer(onnx::NodeProto& node, const std::vector<V>& inputs, const Vs& outputs);
+  void propagate_witness(const onnx::NodeProto& node, const std::vector<V>& inputs, const Vs& outputs);
 
   onnx::GraphProto& out_;
   NameScope& value_names_;

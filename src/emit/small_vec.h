@@ -10,6 +10,7 @@
 #include <initializer_list>
 #include <memory>
 #include <type_traits>
+#include <vector>
 
 namespace onnax {
 
@@ -22,6 +23,12 @@ class SmallVec {
   SmallVec(std::initializer_list<T> items) {
     for (const T& x : items) push_back(x);
   }
+  // Interchangeable with std::vector where code still takes one (copies).
+  SmallVec(const std::vector<T>& items) {  // NOLINT: implicit on purpose
+    reserve(items.size());
+    for (const T& x : items) push_back(x);
+  }
+  operator std::vector<T>() const { return std::vector<T>(begin(), end()); }  // NOLINT
   SmallVec(const SmallVec& o) { copy_from(o); }
   SmallVec& operator=(const SmallVec& o) {
     if (this != &o) {
@@ -39,6 +46,10 @@ class SmallVec {
   const T* data() const { return heap_ ? heap_.get() : inline_; }
   T& operator[](size_t i) { return data()[i]; }
   const T& operator[](size_t i) const { return data()[i]; }
+  T& front() { return data()[0]; }
+  const T& front() const { return data()[0]; }
+  T& back() { return data()[size_ - 1]; }
+  const T& back() const { return data()[size_ - 1]; }
   T* begin() { return data(); }
   T* end() { return data() + size_; }
   const T* begin() const { return data(); }

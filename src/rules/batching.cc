@@ -229,7 +229,7 @@ void register_refusals(BatchRules& r) {
     r.add("", op, 1, [](BatchCtx& c) -> BatchResult { refuse_random(c); });
 }
 
-BatchResult all_batched(std::vector<V> outs) {
+BatchResult all_batched(Vs outs) {
   BatchResult r;
   r.batched.assign(outs.size(), true);
   for (size_t i = 0; i < outs.size(); ++i)

@@ -66,7 +66,7 @@ class BatchCtx {
 };
 
 struct BatchResult {
-  std::vector<V> out;
+  Vs out;
   SmallVec<bool, 8> batched;  // whether out[i] carries the batch axis at 0
 };
 
@@ -79,7 +79,7 @@ using BatchRule = std::function<BatchResult(BatchCtx&)>;
 BatchResult scan_fallback(BatchCtx& c);
 
 // All outputs batched.
-BatchResult all_batched(std::vector<V> outs);
+BatchResult all_batched(Vs outs);
 
 // The registry of batching rules, keyed by (domain, op_type, since_version).
 class BatchRules {

@@ -5,6 +5,7 @@
 #include <onnx/inliner/inliner.h>
 #include <onnx/version_converter/convert.h>
 
+#include <algorithm>
 #include <queue>
 #include <unordered_map>
 
@@ -71,20 +72,20 @@ void collect_reads(const onnx::GraphProto& g, std::unordered_set<std::string>& d
 // Interns every value name of the top-level graph in `names` and records each node's input
 // and output ids. True when every node reads only values defined before it and every name is
 // defined once (the common case, checked in the same single pass); false means the graph must
-// be sorted (or is invalid, which sort_nodes reports) and indexed again.
-bool index_graph(const onnx::GraphProto& g, NameScope& names, NodeValueIds& index) {
+// be sorted (or is invalid, which sort_nodes reports) and indexed again. Counts the nodes
+// that have a name on the way (`named_nodes`).
+bool index_graph(const onnx::GraphProto& g, NameScope& names, NodeValueIds& index, size_t* named_nodes) {
   index.ids.clear();
   index.offsets.clear();
   index.offsets.reserve(static_cast<size_t>(g.node_size()));
-  // Size the name table and the id list once: growing them per name rehashes and copies.
-  size_t values = static_cast<size_t>(g.input_size() + g.initializer_size() + g.sparse_initializer_size());
-  size_t slots = 0;
-  for (const auto& node : g.node()) {
-    values += static_cast<size_t>(node.output_size());
-    slots += static_cast<size_t>(node.input_size() + node.output_size());
-  }
+  // Size the name table and the id list once (growing them rehashes and copies), from an
+  // estimate, since counting exactly would be one more pass over the nodes: most nodes have
+  // one output and a few inputs; room is left for the names a transform generates.
+  const size_t values = static_cast<size_t>(g.input_size() + g.initializer_size() + g.sparse_initializer_size()) +
+                        static_cast<size_t>(g.node_size()) * 9 / 8 + 64;
   names.expect(static_cast<size_t>(names.size()) + values);
-  index.ids.reserve(slots);
+  index.ids.reserve(static_cast<size_t>(g.node_size()) * 3);
+  if (named_nodes) *named_nodes = 0;
   std::vector<char> defined(static_cast<size_t>(names.size()) + values);
   auto define = [&](const std::string& name) {
     const int id = names.intern(name);
@@ -103,6 +104,7 @@ bool index_graph(const onnx::GraphProto& g, NameScope& names, NodeValueIds& inde
   bool sorted = true;
   for (const auto& node : g.node()) {
     index.offsets.push_back(static_cast<uint32_t>(index.ids.size()));
+    if (named_nodes && !node.name().empty()) ++*named_nodes;
     for (const auto& in : node.input()) {
       if (in.empty()) {
         index.ids.push_back(-1);
@@ -307,10 +309,17 @@ std::vector<std::unique_ptr<onnx::NodeProto>> take_nodes(Prepared& p) {
   std::vector<std::unique_ptr<onnx::NodeProto>> owned;
   if (p.graph != &p.model.graph()) return owned;
   const int count = p.graph->node_size();
-  std::vector<onnx::NodeProto*> taken(static_cast<size_t>(count));
-  p.model.mutable_graph()->mutable_node()->ExtractSubrange(0, count, taken.data());
-  owned.reserve(taken.size());
-  for (onnx::NodeProto* n : taken) owned.emplace_back(n);
+  owned.resize(static_cast<size_t>(count));
+  // Through a small buffer: one large array of raw pointers beside `owned` would be a second
+  // allocation of the graph's size. From the end, so no extraction shifts the rest.
+  onnx::NodeProto* taken[1024];
+  auto* nodes = p.model.mutable_graph()->mutable_node();
+  for (int end = count; end > 0;) {
+    const int n = std::min(1024, end);
+    nodes->ExtractSubrange(end - n, n, taken);
+    end -= n;
+    for (int i = 0; i < n; ++i) owned[static_cast<size_t>(end + i)].reset(taken[i]);
+  }
   return owned;
 }
 
@@ -392,12 +401,13 @@ void prepare_graph(Prepared& p, const std::string& mode) {
     opset = kMinOpset;
   }
   p.opset = opset;
-  if (!index_graph(*p.graph, p.value_names, p.node_ids)) {
+  size_t named_nodes = 0;
+  if (!index_graph(*p.graph, p.value_names, p.node_ids, &named_nodes)) {
     sort_nodes(mutable_graph(p));
-    index_graph(*p.graph, p.value_names, p.node_ids);
+    index_graph(*p.graph, p.value_names, p.node_ids, &named_nodes);
   }
   const auto& g = *p.graph;
-  p.node_names.expect(static_cast<size_t>(g.node_size()));
+  p.node_names.expect(named_nodes + named_nodes / 8 + 64);
   collect_names(g, p, false);
   for (const auto& t : g.initializer()) p.initializer_names.insert(t.name());
   for (const auto& s : g.sparse_initializer()) p.initializer_names.insert(s.values().name());

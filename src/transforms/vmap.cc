@@ -263,6 +263,7 @@ onnx::ModelProto vmap_prepared(Prepared p, const VmapOptions& opt) {
   // A private graph's nodes are taken out of it, so nodes that pass through unchanged can be
   // handed to the result as they are (a pointer moves; nothing is copied, allocated or freed).
   const int node_count = src_graph->node_size();
+  out_graph.mutable_node()->Reserve(node_count);  // most nodes pass through one to one
   std::vector<std::unique_ptr<onnx::NodeProto>> owned = take_nodes(p);
   for (int ni = 0; ni < node_count; ++ni) {
     const onnx::NodeProto& node = owned.empty() ? src_graph->node(ni) : *owned[static_cast<size_t>(ni)];
