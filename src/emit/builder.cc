@@ -67,7 +67,7 @@ Builder::Builder(Builder&&) noexcept = default;
 V Builder::add_value(std::string name, Facts facts) {
   Value& value = values_.add();
   value.name = std::move(name);
-  value.facts = std::move(facts);
+  if (facts.dtype != 0 || facts.has_shape) value.own = facts_.add(std::move(facts));
   tangent_.push_back(0);
   const int id = static_cast<int>(values_.size() - 1);
   return V{id};
@@ -80,8 +80,33 @@ void Builder::enable_inference(const std::unordered_map<std::string, int>& opset
   inference_->default_opset = def == opsets.end() ? 0 : def->second;
 }
 
+const Facts& Builder::facts(V v) const {
+  static const Facts kUnknown;
+  const Value& value = values_[static_cast<size_t>(v.id)];
+  if (value.own >= 0) return facts_[static_cast<size_t>(value.own)];
+  if (!value.shared) return kUnknown;
+  if (!value.with_lead) return *value.shared;
+  Facts f = *value.shared;
+  if (f.has_shape) f.dims.insert(f.dims.begin(), value.lead);
+  value.own = facts_.add(std::move(f));
+  return facts_[static_cast<size_t>(value.own)];
+}
+
 void Builder::set_facts(V v, Facts f) {
-  values_[v.id].facts = std::move(f);
+  Value& value = values_[static_cast<size_t>(v.id)];
+  value.shared = nullptr;
+  if (value.own >= 0)
+    facts_[static_cast<size_t>(value.own)] = std::move(f);
+  else
+    value.own = facts_.add(std::move(f));
+}
+
+void Builder::share_facts(V v, const Facts* shared, bool with_lead, Dim lead) {
+  Value& value = values_[static_cast<size_t>(v.id)];
+  value.own = -1;  // (a stale own entry stays in the store, unused)
+  value.shared = shared;
+  value.with_lead = with_lead;
+  value.lead = lead;
 }
 
 void Builder::register_data(const std::string& n, const onnx::TensorProto* tensor) {
@@ -93,11 +118,11 @@ void Builder::infer(onnx::NodeProto& node, const std::vector<V>& inputs, const V
   // `inputs` are the node's inputs in order.
   inf.in_facts.assign(inputs.size(), nullptr);
   for (size_t i = 0; i < inputs.size(); ++i)
-    if (inputs[i].valid() && values_[inputs[i].id].facts.dtype) inf.in_facts[i] = &values_[inputs[i].id].facts;
+    if (inputs[i].valid() && facts(inputs[i]).dtype) inf.in_facts[i] = &facts(inputs[i]);
   if (outputs.size() == 1 && outputs[0].valid() && static_cast<int>(inputs.size()) == node.input_size()) {
     Facts f;
     if (fast_infer(node, inf.default_opset, inf.in_facts.data(), f)) {
-      values_[outputs[0].id].facts = std::move(f);
+      set_facts(outputs[0], std::move(f));
       return;
     }
   }
@@ -125,7 +150,7 @@ void Builder::infer(onnx::NodeProto& node, const std::vector<V>& inputs, const V
       if (!outputs[i].valid()) continue;
       const auto* t = ctx.getOutputType(i);
       if (!t || t->value_case() == onnx::TypeProto::VALUE_NOT_SET) continue;
-      values_[outputs[i].id].facts = facts_from_type(*t);
+      set_facts(outputs[i], facts_from_type(*t));
     }
   } catch (const std::exception&) {
     // Facts stay unknown; rules that need them report it.

@@ -95,13 +95,17 @@ class Builder {
   // Registers an existing value (graph input, initializer, copied node output).
   V existing(const std::string& name, Facts facts);
   const std::string& name(V v) const { return values_[v.id].name; }
-  const Facts& facts(V v) const { return values_[v.id].facts; }
+  const Facts& facts(V v) const;
   void set_facts(V v, Facts f);
+  // Facts kept elsewhere for the builder's lifetime (a transform's table of source facts),
+  // read through a pointer instead of copied: `shared` itself, or with `lead` put in front
+  // when `with_lead` (vmap's batch dim), built only if someone asks for them.
+  void share_facts(V v, const Facts* shared, bool with_lead = false, Dim lead = Dim{});
   // Marks `v` so the transform writes its facts as value_info: for values ONNX inference
   // cannot type (e.g. Split by run-time sizes), so later transforms of the result can.
   void declare(V v) { declared_.push_back(v); }
   const std::vector<V>& declared() const { return declared_; }
-  int64_t rank(V v) const { return values_[v.id].facts.rank(); }
+  int64_t rank(V v) const { return facts(v).rank(); }
 
   // Emits a node; outputs get fresh names derived from the origin and op type.
   Vs op(std::string_view type, const std::vector<V>& inputs, const Attrs& attrs = {}, int num_outputs = 1);
@@ -156,9 +160,15 @@ class Builder {
   void remember_tensor(const std::string& name, const onnx::TensorProto& t);
 
  private:
+  // A value's facts are its own (an index into facts_), shared (a pointer, possibly with a
+  // leading dim to add), or unknown. Most values of a large vmap are shared, so the builder
+  // neither copies nor stores their facts.
   struct Value {
     std::string name;
-    Facts facts;
+    const Facts* shared = nullptr;
+    Dim lead;
+    bool with_lead = false;
+    mutable int32_t own = -1;  // set on first read of a shared value with a lead
   };
   V add_value(std::string name, Facts facts);
   onnx::NodeProto* new_node(std::string_view type);
@@ -194,6 +204,24 @@ class Builder {
     size_t size_ = 0;
   };
   ValueStore values_;
+  // Own facts of values, in chunks so references stay valid as values are added; mutable
+  // because reading a shared value with a lead builds its facts here.
+  class FactStore {
+   public:
+    Facts& operator[](size_t i) { return chunks_[i / kChunk][i % kChunk]; }
+    const Facts& operator[](size_t i) const { return chunks_[i / kChunk][i % kChunk]; }
+    int32_t add(Facts f) {
+      if (size_ % kChunk == 0) chunks_.push_back(std::make_unique<Facts[]>(kChunk));
+      (*this)[size_] = std::move(f);
+      return static_cast<int32_t>(size_++);
+    }
+
+   private:
+    static constexpr size_t kChunk = 256;
+    std::vector<std::unique_ptr<Facts[]>> chunks_;
+    size_t size_ = 0;
+  };
+  mutable FactStore facts_;
   std::map<std::string, V> const_cache_;
   std::map<std::string, std::vector<int64_t>> known_i64_;
   std::vector<char> tangent_;

@@ -29,7 +29,7 @@ void BatchCtx::unsupported(const std::string& what, const std::string& fix) cons
 }
 
 int32_t BatchCtx::out_dtype(int o) const {
-  if (o < static_cast<int>(out_facts.size()) && out_facts[o].dtype) return out_facts[o].dtype;
+  if (o < static_cast<int>(out_facts.size()) && out_facts[o]->dtype) return out_facts[o]->dtype;
   if (!schema || o >= static_cast<int>(schema->outputs().size())) return 0;
   const std::string& type_str = schema->outputs()[o].GetTypeStr();
   const auto& formals = schema->inputs();
@@ -106,7 +106,7 @@ BatchResult scan_fallback(BatchCtx& c) {
   // the examples with Gather instead.
   bool ranks_known = true;
   for (int o = 0; o < c.node.output_size(); ++o)
-    if (!c.node.output(o).empty() && (o >= static_cast<int>(c.out_facts.size()) || !c.out_facts[o].has_shape))
+    if (!c.node.output(o).empty() && (o >= static_cast<int>(c.out_facts.size()) || !c.out_facts[o]->has_shape))
       ranks_known = false;
   const bool use_loop = !ranks_known;
   onnx::GraphProto body;
@@ -178,7 +178,7 @@ BatchResult scan_fallback(BatchCtx& c) {
                     "declare the type of '" + c.node.output(static_cast<int>(o)) + "' in value_info");
     onnx::ValueInfoProto vi;
     vi.set_name(bb.name(outs[o]));
-    Facts f = o < c.out_facts.size() ? c.out_facts[o] : Facts{};
+    Facts f = o < c.out_facts.size() ? *c.out_facts[o] : Facts{};
     f.dtype = dtype;
     write_type(f, vi.mutable_type());
     *body.add_output() = vi;

@@ -26,7 +26,7 @@ class BatchCtx {
   std::vector<V> in;                     // current values of the node's inputs (invalid = absent)
   std::vector<bool> batched;             // whether in[i] carries the batch axis at 0
   std::vector<const Facts*> facts;       // per-example facts of each input (nullptr if absent)
-  std::vector<Facts> out_facts;          // per-example facts of each output (as the source knows them)
+  std::vector<const Facts*> out_facts;   // per-example facts of each output (as the source knows them)
   const std::function<V()>& batch_size;  // 1-D int64 tensor [B]
   // Batched values the node's subgraphs read from enclosing scopes, by name.
   std::vector<std::pair<std::string, V>> captured;

@@ -21,8 +21,9 @@ int64_t default_opset(const onnx::ModelProto& m) {
   return -1;
 }
 
-// Reserves the names of `g` (and its subgraphs) that index_graph did not: node names, output
-// and value_info names, and everything inside subgraphs (`nested`).
+// Reserves the names of `g` (and its subgraphs) that index_graph did not: output and
+// value_info names, and everything inside subgraphs (`nested`, where node names too; the
+// top-level graph's node names were reserved while indexing it).
 void collect_names(const onnx::GraphProto& g, Prepared& p, bool nested) {
   for (const auto& vi : g.output()) p.value_names.reserve(vi.name());
   for (const auto& vi : g.value_info()) p.value_names.reserve(vi.name());
@@ -31,14 +32,20 @@ void collect_names(const onnx::GraphProto& g, Prepared& p, bool nested) {
     for (const auto& t : g.initializer()) p.value_names.reserve(t.name());
     for (const auto& s : g.sparse_initializer()) p.value_names.reserve(s.values().name());
   }
-  for (const auto& n : g.node()) {
-    if (!n.name().empty()) p.node_names.reserve(n.name());
-    if (nested)
-      for (const auto& o : n.output()) p.value_names.reserve(o);
+  auto subgraphs = [&](const onnx::NodeProto& n) {
     for (const auto& a : n.attribute()) {
       if (a.has_g()) collect_names(a.g(), p, true);
       for (const auto& sg : a.graphs()) collect_names(sg, p, true);
     }
+  };
+  if (nested) {
+    for (const auto& n : g.node()) {
+      if (!n.name().empty()) p.node_names.reserve(n.name());
+      for (const auto& o : n.output()) p.value_names.reserve(o);
+      subgraphs(n);
+    }
+  } else {
+    for (int ni : p.nodes_with_subgraphs) subgraphs(g.node(ni));
   }
   auto add_dims = [&](const onnx::ValueInfoProto& vi) {
     if (!vi.type().has_tensor_type() || !vi.type().tensor_type().has_shape()) return;
@@ -72,9 +79,11 @@ void collect_reads(const onnx::GraphProto& g, std::unordered_set<std::string>& d
 // Interns every value name of the top-level graph in `names` and records each node's input
 // and output ids. True when every node reads only values defined before it and every name is
 // defined once (the common case, checked in the same single pass); false means the graph must
-// be sorted (or is invalid, which sort_nodes reports) and indexed again. Counts the nodes
-// that have a name on the way (`named_nodes`).
-bool index_graph(const onnx::GraphProto& g, NameScope& names, NodeValueIds& index, size_t* named_nodes) {
+// be sorted (or is invalid, which sort_nodes reports) and indexed again. On the way, reserves
+// the node names in `node_names` and lists the nodes that have subgraphs, so no other pass
+// over the top-level nodes is needed for them.
+bool index_graph(const onnx::GraphProto& g, NameScope& names, NodeValueIds& index, NameScope& node_names,
+                 std::vector<int>& nodes_with_subgraphs) {
   index.ids.clear();
   index.offsets.clear();
   index.offsets.reserve(static_cast<size_t>(g.node_size()));
@@ -85,7 +94,10 @@ bool index_graph(const onnx::GraphProto& g, NameScope& names, NodeValueIds& inde
                         static_cast<size_t>(g.node_size()) * 9 / 8 + 64;
   names.expect(static_cast<size_t>(names.size()) + values);
   index.ids.reserve(static_cast<size_t>(g.node_size()) * 3);
-  if (named_nodes) *named_nodes = 0;
+  nodes_with_subgraphs.clear();
+  // Exporters name all nodes or none: judge by the first.
+  if (g.node_size() > 0 && !g.node(0).name().empty())
+    node_names.expect(static_cast<size_t>(node_names.size() + g.node_size()) * 9 / 8 + 64);
   std::vector<char> defined(static_cast<size_t>(names.size()) + values);
   auto define = [&](const std::string& name) {
     const int id = names.intern(name);
@@ -102,9 +114,12 @@ bool index_graph(const onnx::GraphProto& g, NameScope& names, NodeValueIds& inde
   for (const auto& t : g.initializer()) define(t.name());
   for (const auto& sp : g.sparse_initializer()) define(sp.values().name());
   bool sorted = true;
-  for (const auto& node : g.node()) {
+  for (int ni = 0; ni < g.node_size(); ++ni) {
+    const onnx::NodeProto& node = g.node(ni);
     index.offsets.push_back(static_cast<uint32_t>(index.ids.size()));
-    if (named_nodes && !node.name().empty()) ++*named_nodes;
+    if (!node.name().empty()) node_names.reserve(node.name());
+    const bool nested = has_subgraphs(node);
+    if (nested) nodes_with_subgraphs.push_back(ni);
     for (const auto& in : node.input()) {
       if (in.empty()) {
         index.ids.push_back(-1);
@@ -114,7 +129,7 @@ bool index_graph(const onnx::GraphProto& g, NameScope& names, NodeValueIds& inde
       sorted = sorted && id >= 0 && static_cast<size_t>(id) < defined.size() && defined[static_cast<size_t>(id)];
       index.ids.push_back(id >= 0 ? id : names.intern(in));
     }
-    if (sorted && has_subgraphs(node))
+    if (sorted && nested)
       for (const auto& r : outer_scope_reads(node)) sorted = sorted && is_defined(r);
     for (const auto& o : node.output()) {
       if (o.empty()) {
@@ -401,13 +416,11 @@ void prepare_graph(Prepared& p, const std::string& mode) {
     opset = kMinOpset;
   }
   p.opset = opset;
-  size_t named_nodes = 0;
-  if (!index_graph(*p.graph, p.value_names, p.node_ids, &named_nodes)) {
+  if (!index_graph(*p.graph, p.value_names, p.node_ids, p.node_names, p.nodes_with_subgraphs)) {
     sort_nodes(mutable_graph(p));
-    index_graph(*p.graph, p.value_names, p.node_ids, &named_nodes);
+    index_graph(*p.graph, p.value_names, p.node_ids, p.node_names, p.nodes_with_subgraphs);
   }
   const auto& g = *p.graph;
-  p.node_names.expect(named_nodes + named_nodes / 8 + 64);
   collect_names(g, p, false);
   for (const auto& t : g.initializer()) p.initializer_names.insert(t.name());
   for (const auto& s : g.sparse_initializer()) p.initializer_names.insert(s.values().name());

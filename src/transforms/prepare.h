@@ -29,6 +29,7 @@ struct Prepared {
   FactTable facts;
   NodeValueIds node_ids;  // ids of each node's inputs and outputs (of `graph`)
   NameScope node_names;
+  std::vector<int> nodes_with_subgraphs;  // indices in `graph` of nodes with graph attributes
   std::unordered_set<std::string> initializer_names;
   std::vector<const onnx::ValueInfoProto*> runtime_inputs;  // graph inputs without initializers
   std::unordered_set<std::string> dim_params;               // symbolic dims used by the model

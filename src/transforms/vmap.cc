@@ -258,7 +258,7 @@ onnx::ModelProto vmap_prepared(Prepared p, const VmapOptions& opt) {
     std::vector<V> in;
     std::vector<bool> batched;
     std::vector<const Facts*> facts;
-    std::vector<Facts> out_facts;
+    std::vector<const Facts*> out_facts;
   } spare;  // per-node context buffers, reused
   // A private graph's nodes are taken out of it, so nodes that pass through unchanged can be
   // handed to the result as they are (a pointer moves; nothing is copied, allocated or freed).
@@ -347,7 +347,7 @@ onnx::ModelProto vmap_prepared(Prepared p, const VmapOptions& opt) {
                  std::move(captured),
                  false};
     ctx.schema = schema;
-    for (int o = 0; o < node.output_size(); ++o) ctx.out_facts.push_back(p.facts.at(output_ids[o]));
+    for (int o = 0; o < node.output_size(); ++o) ctx.out_facts.push_back(&p.facts.at(output_ids[o]));
     for (int i = 0; i < node.input_size(); ++i) {
       const std::string& in = node.input(i);
       const Mapped* m = in_mapped[static_cast<size_t>(i)];
@@ -384,9 +384,9 @@ onnx::ModelProto vmap_prepared(Prepared p, const VmapOptions& opt) {
                                                   src_name + "'");
       V v = res.out[o];
       const bool bat = res.batched[o];
-      Facts f = std::move(ctx.out_facts[o]);  // the rule has run; its copy of the facts is free
-      if (bat && f.has_shape) f.dims.insert(f.dims.begin(), batch_dim);
-      b.set_facts(v, std::move(f));
+      // The source's per-example facts, with the batch dim in front when batched (built only
+      // if a later rule asks).
+      b.share_facts(v, &p.facts.at(output_ids[o]), bat, batch_dim);
       // Give the final value the source's readable name when it was made by this rule and
       // the name is free to take (graph outputs may need one more node to reach their axis).
       // (An exact copy of the node already has it: nothing to look for.)
