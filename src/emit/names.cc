@@ -32,7 +32,7 @@ size_t Interner::hash(std::string_view s) {
 void Interner::reserve(size_t names) {
   names_.reserve(names);
   size_t slots = slots_.empty() ? 64 : slots_.size();
-  while ((names + 1) * 2 > slots) slots *= 2;
+  while (over_full(names + 1, slots)) slots *= 2;
   if (slots > slots_.size()) grow(slots);
 }
 
@@ -71,7 +71,7 @@ int Interner::find(std::string_view name) const {
 }
 
 int Interner::intern(std::string_view name, bool* added) {
-  if ((names_.size() + 1) * 2 > slots_.size()) grow(slots_.empty() ? 64 : slots_.size() * 2);  // load factor <= 1/2
+  if (over_full(names_.size() + 1, slots_.size())) grow(slots_.empty() ? 64 : slots_.size() * 2);
   const uint32_t h = static_cast<uint32_t>(hash(name));
   const size_t mask = slots_.size() - 1;
   size_t i = h & mask;
