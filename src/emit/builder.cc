@@ -113,7 +113,7 @@ void Builder::register_data(const std::string& n, const onnx::TensorProto* tenso
   if (inference_) inference_->data[n] = tensor;
 }
 
-void Builder::infer(onnx::NodeProto& node, const std::vector<V>& inputs, const Vs& outputs) {
+void Builder::infer(onnx::NodeProto& node, const Vs& inputs, const Vs& outputs) {
   auto& inf = *inference_;
   // `inputs` are the node's inputs in order.
   inf.in_facts.assign(inputs.size(), nullptr);
@@ -157,7 +157,7 @@ void Builder::infer(onnx::NodeProto& node, const std::vector<V>& inputs, const V
   }
 }
 
-void Builder::finish(const std::vector<V>& inputs, const Vs& outputs) {
+void Builder::finish(const Vs& inputs, const Vs& outputs) {
   bool linear = false;
   for (V v : inputs) linear = linear || tangent(v);
   if (linear && forbid_tangents_)
@@ -177,7 +177,7 @@ void Builder::finish(const std::vector<V>& inputs, const Vs& outputs) {
   }
 }
 
-void Builder::propagate_witness(const onnx::NodeProto& node, const std::vector<V>& inputs, const Vs& outputs) {
+void Builder::propagate_witness(const onnx::NodeProto& node, const Vs& inputs, const Vs& outputs) {
   // Shape-preserving and elementwise linear ops: the output has the shape of an input (or of
   // a tangent input's witness) whenever the facts say so.
   static const std::set<std::string> elementwise{"Add",      "Sub",  "Mul",      "Div",     "Where", "Sum", "Neg",
@@ -273,7 +273,7 @@ onnx::NodeProto* Builder::new_node(std::string_view type) {
   return n;
 }
 
-Vs Builder::op(std::string_view type, const std::vector<V>& inputs, const Attrs& attrs, int num_outputs) {
+Vs Builder::op(std::string_view type, const Vs& inputs, const Attrs& attrs, int num_outputs) {
   auto* n = new_node(type);
   for (V v : inputs) n->add_input(v.valid() ? name(v) : std::string());
   for (const auto& a : attrs) *n->add_attribute() = a.proto;
@@ -287,8 +287,7 @@ Vs Builder::op(std::string_view type, const std::vector<V>& inputs, const Attrs&
   return outs;
 }
 
-V Builder::op_named(std::string_view type, const std::vector<V>& inputs, const Attrs& attrs,
-                    const std::string& output_name) {
+V Builder::op_named(std::string_view type, const Vs& inputs, const Attrs& attrs, const std::string& output_name) {
   auto* n = new_node(type);
   for (V v : inputs) n->add_input(v.valid() ? name(v) : std::string());
   for (const auto& a : attrs) *n->add_attribute() = a.proto;
@@ -298,15 +297,15 @@ V Builder::op_named(std::string_view type, const std::vector<V>& inputs, const A
   return out;
 }
 
-bool Builder::same_input_names(const onnx::NodeProto& node, const std::vector<V>& inputs) const {
+bool Builder::same_input_names(const onnx::NodeProto& node, const Vs& inputs) const {
   if (static_cast<int>(inputs.size()) != node.input_size()) return false;
   for (int i = 0; i < node.input_size(); ++i)
     if (inputs[i].valid() ? name(inputs[i]) != node.input(i) : !node.input(i).empty()) return false;
   return true;
 }
 
-Vs Builder::clone(const onnx::NodeProto& node, const std::vector<V>& inputs, const Attrs& overrides,
-                              const std::vector<std::string>& drop, int num_outputs) {
+Vs Builder::clone(const onnx::NodeProto& node, const Vs& inputs, const Attrs& overrides,
+                  const std::vector<std::string>& drop, int num_outputs) {
   if (source_names_node_ == &node && overrides.empty() && drop.empty() && num_outputs < 0 &&
       same_input_names(node, inputs)) {
     source_names_node_ = nullptr;  // the names can be taken once

@@ -50,7 +50,7 @@ class Builder {
   // transposed for reverse mode) instead of the graph.
   struct TapeNode {
     onnx::NodeProto node;
-    std::vector<V> inputs;
+    Vs inputs;
     Vs outputs;
     std::string origin;  // the naming origin when it was emitted (its source value)
   };
@@ -108,15 +108,13 @@ class Builder {
   int64_t rank(V v) const { return facts(v).rank(); }
 
   // Emits a node; outputs get fresh names derived from the origin and op type.
-  Vs op(std::string_view type, const std::vector<V>& inputs, const Attrs& attrs = {}, int num_outputs = 1);
-  V op1(std::string_view type, const std::vector<V>& inputs, const Attrs& attrs = {}) {
-    return op(type, inputs, attrs, 1)[0];
-  }
+  Vs op(std::string_view type, const Vs& inputs, const Attrs& attrs = {}, int num_outputs = 1);
+  V op1(std::string_view type, const Vs& inputs, const Attrs& attrs = {}) { return op(type, inputs, attrs, 1)[0]; }
   // Emits a copy of `node` (type, domain, attributes) with new inputs; attributes in
   // `overrides` replace or add, names in `drop` are removed.
   // num_outputs >= 0 emits that many outputs instead of the node's own count.
-  Vs clone(const onnx::NodeProto& node, const std::vector<V>& inputs, const Attrs& overrides = {},
-                       const std::vector<std::string>& drop = {}, int num_outputs = -1);
+  Vs clone(const onnx::NodeProto& node, const Vs& inputs, const Attrs& overrides = {},
+           const std::vector<std::string>& drop = {}, int num_outputs = -1);
   // While a transform rewrites `node` (nullptr: none), the first clone of it with unchanged
   // attributes and inputs that carry the source's input names is emitted as an exact copy,
   // keeping the source's node and output names: no fresh names, and a readable result.
@@ -130,7 +128,7 @@ class Builder {
   // Emits `node` unchanged, taking ownership of it (no copy).
   void adopt_node(std::unique_ptr<onnx::NodeProto> node) { out_.mutable_node()->AddAllocated(node.release()); }
   // Emits a one-output node whose output has exactly `output_name` (already reserved).
-  V op_named(std::string_view type, const std::vector<V>& inputs, const Attrs& attrs, const std::string& output_name);
+  V op_named(std::string_view type, const Vs& inputs, const Attrs& attrs, const std::string& output_name);
 
   // Renames the output `v` (produced by a node emitted at index >= first_node) to `name`.
   void rename(V v, const std::string& new_name, int first_node);
@@ -173,11 +171,11 @@ class Builder {
   V add_value(std::string name, Facts facts);
   onnx::NodeProto* new_node(std::string_view type);
   std::string_view name_base(char separator, std::string_view type, bool lowercase);
-  bool same_input_names(const onnx::NodeProto& node, const std::vector<V>& inputs) const;
+  bool same_input_names(const onnx::NodeProto& node, const Vs& inputs) const;
   // Bookkeeping after a node is complete: tangent flags, inferred facts, tape routing.
-  void finish(const std::vector<V>& inputs, const Vs& outputs);
-  void infer(onnx::NodeProto& node, const std::vector<V>& inputs, const Vs& outputs);
-  void propagate_witness(const onnx::NodeProto& node, const std::vector<V>& inputs, const Vs& outputs);
+  void finish(const Vs& inputs, const Vs& outputs);
+  void infer(onnx::NodeProto& node, const Vs& inputs, const Vs& outputs);
+  void propagate_witness(const onnx::NodeProto& node, const Vs& inputs, const Vs& outputs);
 
   onnx::GraphProto& out_;
   NameScope& value_names_;

@@ -20,6 +20,7 @@ class SmallVec {
 
  public:
   SmallVec() = default;
+  explicit SmallVec(size_t n, const T& fill = T{}) { resize(n, fill); }
   SmallVec(std::initializer_list<T> items) {
     for (const T& x : items) push_back(x);
   }
@@ -56,6 +57,7 @@ class SmallVec {
   const T* end() const { return data() + size_; }
 
   void clear() { size_ = 0; }
+  void pop_back() { --size_; }
   void push_back(const T& x) {
     if (size_ == capacity_) reserve(capacity_ * 2);
     data()[size_++] = x;

@@ -104,7 +104,7 @@ BatchResult attention_rule(BatchCtx& c) {
   const V q = c.materialize(kQ);
   const V n = c.b.shape_of(q, 1, 2);  // per-example batch size N, [N]
   const EmptyGuard g = empty_guard(c, q, n);
-  std::vector<V> ins(c.in.size());
+  Vs ins(c.in.size());
   for (int i = 0; i < c.num_inputs(); ++i) {
     if (!c.has(i)) continue;
     if (i == kMask && mask_stays_shared(c))
@@ -114,7 +114,7 @@ BatchResult attention_rule(BatchCtx& c) {
     else
       ins[i] = pad_rows(c, g, merge_batch(c, i == kQ ? q : c.materialize(i), g.rows));
   }
-  std::vector<V> outs = c.b.clone(c.node, ins);
+  Vs outs = c.b.clone(c.node, ins);
   // Y has Q's rank; present_key, present_value and qk_matmul_output are always 4-D.
   for (size_t o = 0; o < outs.size(); ++o)
     if (outs[o].valid()) outs[o] = split_batch(c, take_rows(c, g, outs[o]), n, o == 0 ? q_rank : 4);

@@ -69,7 +69,7 @@ V BatchCtx::materialize(int i) {
   // shape information we might not know statically.
   V x = b.unsqueeze(in[i], {0});
   int64_t r = rank(i);
-  std::vector<V> parts{batch_size()};
+  Vs parts{batch_size()};
   if (r > 0) parts.push_back(b.i64s(std::vector<int64_t>(r, 1)));
   V y = b.expand(x, b.concat(parts, 0));
   Facts f = facts[i]->with_dim(0, Dim{});
@@ -127,7 +127,7 @@ BatchResult scan_fallback(BatchCtx& c) {
     iter = scalar_input("example_index", onnx::TensorProto::INT64);
     cond_in = scalar_input("loop_cond", onnx::TensorProto::BOOL);
   }
-  std::vector<V> scan_inputs;
+  Vs scan_inputs;
   auto slice_of = [&](V outer, const Facts* f, const std::string& base) {
     if (use_loop) return bb.op1("Gather", {bb.existing(c.b.name(outer), Facts{}), iter}, {Attr::i("axis", 0)});
     scan_inputs.push_back(outer);
@@ -140,7 +140,7 @@ BatchResult scan_fallback(BatchCtx& c) {
     *body.add_input() = vi;
     return bb.existing(vi.name(), Facts{});
   };
-  std::vector<V> ins;
+  Vs ins;
   for (int i = 0; i < c.num_inputs(); ++i) {
     if (!c.has(i))
       ins.push_back(V{});
@@ -155,7 +155,7 @@ BatchResult scan_fallback(BatchCtx& c) {
     if (f.has_shape && !f.dims.empty()) f.dims.erase(f.dims.begin());
     renames.emplace_back(name, bb.name(slice_of(v, &f, name)));
   }
-  std::vector<V> outs = bb.clone(c.node, ins);
+  Vs outs = bb.clone(c.node, ins);
   onnx::NodeProto& cloned = bb.last_node();
   for (auto& a : *cloned.mutable_attribute())
     for (const auto& [from, to] : renames) {
@@ -188,7 +188,7 @@ BatchResult scan_fallback(BatchCtx& c) {
   body_attr.set_name("body");
   body_attr.set_type(onnx::AttributeProto::GRAPH);
   *body_attr.mutable_g() = std::move(body);
-  std::vector<V> stacked;
+  Vs stacked;
   if (use_loop) {
     // An explicit true condition: some runtimes read an absent one as false.
     onnx::TensorProto yes;
@@ -201,7 +201,7 @@ BatchResult scan_fallback(BatchCtx& c) {
                      {Attr{body_attr}, Attr::i("num_scan_inputs", static_cast<int64_t>(scan_inputs.size()))},
                      static_cast<int>(present.size()));
   }
-  std::vector<V> result(outs.size());
+  Vs result(outs.size());
   for (size_t k = 0; k < present.size(); ++k) result[present[k]] = stacked[k];
   return all_batched(result);
 }

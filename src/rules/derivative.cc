@@ -132,11 +132,11 @@ V unbroadcast(Builder& b, V ct, V target, V witness) {
   return res;
 }
 
-std::vector<V> linear_in_first_jvp(JvpCtx& c) {
-  if (!c.t(0).valid()) return std::vector<V>(c.ys.size());
-  std::vector<V> ins = c.xs;
+Vs linear_in_first_jvp(JvpCtx& c) {
+  if (!c.t(0).valid()) return Vs(c.ys.size());
+  Vs ins = c.xs;
   ins[0] = c.t(0);
-  std::vector<V> out = c.same_op_all(ins);
+  Vs out = c.same_op_all(ins);
   out.resize(c.ys.size());
   return out;
 }
@@ -155,13 +155,13 @@ V tangent_shape(TransposeCtx& c, V t) {
   return c.b.i64s(dims);
 }
 
-std::vector<V> selection_transpose(TransposeCtx& c, int i) {
+Vs selection_transpose(TransposeCtx& c, int i) {
   auto& b = c.b;
   V shape = tangent_shape(c, c.in(i));
   V size = b.op1("ReduceProd", {shape}, {Attr::i("keepdims", 1)});
   V iota = b.op1("Range", {b.i64(0), b.op1("Squeeze", {size, b.i64s({0})}), b.i64(1)});
   V positions_in = b.reshape(iota, shape);
-  std::vector<V> ins = c.ins;
+  Vs ins = c.ins;
   ins[i] = positions_in;
   V positions = b.clone(c.node, ins)[0];
   const int32_t dt = b.facts(c.ct()).dtype;
@@ -169,7 +169,7 @@ std::vector<V> selection_transpose(TransposeCtx& c, int i) {
   V flat_pos = b.reshape(positions, b.i64s({-1}));
   V flat_ct = b.reshape(c.ct(), b.i64s({-1}));
   V summed = b.op1("ScatterElements", {zeros, flat_pos, flat_ct}, {Attr::i("axis", 0), Attr::s("reduction", "add")});
-  std::vector<V> out(c.ins.size());
+  Vs out(c.ins.size());
   out[i] = b.reshape(summed, shape);
   return out;
 }

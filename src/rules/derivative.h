@@ -23,9 +23,9 @@ class JvpCtx {
   Builder& b;
   const onnx::NodeProto& node;
   int64_t opset;
-  std::vector<V> xs;  // primal inputs (invalid = absent)
-  std::vector<V> ys;  // primal outputs (already computed)
-  std::vector<V> ts;  // input tangents (invalid = zero)
+  Vs xs;  // primal inputs (invalid = absent)
+  Vs ys;  // primal outputs (already computed)
+  Vs ts;  // input tangents (invalid = zero)
 
   V x(int i) const { return i < static_cast<int>(xs.size()) ? xs[i] : V{}; }
   V y(int i = 0) const { return ys[i]; }
@@ -44,13 +44,13 @@ class JvpCtx {
   // shape; a tangent of a broadcast operand must be expanded).
   V like_out(V t, int k = 0) const;
   // Re-emits the node itself on new inputs (for ops linear in some inputs).
-  V same_op(const std::vector<V>& inputs) const { return b.clone(node, inputs)[0]; }
-  std::vector<V> same_op_all(const std::vector<V>& inputs) const { return b.clone(node, inputs); }
+  V same_op(const Vs& inputs) const { return b.clone(node, inputs)[0]; }
+  Vs same_op_all(const Vs& inputs) const { return b.clone(node, inputs); }
 
   [[noreturn]] void unsupported(const std::string& what, const std::string& fix) const;
 };
 
-using JvpRule = std::function<std::vector<V>(JvpCtx&)>;
+using JvpRule = std::function<Vs(JvpCtx&)>;
 
 // Inputs to a transpose rule: a linear node from the tape, the cotangents of its outputs
 // (invalid = zero) and which of its inputs are tangents. Returns cotangents for the inputs
@@ -60,10 +60,10 @@ class TransposeCtx {
   Builder& b;
   const onnx::NodeProto& node;
   int64_t opset;
-  std::vector<V> ins;     // inputs (tangent or primal)
+  Vs ins;                 // inputs (tangent or primal)
   std::vector<bool> lin;  // which inputs are tangents
-  std::vector<V> cts;     // output cotangents
-  std::vector<V> outs;    // the tape node's outputs (tangents; use only for witnesses/shapes)
+  Vs cts;                 // output cotangents
+  Vs outs;                // the tape node's outputs (tangents; use only for witnesses/shapes)
 
   V in(int i) const { return i < static_cast<int>(ins.size()) ? ins[i] : V{}; }
   bool linear(int i) const { return i < static_cast<int>(lin.size()) && lin[i]; }
@@ -78,7 +78,7 @@ class TransposeCtx {
   [[noreturn]] void unsupported(const std::string& what, const std::string& fix) const;
 };
 
-using TransposeRule = std::function<std::vector<V>(TransposeCtx&)>;
+using TransposeRule = std::function<Vs(TransposeCtx&)>;
 
 // Sums `ct` down to the shape of `target` (numpy broadcasting in reverse), deciding axes from
 // static facts where possible and from `witness` (a primal value of target's shape) at run
@@ -91,7 +91,7 @@ inline V unbroadcast_to(Builder& b, V ct, V target) {
 
 // JVP of an op linear in input 0 alone (the others are shapes, indices or parameters it is
 // not differentiated in): the op itself on input 0's tangent.
-std::vector<V> linear_in_first_jvp(JvpCtx& c);
+Vs linear_in_first_jvp(JvpCtx& c);
 
 // The run-time shape (1-D int64) of tangent `t`: from its witness, else from fully static
 // facts; fails with a diagnostic naming `who` otherwise.
@@ -99,7 +99,7 @@ V tangent_shape(TransposeCtx& c, V t);
 // Transpose of any linear op that copies elements of its single tangent input `i` (Gather,
 // Slice, Tile, Pad, ...): apply the op to an index tensor to learn where each output element
 // came from, then scatter-add the cotangent there.
-std::vector<V> selection_transpose(TransposeCtx& c, int i = 0);
+Vs selection_transpose(TransposeCtx& c, int i = 0);
 
 class DerivativeRules {
  public:
@@ -131,6 +131,6 @@ void register_pool_derivatives(DerivativeRules& r);
 void register_expanded_derivatives(DerivativeRules& r);
 void register_linear_op_derivatives(DerivativeRules& r);
 // JVP of a function op through its ONNX function body (each body node by its own rule).
-std::vector<V> expand_jvp(JvpCtx& c);
+Vs expand_jvp(JvpCtx& c);
 
 }  // namespace onnax

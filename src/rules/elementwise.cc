@@ -13,7 +13,7 @@ BatchResult broadcast_rule(BatchCtx& c) {
   int64_t out_rank = 0;
   for (int i = 0; i < c.num_inputs(); ++i)
     if (c.has(i)) out_rank = std::max(out_rank, c.rank(i));
-  std::vector<V> ins;
+  Vs ins;
   ins.reserve(static_cast<size_t>(c.num_inputs()));
   for (int i = 0; i < c.num_inputs(); ++i) ins.push_back(c.has(i) ? c.pad_rank(i, out_rank) : V{});
   return all_batched(c.b.clone(c.node, ins));
@@ -114,7 +114,7 @@ V one(D& c) {
 
 // f'(x) * t for a unary op.
 JvpRule unary(std::function<V(D&)> derivative) {
-  return [derivative](D& c) -> std::vector<V> {
+  return [derivative](D& c) -> Vs {
     if (!c.t(0).valid()) return {V{}};
     return {c.b.mul(c.t(0), derivative(c))};
   };
@@ -124,10 +124,10 @@ V square(D& c, V v) {
   return c.b.op1("Mul", {v, v});
 }
 
-std::vector<V> max_min_jvp(D& c) {
+Vs max_min_jvp(D& c) {
   // Each input's tangent weighted by where it attains the result, ties split evenly.
   V count, acc;
-  std::vector<V> masks;
+  Vs masks;
   for (size_t i = 0; i < c.xs.size(); ++i) {
     V m = cast_mask(c, c.b.op1("Equal", {c.x(i), c.y()}));
     masks.push_back(m);
@@ -138,7 +138,7 @@ std::vector<V> max_min_jvp(D& c) {
   return {c.like_out(c.b.div(acc, count))};
 }
 
-std::vector<V> gelu_jvp(D& c) {
+Vs gelu_jvp(D& c) {
   if (!c.t(0).valid()) return {V{}};
   auto& b = c.b;
   V x = c.x(0);
@@ -164,7 +164,7 @@ std::vector<V> gelu_jvp(D& c) {
   return {b.mul(c.t(0), d)};
 }
 
-std::vector<V> clip_jvp(D& c) {
+Vs clip_jvp(D& c) {
   auto& b = c.b;
   V x = c.x(0), lo = c.x(1), hi = c.x(2);
   V tx;
@@ -191,7 +191,7 @@ std::vector<V> clip_jvp(D& c) {
   return {t};
 }
 
-std::vector<V> where_jvp(D& c) {
+Vs where_jvp(D& c) {
   auto& b = c.b;
   if (!c.t(1).valid() && !c.t(2).valid()) return {V{}};
   V zero = c.b.scalar(0.0, b.facts(c.y()).dtype);
@@ -200,7 +200,7 @@ std::vector<V> where_jvp(D& c) {
   return {c.like_out(b.op1("Where", {c.x(0), ta, tb}))};
 }
 
-std::vector<V> prelu_jvp(D& c) {
+Vs prelu_jvp(D& c) {
   auto& b = c.b;
   V neg = b.op1("Less", {c.x(0), c.scalar(0.0)});
   V t;
@@ -209,7 +209,7 @@ std::vector<V> prelu_jvp(D& c) {
   return {c.like_out(t)};
 }
 
-std::vector<V> pow_jvp(D& c) {
+Vs pow_jvp(D& c) {
   auto& b = c.b;
   V t;
   if (c.t(0).valid()) {
@@ -228,38 +228,38 @@ std::vector<V> pow_jvp(D& c) {
 }
 
 // Transposes of the linear elementwise ops.
-std::vector<V> add_transpose(TransposeCtx& c) {
-  std::vector<V> out(c.ins.size());
+Vs add_transpose(TransposeCtx& c) {
+  Vs out(c.ins.size());
   for (size_t i = 0; i < c.ins.size(); ++i)
     if (c.linear(i)) out[i] = unbroadcast_to(c.b, c.ct(), c.in(i));
   return out;
 }
-std::vector<V> sub_transpose(TransposeCtx& c) {
+Vs sub_transpose(TransposeCtx& c) {
   return {c.linear(0) ? unbroadcast_to(c.b, c.ct(), c.in(0)) : V{},
           c.linear(1) ? unbroadcast_to(c.b, c.b.neg(c.ct()), c.in(1)) : V{}};
 }
-std::vector<V> mul_transpose(TransposeCtx& c) {
+Vs mul_transpose(TransposeCtx& c) {
   if (c.linear(0) && c.linear(1)) c.unsupported("both factors are tangents (the product is not linear)");
   const int i = c.linear(0) ? 0 : 1;
-  std::vector<V> out(2);
+  Vs out(2);
   out[i] = unbroadcast_to(c.b, c.b.op1("Mul", {c.ct(), c.in(1 - i)}), c.in(i));
   return out;
 }
-std::vector<V> div_transpose(TransposeCtx& c) {
+Vs div_transpose(TransposeCtx& c) {
   if (c.linear(1)) c.unsupported("the divisor is a tangent (the quotient is not linear in it)");
   return {unbroadcast_to(c.b, c.b.op1("Div", {c.ct(), c.in(1)}), c.in(0)), V{}};
 }
-std::vector<V> where_transpose(TransposeCtx& c) {
-  std::vector<V> out(3);
+Vs where_transpose(TransposeCtx& c) {
+  Vs out(3);
   V zero = c.b.scalar(0.0, c.b.facts(c.ct()).dtype ? c.b.facts(c.ct()).dtype : onnx::TensorProto::FLOAT);
   if (c.linear(1)) out[1] = unbroadcast_to(c.b, c.b.op1("Where", {c.in(0), c.ct(), zero}), c.in(1));
   if (c.linear(2)) out[2] = unbroadcast_to(c.b, c.b.op1("Where", {c.in(0), zero, c.ct()}), c.in(2));
   return out;
 }
-std::vector<V> cast_transpose(TransposeCtx& c) {
+Vs cast_transpose(TransposeCtx& c) {
   const int32_t to = c.b.facts(c.in(0)).dtype;
   if (!to) c.unsupported("the dtype of the cast's input is unknown");
-  std::vector<V> out(c.ins.size());
+  Vs out(c.ins.size());
   out[0] = c.b.op1("Cast", {c.ct()}, {Attr::i("to", to)});
   return out;
 }
@@ -268,23 +268,21 @@ std::vector<V> cast_transpose(TransposeCtx& c) {
 
 void register_elementwise_derivatives(DerivativeRules& r) {
   auto& rr = r;
-  rr.jvp("Neg", [](D& c) -> std::vector<V> { return {c.b.neg(c.t(0))}; });
-  rr.jvp("Add", [](D& c) -> std::vector<V> { return {c.like_out(c.b.add(c.t(0), c.t(1)))}; });
-  rr.jvp("Sub", [](D& c) -> std::vector<V> { return {c.like_out(c.b.sub(c.t(0), c.t(1)))}; });
-  rr.jvp("Mul", [](D& c) -> std::vector<V> {
-    return {c.like_out(c.b.add(c.b.mul(c.t(0), c.x(1)), c.b.mul(c.x(0), c.t(1))))};
-  });
-  rr.jvp("Div", [](D& c) -> std::vector<V> {
+  rr.jvp("Neg", [](D& c) -> Vs { return {c.b.neg(c.t(0))}; });
+  rr.jvp("Add", [](D& c) -> Vs { return {c.like_out(c.b.add(c.t(0), c.t(1)))}; });
+  rr.jvp("Sub", [](D& c) -> Vs { return {c.like_out(c.b.sub(c.t(0), c.t(1)))}; });
+  rr.jvp("Mul", [](D& c) -> Vs { return {c.like_out(c.b.add(c.b.mul(c.t(0), c.x(1)), c.b.mul(c.x(0), c.t(1))))}; });
+  rr.jvp("Div", [](D& c) -> Vs {
     V t = c.b.div(c.t(0), c.x(1));
     if (c.t(1).valid()) t = c.b.sub(t, c.b.div(c.b.mul(c.t(1), c.y()), c.x(1)));
     return {c.like_out(t)};
   });
-  rr.jvp("Sum", [](D& c) -> std::vector<V> {
+  rr.jvp("Sum", [](D& c) -> Vs {
     V t;
     for (size_t i = 0; i < c.xs.size(); ++i) t = c.b.add(t, c.t(i));
     return {c.like_out(t)};
   });
-  rr.jvp("Mean", [](D& c) -> std::vector<V> {
+  rr.jvp("Mean", [](D& c) -> Vs {
     V t;
     for (size_t i = 0; i < c.xs.size(); ++i) t = c.b.add(t, c.t(i));
     return {c.like_out(c.b.div(t, c.scalar(static_cast<double>(c.xs.size()))))};
@@ -296,9 +294,9 @@ void register_elementwise_derivatives(DerivativeRules& r) {
   rr.jvp("PRelu", prelu_jvp);
   rr.jvp("Clip", clip_jvp);
   rr.jvp("Gelu", gelu_jvp);
-  auto identity = [](D& c) -> std::vector<V> { return {c.t(0)}; };
+  auto identity = [](D& c) -> Vs { return {c.t(0)}; };
   rr.jvp("Identity", identity);
-  rr.jvp("Dropout", [](D& c) -> std::vector<V> {
+  rr.jvp("Dropout", [](D& c) -> Vs {
     // Inference (training_mode absent or a known false): the identity. Training: the
     // tangent passes through the node's own mask, scaled like the data.
     const auto* k = c.has(2) ? c.b.known_i64(c.x(2)) : nullptr;
@@ -312,17 +310,17 @@ void register_elementwise_derivatives(DerivativeRules& r) {
     V mask = c.b.op1("Mul", {c.b.op1("Cast", {c.y(1)}, {Attr::i("to", c.dtype(0))}), scale});
     return {c.b.mul(c.t(0), mask), V{}};
   });
-  rr.jvp("Cast", [](D& c) -> std::vector<V> {
+  rr.jvp("Cast", [](D& c) -> Vs {
     if (!c.t(0).valid()) return {V{}};
     return {c.b.op1("Cast", {c.t(0)}, {Attr::i("to", c.attr_i("to", 1))})};
   });
-  rr.jvp("CastLike", [](D& c) -> std::vector<V> {
+  rr.jvp("CastLike", [](D& c) -> Vs {
     if (!c.t(0).valid()) return {V{}};
     return {c.b.op1("CastLike", {c.t(0), c.x(1)})};
   });
   rr.jvp("Exp", unary([](D& c) { return c.y(); }));
-  rr.jvp("Log", [](D& c) -> std::vector<V> { return {c.b.div(c.t(0), c.x(0))}; });
-  rr.jvp("Sqrt", [](D& c) -> std::vector<V> { return {c.b.div(c.t(0), c.b.op1("Mul", {c.scalar(2.0), c.y()}))}; });
+  rr.jvp("Log", [](D& c) -> Vs { return {c.b.div(c.t(0), c.x(0))}; });
+  rr.jvp("Sqrt", [](D& c) -> Vs { return {c.b.div(c.t(0), c.b.op1("Mul", {c.scalar(2.0), c.y()}))}; });
   rr.jvp("Reciprocal", unary([](D& c) { return c.b.op1("Neg", {square(c, c.y())}); }));
   rr.jvp("Sin", unary([](D& c) { return c.b.op1("Cos", {c.x(0)}); }));
   rr.jvp("Cos", unary([](D& c) { return c.b.op1("Neg", {c.b.op1("Sin", {c.x(0)})}); }));
@@ -412,7 +410,7 @@ void register_elementwise_derivatives(DerivativeRules& r) {
     r.zero(op);
   // Mod is a - b * k with k = trunc(a / b) (fmod=1) or floor(a / b) (fmod=0), piecewise
   // constant, so d = da - k db away from the jumps; trunc(q) = sign(q) * floor(|q|).
-  rr.jvp("Mod", [](D& c) -> std::vector<V> {
+  rr.jvp("Mod", [](D& c) -> Vs {
     auto& b = c.b;
     V tb;
     if (c.t(1).valid()) {
@@ -427,11 +425,11 @@ void register_elementwise_derivatives(DerivativeRules& r) {
   r.transpose("Add", add_transpose);
   r.transpose("Sum", add_transpose);
   r.transpose("Sub", sub_transpose);
-  r.transpose("Neg", [](TransposeCtx& c) -> std::vector<V> { return {c.b.neg(c.ct())}; });
+  r.transpose("Neg", [](TransposeCtx& c) -> Vs { return {c.b.neg(c.ct())}; });
   r.transpose("Mul", mul_transpose);
   r.transpose("Div", div_transpose);
   r.transpose("Where", where_transpose);
-  r.transpose("Identity", [](TransposeCtx& c) -> std::vector<V> { return {c.ct()}; });
+  r.transpose("Identity", [](TransposeCtx& c) -> Vs { return {c.ct()}; });
   r.transpose("Cast", cast_transpose);
   r.transpose("CastLike", cast_transpose);
 }

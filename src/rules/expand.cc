@@ -50,7 +50,7 @@ bool function_body(JvpCtx& c, onnx::FunctionProto& fp) {
 // ONNX infers no type for some body nodes whose sizes are run-time values (Split by computed
 // lengths in RotaryEmbedding, reductions over run-time axes in MeanVarianceNormalization);
 // these ops keep their input's rank, which reverse mode needs.
-void keep_rank(Builder& b, const onnx::NodeProto& n, const std::vector<V>& xs, const std::vector<V>& ys) {
+void keep_rank(Builder& b, const onnx::NodeProto& n, const Vs& xs, const Vs& ys) {
   static const std::set<std::string> same_rank{"Split", "Slice", "Transpose", "Concat", "Pad", "Tile", "Identity"};
   bool keeps = same_rank.count(n.op_type()) != 0;
   if (n.op_type().rfind("Reduce", 0) == 0) {
@@ -68,7 +68,7 @@ void keep_rank(Builder& b, const onnx::NodeProto& n, const std::vector<V>& xs, c
 
 }  // namespace
 
-std::vector<V> expand_jvp(JvpCtx& c) {
+Vs expand_jvp(JvpCtx& c) {
   onnx::FunctionProto fp;
   if (!function_body(c, fp))
     c.unsupported("it has no derivative rule and ONNX defines no function body for it at this opset",
@@ -93,14 +93,14 @@ std::vector<V> expand_jvp(JvpCtx& c) {
     return it == m.end() ? V{} : it->second;
   };
   for (const auto& n : g.node()) {
-    std::vector<V> xs, ts;
+    Vs xs, ts;
     bool active = false;
     for (const auto& in : n.input()) {
       xs.push_back(in.empty() ? V{} : lookup(primal, in));
       ts.push_back(in.empty() ? V{} : lookup(tangent, in));
       active = active || ts.back().valid();
     }
-    std::vector<V> ys = c.b.clone(n, xs);
+    Vs ys = c.b.clone(n, xs);
     keep_rank(c.b, n, xs, ys);
     for (int k = 0; k < n.output_size() && k < static_cast<int>(ys.size()); ++k)
       if (!n.output(k).empty()) primal[n.output(k)] = ys[k];
@@ -109,7 +109,7 @@ std::vector<V> expand_jvp(JvpCtx& c) {
     for (const V& y : ys) float_out = float_out || (y.valid() && float_dtype(c.b.facts(y).dtype));
     if (!float_out) continue;
     const JvpRule* rule = rules.find_jvp(n.op_type());
-    std::vector<V> rule_ys = ys;
+    Vs rule_ys = ys;
     if (n.op_type() == "Softmax") {
       // Function bodies (Attention) softmax fully masked rows (NaN) and then replace them by
       // zeros with a Where. The op itself is finite there, so its derivative must be too:
@@ -118,7 +118,7 @@ std::vector<V> expand_jvp(JvpCtx& c) {
       rule_ys[0] = c.b.op1("Where", {nan, c.b.scalar(0.0, c.b.facts(ys[0]).dtype), ys[0]});
     }
     JvpCtx inner{c.b, n, c.opset, xs, rule_ys, ts};
-    std::vector<V> touts;
+    Vs touts;
     if (rule != nullptr)
       touts = (*rule)(inner);
     else if (n.domain().empty() || n.domain() == "ai.onnx")
@@ -134,7 +134,7 @@ std::vector<V> expand_jvp(JvpCtx& c) {
       tangent[n.output(k)] = touts[k];
     }
   }
-  std::vector<V> out;
+  Vs out;
   for (const auto& o : c.node.output()) out.push_back(o.empty() ? V{} : lookup(tangent, o));
   return out;
 }

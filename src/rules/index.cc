@@ -46,7 +46,7 @@ BatchResult gather_rule(BatchCtx& c) {
 // Element-indexed ops: every operand shares the element grid, so all are batched alike and
 // the axis shifts.
 BatchResult elements_rule(BatchCtx& c) {
-  std::vector<V> ins;
+  Vs ins;
   for (int i = 0; i < c.num_inputs(); ++i) ins.push_back(c.materialize(i));
   return all_batched(c.b.clone(c.node, ins, {Attr::i("axis", shift_axis(c.attr_i("axis", 0)))}));
 }
@@ -94,9 +94,9 @@ namespace {
 
 using D = JvpCtx;
 
-std::vector<V> gather_jvp(D& c) {
+Vs gather_jvp(D& c) {
   if (!c.t(0).valid()) return {V{}};
-  std::vector<V> ins = c.xs;
+  Vs ins = c.xs;
   ins[0] = c.t(0);
   return {c.same_op(ins)};
 }
@@ -110,7 +110,7 @@ V scatter_with(D& c, V data, V updates, const std::string& reduction) {
 // dy = dx * P + y * sum(du / u) over those updates (exact away from zero updates).
 // reduction max/min: y is x or one of the updates landing there; the tangent is that of the
 // winners, ties shared evenly as JAX's max does.
-std::vector<V> scatter_reduce_jvp(D& c) {
+Vs scatter_reduce_jvp(D& c) {
   auto& b = c.b;
   const std::string red = c.attr("reduction")->s();
   if (red != "mul" && red != "max" && red != "min")
@@ -154,7 +154,7 @@ std::vector<V> scatter_reduce_jvp(D& c) {
 }
 
 // ScatterElements/ScatterND without reduction: out = data with updates written at indices.
-std::vector<V> scatter_jvp(D& c) {
+Vs scatter_jvp(D& c) {
   if (!c.attr("reduction") || c.attr("reduction")->s() == "none") {
     if (!c.t(0).valid() && !c.t(2).valid()) return {V{}};
     auto zeros = [&](int i) { return c.b.expand(c.b.scalar(0.0, c.b.facts(c.y()).dtype), c.b.shape_of(c.x(i))); };
@@ -175,10 +175,10 @@ std::vector<V> scatter_jvp(D& c) {
 // Transpose of a scatter linear in data and updates: the data's cotangent is the output's
 // with the written positions cleared (reduction none) or kept (add); the updates' cotangent
 // gathers the output's at the indices.
-std::vector<V> scatter_transpose(TransposeCtx& c, const char* gather_op) {
+Vs scatter_transpose(TransposeCtx& c, const char* gather_op) {
   auto& b = c.b;
   const bool add = c.attr("reduction") && c.attr("reduction")->s() == "add";
-  std::vector<V> out(3);
+  Vs out(3);
   Attrs gather_attrs;
   if (std::string(gather_op) == "GatherElements") gather_attrs.push_back(Attr::i("axis", c.attr_i("axis", 0)));
   if (c.linear(0)) {
@@ -199,8 +199,8 @@ std::vector<V> scatter_transpose(TransposeCtx& c, const char* gather_op) {
 // tangent selects the input tangent there (along `axis`, or over the flattened input).
 // Moving duplicates apart changes the output's length: the derivative is that of the
 // selection, as for a tie-free input.
-std::vector<V> unique_jvp(D& c) {
-  std::vector<V> out(c.ys.size());
+Vs unique_jvp(D& c) {
+  Vs out(c.ys.size());
   if (!c.t(0).valid()) return out;
   auto& b = c.b;
   V first = c.ys.size() > 1 && c.ys[1].valid() ? c.ys[1] : b.clone(c.node, {c.x(0)}, {}, {}, 2)[1];

@@ -17,18 +17,18 @@ V zeros_like(Builder& b, V x) {
 
 // Linear in inputs 0 and 1 jointly (TensorScatter writes update rows into the cache): the op
 // on both tangents, a missing one as zeros.
-std::vector<V> linear_in_first_two(D& c) {
-  if (!c.t(0).valid() && !c.t(1).valid()) return std::vector<V>(c.ys.size());
-  std::vector<V> ins = c.xs;
+Vs linear_in_first_two(D& c) {
+  if (!c.t(0).valid() && !c.t(1).valid()) return Vs(c.ys.size());
+  Vs ins = c.xs;
   ins[0] = c.t(0).valid() ? c.t(0) : zeros_like(c.b, c.x(0));
   ins[1] = c.t(1).valid() ? c.t(1) : zeros_like(c.b, c.x(1));
-  std::vector<V> out = c.same_op_all(ins);
+  Vs out = c.same_op_all(ins);
   out.resize(c.ys.size());
   return out;
 }
 
 // STFT is bilinear in the signal (0) and the window (2).
-std::vector<V> stft_jvp(D& c) {
+Vs stft_jvp(D& c) {
   // Each term has the output's shape, which inference may not see through run-time sizes.
   auto term = [&](V v) {
     if (c.b.facts(v).rank() < 0 && c.b.facts(c.y()).rank() >= 0) c.b.set_facts(v, c.b.facts(c.y()));
@@ -41,13 +41,13 @@ std::vector<V> stft_jvp(D& c) {
 }
 
 // MaxUnpool scatters X to the flat positions I of the output: its transpose gathers there.
-std::vector<V> max_unpool_transpose(TransposeCtx& c) {
+Vs max_unpool_transpose(TransposeCtx& c) {
   auto& b = c.b;
   if (c.linear(1) || c.linear(2))
     c.unsupported("the indices or output_shape is a tangent", "differentiate with respect to X only");
   V flat = b.reshape(c.ct(), b.i64s({-1}));
   V picked = b.op1("Gather", {flat, b.reshape(c.in(1), b.i64s({-1}))}, {Attr::i("axis", 0)});
-  std::vector<V> out(c.ins.size());
+  Vs out(c.ins.size());
   out[0] = b.reshape(picked, tangent_shape(c, c.in(0)));
   return out;
 }
@@ -56,7 +56,7 @@ std::vector<V> max_unpool_transpose(TransposeCtx& c) {
 // the adjoint of F is conj(F)^T = n * (inverse DFT), and that of the normalised inverse is
 // F / n. onesided drops outputs (adjoint: zero-pad them back), a real input keeps the real
 // part, and dft_length pads or truncates the input (adjoint: crop or zero-pad back).
-std::vector<V> dft_transpose(TransposeCtx& c) {
+Vs dft_transpose(TransposeCtx& c) {
   auto& b = c.b;
   if (c.linear(1) || c.linear(2)) c.unsupported("dft_length or axis is a tangent", "differentiate the signal only");
   const Facts& xf = b.facts(c.in(0));
@@ -78,7 +78,7 @@ std::vector<V> dft_transpose(TransposeCtx& c) {
   V ct = c.ct();
   if (c.attr_i("onesided", 0))
     ct = b.op1("Pad", {ct, b.concat({zero, b.op1("Sub", {n, dim(b.shape_of(ct))})}, 0), V{}, ax});
-  std::vector<V> ins{ct, V{}};
+  Vs ins{ct, V{}};
   if (c.in(2).valid()) ins.push_back(c.in(2));
   V z = b.clone(c.node, ins, {Attr::i("inverse", inverse ? 0 : 1), Attr::i("onesided", 0)})[0];
   V nf = b.op1("Cast", {n}, {Attr::i("to", dt)});
@@ -92,7 +92,7 @@ std::vector<V> dft_transpose(TransposeCtx& c) {
     z = b.op1("Pad", {z, b.concat({zero, b.op1("Max", {b.op1("Sub", {len, n}), zero})}, 0), V{}, ax});
     z = b.op1("Slice", {z, zero, len, ax});
   }
-  std::vector<V> out(c.ins.size());
+  Vs out(c.ins.size());
   out[0] = z;
   return out;
 }
@@ -100,7 +100,7 @@ std::vector<V> dft_transpose(TransposeCtx& c) {
 // AffineGrid: grid[n, p, :] = theta[n] @ [base[p], 1] over the P sampling points, so
 // ct_theta[n] = ct[n]^T (k x P) @ [base, 1] (P x (k+1)). The base coordinates are the op
 // itself on an identity theta (same size and align_corners).
-std::vector<V> affine_grid_transpose(TransposeCtx& c) {
+Vs affine_grid_transpose(TransposeCtx& c) {
   auto& b = c.b;
   if (c.linear(1)) c.unsupported("size is a tangent", "differentiate theta only");
   const Facts& tf = b.facts(c.in(0));
@@ -125,7 +125,7 @@ std::vector<V> affine_grid_transpose(TransposeCtx& c) {
   V homogeneous = b.concat({base, ones}, 1);  // (P, k + 1)
   V n = b.op1("Slice", {c.in(1), b.i64s({0}), b.i64s({1})});
   V flat = b.reshape(c.ct(), b.concat({n, b.i64s({-1, k})}, 0));  // (N, P, k)
-  std::vector<V> out(c.ins.size());
+  Vs out(c.ins.size());
   out[0] = b.op1("MatMul", {b.transpose(flat, {0, 2, 1}), homogeneous});
   return out;
 }
@@ -133,7 +133,7 @@ std::vector<V> affine_grid_transpose(TransposeCtx& c) {
 // Col2Im sums the columns of blocks into an image; its adjoint is im2col: a Conv of each
 // channel (as (N*C, 1, spatial...)) with a bank of one-hot kernels, one per block position,
 // with the same strides, dilations and pads, giving (N*C, prod(block), L...) -> (N, C*prod, L).
-std::vector<V> col2im_transpose(TransposeCtx& c) {
+Vs col2im_transpose(TransposeCtx& c) {
   auto& b = c.b;
   if (c.linear(1) || c.linear(2)) c.unsupported("image_shape or block_shape is a tangent", "differentiate the input");
   // The bank: an identity over block positions, reshaped to (area, 1, block...).
@@ -147,7 +147,7 @@ std::vector<V> col2im_transpose(TransposeCtx& c) {
   for (const char* name : {"strides", "dilations", "pads"})
     if (c.attr(name)) attrs.push_back(Attr::ints(name, c.attr_ints(name)));
   V cols = b.op1("Conv", {image, bank}, attrs);  // (N*C, area, L...)
-  std::vector<V> out(c.ins.size());
+  Vs out(c.ins.size());
   out[0] = b.reshape(cols, tangent_shape(c, c.in(0)));
   return out;
 }
@@ -156,11 +156,11 @@ std::vector<V> col2im_transpose(TransposeCtx& c) {
 // with the written positions cleared (the op writing zeros), the update's is read back from
 // the written positions, found by scattering the update elements' numbers (as floats, exact
 // for any realistic size) into a cache of -1 and scatter-adding the cotangent by them.
-std::vector<V> tensor_scatter_transpose(TransposeCtx& c) {
+Vs tensor_scatter_transpose(TransposeCtx& c) {
   auto& b = c.b;
   if (c.linear(2)) c.unsupported("write_indices is a tangent", "differentiate the cache and the update only");
   const int32_t dt = b.facts(c.ct()).dtype;
-  std::vector<V> out(c.ins.size());
+  Vs out(c.ins.size());
   V ushape = c.linear(1) ? tangent_shape(c, c.in(1)) : b.shape_of(c.in(1));
   if (c.linear(0)) {
     V zeros = b.expand(b.scalar(0.0, dt), ushape);
@@ -189,7 +189,7 @@ std::vector<V> tensor_scatter_transpose(TransposeCtx& c) {
 // With z the DFT adjoint of the cotangent per frame (scaled inverse DFT, as for DFT):
 // signal: overlap-add z * window back to the frame positions (a scatter-add);
 // window: sum over batch and frames of z * frames (real and imaginary parts).
-std::vector<V> stft_transpose(TransposeCtx& c) {
+Vs stft_transpose(TransposeCtx& c) {
   auto& b = c.b;
   if (c.linear(1) || c.linear(3))
     c.unsupported("frame_step or frame_length is a tangent", "differentiate the signal or window");
@@ -208,7 +208,7 @@ std::vector<V> stft_transpose(TransposeCtx& c) {
   if (c.attr_i("onesided", 1))
     ct = b.op1("Pad", {ct, b.concat({zero, b.op1("Sub", {n, b.shape_of(ct, 2, 3)})}, 0), V{}, two});
   Attrs dft_attrs{Attr::i("inverse", 1), Attr::i("onesided", 0)};
-  std::vector<V> dft_in{ct};
+  Vs dft_in{ct};
   if (c.opset >= 20) {
     dft_in.push_back(V{});
     dft_in.push_back(b.i64(2));
@@ -223,7 +223,7 @@ std::vector<V> stft_transpose(TransposeCtx& c) {
   auto iota = [&](V len) { return b.op1("Range", {b.i64(0), b.op1("Squeeze", {len, zero}), b.i64(1)}); };
   V step = b.reshape(c.in(1), b.i64s({1}));
   V pos = b.op1("Add", {b.unsqueeze(b.op1("Mul", {iota(frames), step}), {1}), b.unsqueeze(iota(n), {0})});
-  std::vector<V> out(c.ins.size());
+  Vs out(c.ins.size());
   if (c.linear(0)) {
     if (c.in(2).valid()) z = b.op1("Mul", {z, b.unsqueeze(c.in(2), {0, 1, 3})});
     // Scatter-add (B, F*n, c) into (B, L, c) at pos along axis 1.

@@ -151,7 +151,7 @@ V swap_last(Builder& b, V v) {
   return b.transpose(v, perm);
 }
 
-std::vector<V> matmul_transpose(TransposeCtx& c) {
+Vs matmul_transpose(TransposeCtx& c) {
   auto& b = c.b;
   if (c.linear(0) && c.linear(1)) c.unsupported("both operands are tangents (the product is not linear)");
   V a = c.in(0), m = c.in(1), ct = c.ct();
@@ -166,7 +166,7 @@ std::vector<V> matmul_transpose(TransposeCtx& c) {
     ct = b.unsqueeze(ct, {-2});
   else if (rb == 1)
     ct = b.unsqueeze(ct, {-1});
-  std::vector<V> out(2);
+  Vs out(2);
   if (c.linear(0)) {
     V g = b.op1("MatMul", {ct, swap_last(b, m2)});
     if (ra == 1) g = b.squeeze(g, {-2});
@@ -179,7 +179,7 @@ std::vector<V> matmul_transpose(TransposeCtx& c) {
   return out;
 }
 
-std::vector<V> gemm_jvp(D& c) {
+Vs gemm_jvp(D& c) {
   auto& b = c.b;
   auto op = [&](V v, const char* trans) { return v.valid() && c.attr_i(trans, 0) ? b.transpose(v, {1, 0}) : v; };
   V a = op(c.x(0), "transA"), m = op(c.x(1), "transB");
@@ -226,10 +226,10 @@ EinsumTerms parse_einsum(std::string eq) {
   return t;
 }
 
-std::vector<V> einsum_transpose(TransposeCtx& c) {
+Vs einsum_transpose(TransposeCtx& c) {
   auto& b = c.b;
   const EinsumTerms terms = parse_einsum(c.attr("equation")->s());
-  std::vector<V> out(c.ins.size());
+  Vs out(c.ins.size());
   for (size_t i = 0; i < c.ins.size(); ++i) {
     if (!c.linear(i)) continue;
     std::string target = terms.in[i];
@@ -260,7 +260,7 @@ std::vector<V> einsum_transpose(TransposeCtx& c) {
     if (diag_letter) target.erase(diag_second, 1);
     std::set<char> available(terms.out.begin(), terms.out.end());
     std::string lhs = terms.out;
-    std::vector<V> operands{c.ct()};
+    Vs operands{c.ct()};
     for (size_t j = 0; j < c.ins.size(); ++j) {
       if (j == i) continue;
       lhs += "," + terms.in[j];
@@ -315,18 +315,18 @@ std::vector<V> einsum_transpose(TransposeCtx& c) {
 }  // namespace
 
 void register_matmul_derivatives(DerivativeRules& r) {
-  r.jvp("MatMul", [](D& c) -> std::vector<V> {
+  r.jvp("MatMul", [](D& c) -> Vs {
     V t = c.b.add(c.t(0).valid() ? c.b.op1("MatMul", {c.t(0), c.x(1)}) : V{},
                   c.t(1).valid() ? c.b.op1("MatMul", {c.x(0), c.t(1)}) : V{});
     return {c.like_out(t)};
   });
   r.transpose("MatMul", matmul_transpose);
   r.jvp("Gemm", gemm_jvp);
-  r.jvp("Einsum", [](D& c) -> std::vector<V> {
+  r.jvp("Einsum", [](D& c) -> Vs {
     V t;
     for (size_t i = 0; i < c.xs.size(); ++i) {
       if (!c.t(i).valid()) continue;
-      std::vector<V> ins = c.xs;
+      Vs ins = c.xs;
       ins[i] = c.t(i);
       t = c.b.add(t, c.same_op(ins));
     }

@@ -28,9 +28,9 @@ BatchResult merge_rule(BatchCtx& c) {
   for (int i = 1; i < c.num_inputs(); ++i)
     if (c.has(i) && c.batched[i]) return scan_fallback(c);
   V x = merge_batch(c, c.in[0]);
-  std::vector<V> ins = c.in;
+  Vs ins = c.in;
   ins[0] = x;
-  std::vector<V> outs = c.b.clone(c.node, ins);
+  Vs outs = c.b.clone(c.node, ins);
   for (auto& o : outs)
     if (o.valid()) o = split_batch(c, o);
   return all_batched(outs);
@@ -117,7 +117,7 @@ BatchResult channel_affine_rule(BatchCtx& c) {
   bool affine = (c.has(1) && c.batched[1]) || (c.has(2) && c.batched[2]);
   if (!affine) return merge_rule(c);
   const int64_t r = c.rank(0);
-  std::vector<V> ins{c.in[0], ones_like_example(c, 1), zeros_like_example(c, 2)};
+  Vs ins{c.in[0], ones_like_example(c, 1), zeros_like_example(c, 2)};
   BatchCtx inner = c;
   inner.in = ins;
   inner.batched = {c.batched[0], false, false};
@@ -133,9 +133,9 @@ BatchResult trailing_norm_rule(BatchCtx& c) {
   bool affine = (c.has(1) && c.batched[1]) || (c.has(2) && c.batched[2]);
   const int64_t r = c.rank(0);
   if (!affine) return all_batched(c.b.clone(c.node, c.in, {Attr::i("axis", shift_axis(axis))}));
-  std::vector<V> ins{c.in[0], ones_like_example(c, 1)};
+  Vs ins{c.in[0], ones_like_example(c, 1)};
   if (c.has(2)) ins.push_back(zeros_like_example(c, 2));
-  std::vector<V> outs = c.b.clone(c.node, ins, {Attr::i("axis", c.batched[0] ? shift_axis(axis) : axis)});
+  Vs outs = c.b.clone(c.node, ins, {Attr::i("axis", c.batched[0] ? shift_axis(axis) : axis)});
   V y = c.b.op1("Mul", {outs[0], c.pad_rank(1, r)});
   if (c.has(2)) y = c.b.op1("Add", {y, c.pad_rank(2, r)});
   BatchResult res;
@@ -159,11 +159,11 @@ BatchResult resize_rule(BatchCtx& c) {
   if (c.has(2))
     if (const auto* k = c.known_i64(2); k && !k->empty() && (*k)[0] != 1) touches_dim0 = true;
   if (params_batched || (touches_dim0 && !axes.empty()) || !c.batched[0]) return scan_fallback(c);
-  std::vector<V> ins = c.in;
+  Vs ins = c.in;
   ins[0] = merge_batch(c, c.in[0]);
   if (c.has(3) && axes.empty()) {
     // sizes[0] is N per example; the merged tensor has B*N rows.
-    std::vector<V> parts{c.batch_size()};
+    Vs parts{c.batch_size()};
     if (r > 1) parts.push_back(c.b.i64s(std::vector<int64_t>(r - 1, 1)));
     ins[3] = c.b.op1("Mul", {c.in[3], c.b.concat(parts, 0)});
   }
@@ -204,9 +204,9 @@ V per_channel(Builder& b, V p, int64_t r) {
   return b.unsqueeze(p, axes);
 }
 
-std::vector<V> batchnorm_training_jvp(D& c);
+Vs batchnorm_training_jvp(D& c);
 
-std::vector<V> batchnorm_jvp(D& c) {
+Vs batchnorm_jvp(D& c) {
   if (c.attr_i("training_mode", 0)) return batchnorm_training_jvp(c);
   auto& b = c.b;
   const int64_t r = c.rank(0);
@@ -225,7 +225,7 @@ std::vector<V> batchnorm_jvp(D& c) {
     V dinv = b.op1("Mul", {c.scalar(-0.5), b.op1("Mul", {inv, b.op1("Mul", {inv, inv})})});
     t = b.add(t, c.like_out(b.mul(per_channel(b, c.t(4), r), b.op1("Mul", {b.op1("Mul", {xc, scale}), dinv}))));
   }
-  std::vector<V> out(c.ys.size());
+  Vs out(c.ys.size());
   out[0] = c.like_out(t);
   return out;
 }
@@ -233,7 +233,7 @@ std::vector<V> batchnorm_jvp(D& c) {
 // Normalisation over `axes` (kept as size-1 dims): xhat = (x - mean) * inv with
 // inv = 1/sqrt(var + eps) (or, uncentred as RMSNorm, xhat = x * inv with var = mean(x^2)),
 // then y = xhat * scale + bias with scale/bias shaped by `affine`.
-std::vector<V> normalize_jvp(D& c, const std::vector<int64_t>& axes, bool centered, const std::function<V(V)>& affine) {
+Vs normalize_jvp(D& c, const std::vector<int64_t>& axes, bool centered, const std::function<V(V)>& affine) {
   auto& b = c.b;
   V ax = b.i64s(axes);
   auto mean = [&](V v) { return b.op1("ReduceMean", {v, ax}, {Attr::i("keepdims", 1)}); };
@@ -242,7 +242,7 @@ std::vector<V> normalize_jvp(D& c, const std::vector<int64_t>& axes, bool center
   V var = mean(b.op1("Mul", {xc, xc}));
   V inv = b.op1("Reciprocal", {b.op1("Sqrt", {b.op1("Add", {var, c.scalar(c.attr_f("epsilon", 1e-5f))})})});
   V xhat = b.op1("Mul", {xc, inv});
-  std::vector<V> out(c.ys.size());
+  Vs out(c.ys.size());
   V t_xhat, t_mu, t_inv;
   if (c.t(0).valid()) {
     t_mu = centered ? mean(c.t(0)) : V{};
@@ -266,7 +266,7 @@ std::vector<V> normalize_jvp(D& c, const std::vector<int64_t>& axes, bool center
 }
 
 // Normalised over axis..end; scale/bias broadcast against those trailing dims.
-std::vector<V> trailing_normalize_jvp(D& c, bool centered) {
+Vs trailing_normalize_jvp(D& c, bool centered) {
   const int64_t r = c.rank(0);
   int64_t axis = c.attr_i("axis", -1);
   if (axis < 0) axis += r;
@@ -278,12 +278,12 @@ std::vector<V> trailing_normalize_jvp(D& c, bool centered) {
 // Training mode normalises with the batch statistics over (N, spatial...) per channel and
 // updates running = input * momentum + current * (1 - momentum), with the population
 // variance; d var = 2 mean(xc * dx) (the mean of xc is 0, so dx need not be centred).
-std::vector<V> batchnorm_training_jvp(D& c) {
+Vs batchnorm_training_jvp(D& c) {
   auto& b = c.b;
   const int64_t r = c.rank(0);
   std::vector<int64_t> axes{0};
   for (int64_t k = 2; k < r; ++k) axes.push_back(k);
-  std::vector<V> out = normalize_jvp(c, axes, true, [&](V v) { return per_channel(b, v, r); });
+  Vs out = normalize_jvp(c, axes, true, [&](V v) { return per_channel(b, v, r); });
   out.resize(c.ys.size());
   if (out.size() < 2) return out;
   const double m = c.attr_f("momentum", 0.9f);
@@ -306,7 +306,7 @@ std::vector<V> batchnorm_training_jvp(D& c) {
   return out;
 }
 
-std::vector<V> instancenorm_jvp(D& c) {
+Vs instancenorm_jvp(D& c) {
   const int64_t r = c.rank(0);
   std::vector<int64_t> axes;
   for (int64_t k = 2; k < r; ++k) axes.push_back(k);
@@ -324,7 +324,7 @@ V like_input(Builder& b, V t, V x) {
 // GroupNormalization normalises (N, G, C/G * spatial) views of x. Opset 18 scales and shifts
 // per group (G,), opset 21 per channel (C,). The output has x's shape, which the rule knows
 // itself: ONNX infers no shape for the opset-21 function op.
-std::vector<V> groupnorm_jvp(D& c) {
+Vs groupnorm_jvp(D& c) {
   auto& b = c.b;
   const int64_t groups = c.attr_i("num_groups", 0);
   if (groups <= 0) c.unsupported("num_groups is missing or not positive", "set num_groups to the number of groups");
@@ -381,14 +381,14 @@ bool resize_piecewise_constant_in(D& c, int i) {
   return (coords == "align_corners" || coords == "tf_crop_and_resize") && c.attr_i("antialias", 0) == 0;
 }
 
-std::vector<V> resize_jvp(D& c) {
+Vs resize_jvp(D& c) {
   for (int i : {1, 2})
     if (c.t(i).valid() && !resize_piecewise_constant_in(c, i))
       c.unsupported(std::string("the derivative with respect to ") + (i == 1 ? "roi" : "scales") + " (input " +
                         std::to_string(i) + ") is not implemented; only X is differentiable",
                     "make '" + c.node.input(i) + "' a constant (initializer) or leave it out of the selected inputs");
   if (!c.t(0).valid()) return {V{}};
-  std::vector<V> ins = c.xs;
+  Vs ins = c.xs;
   ins[0] = c.t(0);
   Attrs zero;
   if (c.attr("extrapolation_value")) zero.push_back(Attr::f("extrapolation_value", 0.0f));
@@ -405,7 +405,7 @@ std::vector<V> resize_jvp(D& c) {
 // along its last axis (scale 1 on the first, which every mode maps to itself), so the
 // interpolation weights are exactly the op's. Axes whose constant size equals the static
 // input size are the identity and skipped; with run-time scales every listed axis is applied.
-std::vector<V> resize_transpose(TransposeCtx& c) {
+Vs resize_transpose(TransposeCtx& c) {
   auto& b = c.b;
   if (c.linear(1) || c.linear(2) || c.linear(3))
     c.unsupported("roi, scales or sizes is a tangent (Resize is linear in X only)",
@@ -431,7 +431,7 @@ std::vector<V> resize_transpose(TransposeCtx& c) {
     V n = b.op1("Slice", {xshape, b.i64s({a}), b.i64s({a + 1})});
     V iota = b.op1("Range", {b.i64(0), b.op1("Squeeze", {n, b.i64s({0})}), b.i64(1)});
     V eye = b.op1("Cast", {b.op1("Equal", {b.unsqueeze(iota, {1}), b.unsqueeze(iota, {0})})}, {Attr::i("to", dt)});
-    std::vector<V> ins{eye, V{}, V{}, V{}};
+    Vs ins{eye, V{}, V{}, V{}};
     if (c.in(1).valid()) {
       // tf_crop_and_resize's roi: the full range [0, 1] on E's identity axis.
       V roi = b.op1("Gather", {c.in(1), b.i64s({j, j + k})}, {Attr::i("axis", 0)});
@@ -455,12 +455,12 @@ std::vector<V> resize_transpose(TransposeCtx& c) {
     V moved = b.transpose(ct, perm);
     ct = b.transpose(b.op1("MatMul", {moved, b.transpose(mt, {1, 0})}), inv);
   }
-  std::vector<V> out(c.ins.size());
+  Vs out(c.ins.size());
   out[0] = b.reshape(ct, xshape);
   return out;
 }
 
-std::vector<V> global_average_transpose(TransposeCtx& c) {
+Vs global_average_transpose(TransposeCtx& c) {
   auto& b = c.b;
   V shape = tangent_shape(c, c.in(0));
   const int32_t dt = b.facts(c.ct()).dtype;
@@ -471,8 +471,8 @@ std::vector<V> global_average_transpose(TransposeCtx& c) {
   return {b.op1("Div", {b.expand(c.ct(), shape), spatial})};
 }
 
-std::vector<V> maxpool_jvp(D& c) {
-  if (!c.t(0).valid()) return std::vector<V>(c.ys.size());
+Vs maxpool_jvp(D& c) {
+  if (!c.t(0).valid()) return Vs(c.ys.size());
   auto& b = c.b;
   // The primal's argmax positions (flat over the whole input) select the tangent.
   // Row-major indices: the node's own unless it stores column-major ones (then recomputed).
@@ -484,12 +484,12 @@ std::vector<V> maxpool_jvp(D& c) {
   b.set_witness(flat, b.reshape(c.x(0), b.i64s({-1})));  // the flat tangent's primal twin
   V picked = b.op1("Gather", {flat, b.reshape(idx, b.i64s({-1}))}, {Attr::i("axis", 0)});
   b.set_witness(picked, b.reshape(c.y(), b.i64s({-1})));
-  std::vector<V> out(c.ys.size());
+  Vs out(c.ys.size());
   out[0] = b.reshape(picked, b.shape_of(c.y()));
   return out;
 }
 
-std::vector<V> conv_jvp(D& c) {
+Vs conv_jvp(D& c) {
   auto& b = c.b;
   V t;
   if (c.t(0).valid()) t = b.clone(c.node, {c.t(0), c.x(1)})[0];
@@ -565,12 +565,12 @@ V conv_weight_grad(TransposeCtx& c, const Window& w, V x, V ct, V kdims) {
   return b.transpose(cropped, swap);
 }
 
-std::vector<V> conv_transpose_rule(TransposeCtx& c) {
+Vs conv_transpose_rule(TransposeCtx& c) {
   if (c.linear(0) && c.linear(1)) c.unsupported("both input and weight are tangents (not linear)");
   const int64_t spatial = c.rank(c.in(c.linear(0) ? 0 : 1)) - 2;
   V in_sp = spatial_of(c.b, shape_any(c, 0), spatial);
   Window w = window_geometry(c.b, c.node, spatial, in_sp, kernel_dims(c, spatial));
-  std::vector<V> out(c.ins.size());
+  Vs out(c.ins.size());
   if (c.linear(0)) out[0] = conv_input_transpose(c, w, in_sp);
   if (c.linear(1)) out[1] = conv_weight_grad(c, w, c.in(0), c.ct(), kernel_dims(c, spatial));
   return out;
@@ -611,14 +611,14 @@ Window conv_transpose_window(TransposeCtx& c, int64_t spatial, V in_sp, V out_sp
   return w;
 }
 
-std::vector<V> conv_transpose_transpose(TransposeCtx& c) {
+Vs conv_transpose_transpose(TransposeCtx& c) {
   auto& b = c.b;
   if (c.linear(0) && c.linear(1)) c.unsupported("both input and weight are tangents (not linear)");
   const int64_t spatial = c.rank(c.in(c.linear(0) ? 0 : 1)) - 2;
   V in_sp = spatial_of(b, shape_any(c, 0), spatial);
   V kdims = kernel_dims(c, spatial);
   Window w = conv_transpose_window(c, spatial, in_sp, b.shape_of(c.ct(), 2), kdims);
-  std::vector<V> out(c.ins.size());
+  Vs out(c.ins.size());
   if (c.linear(0)) {
     // The pads move into an explicit Pad so run-time pads work too.
     V ct = zero_pads(w) ? c.ct() : b.op1("Pad", {c.ct(), nc_pads(b, w.begin, w.end)});
@@ -644,7 +644,7 @@ void register_nn_derivatives(DerivativeRules& r) {
   r.jvp("GroupNormalization", groupnorm_jvp);
   r.jvp("Resize", resize_jvp);
   r.transpose("Resize", resize_transpose);
-  r.jvp("GlobalAveragePool", [](D& c) -> std::vector<V> { return {c.t(0).valid() ? c.same_op({c.t(0)}) : V{}}; });
+  r.jvp("GlobalAveragePool", [](D& c) -> Vs { return {c.t(0).valid() ? c.same_op({c.t(0)}) : V{}}; });
   r.transpose("GlobalAveragePool", global_average_transpose);
   r.jvp("MaxPool", maxpool_jvp);
   r.jvp("Conv", conv_jvp);

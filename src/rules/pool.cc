@@ -66,7 +66,7 @@ V window_counts(Builder& b, const Window& w, V in_sp, V out_sp, const std::vecto
 // AveragePool is linear: y[w] = sum_{i in w} x[i] / count[w]. Its transpose scatters
 // ct[w] / count[w] back over each window: a ones-kernel ConvTranspose over (N*C, 1, out...)
 // (output_padding s-1 makes it at least pad_begin + in long), then the input's span is cut out.
-std::vector<V> average_pool_transpose(TransposeCtx& c) {
+Vs average_pool_transpose(TransposeCtx& c) {
   auto& b = c.b;
   if (c.attr("kernel_shape") == nullptr)
     c.unsupported("it has no kernel_shape attribute", "add the kernel_shape attribute ONNX requires");
@@ -107,7 +107,7 @@ V lp_scale(D& c, int64_t p) {
 
 // The window sums of LpPool's JVP are an AveragePool counting pads (so it has a transpose)
 // times the per-window counts; AveragePool has dilations only from opset 19.
-std::vector<V> lp_pool_jvp(D& c) {
+Vs lp_pool_jvp(D& c) {
   if (!c.t(0).valid()) return {V{}};
   auto& b = c.b;
   const int64_t p = c.attr_i("p", 2);
@@ -138,7 +138,7 @@ std::vector<V> lp_pool_jvp(D& c) {
   return {p == 1 ? sums : b.op1("Mul", {sums, lp_scale(c, p)})};
 }
 
-std::vector<V> global_lp_pool_jvp(D& c) {
+Vs global_lp_pool_jvp(D& c) {
   if (!c.t(0).valid()) return {V{}};
   auto& b = c.b;
   const int64_t p = c.attr_i("p", 2);
@@ -149,7 +149,7 @@ std::vector<V> global_lp_pool_jvp(D& c) {
 }
 
 // Ties share the tangent evenly, as JAX's max reductions do.
-std::vector<V> global_max_pool_jvp(D& c) {
+Vs global_max_pool_jvp(D& c) {
   if (!c.t(0).valid()) return {V{}};
   auto& b = c.b;
   V axes = b.i64s(spatial_axes(c.rank(0)));
@@ -177,7 +177,7 @@ V channel_window_sum(D& c, V z, int64_t size) {
 
 // y = x d^-beta with d = bias + alpha / size * S, S the channel-window sum of x^2:
 // dy = dx d^-beta - beta x d^(-beta-1) alpha / size * window_sum(2 x dx).
-std::vector<V> lrn_jvp(D& c) {
+Vs lrn_jvp(D& c) {
   if (!c.t(0).valid()) return {V{}};
   auto& b = c.b;
   const int64_t size = c.attr_i("size", 0);
@@ -198,7 +198,7 @@ std::vector<V> lrn_jvp(D& c) {
 
 void register_pool_derivatives(DerivativeRules& r) {
   r.jvp("LRN", lrn_jvp);
-  r.jvp("AveragePool", [](D& c) -> std::vector<V> { return {c.t(0).valid() ? c.same_op({c.t(0)}) : V{}}; });
+  r.jvp("AveragePool", [](D& c) -> Vs { return {c.t(0).valid() ? c.same_op({c.t(0)}) : V{}}; });
   r.transpose("AveragePool", average_pool_transpose);
   r.jvp("LpPool", lp_pool_jvp);
   r.jvp("GlobalLpPool", global_lp_pool_jvp);

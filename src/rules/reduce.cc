@@ -16,7 +16,7 @@ std::vector<int64_t> all_axes_after_batch(int64_t rank) {
 
 // Reduce* with axes as an input (ReduceSum since 13, all others since 18).
 BatchResult reduce_input_axes_rule(BatchCtx& c) {
-  std::vector<V> ins = c.in;
+  Vs ins = c.in;
   const bool noop_empty = c.attr_i("noop_with_empty_axes", 0) != 0;
   const auto* k = c.has(1) ? c.known_i64(1) : nullptr;
   bool axes_empty = !c.has(1) || (k && k->empty());
@@ -67,7 +67,7 @@ BatchResult axis_attr_rule(BatchCtx& c) {
 }
 
 BatchResult cumsum_rule(BatchCtx& c) {
-  std::vector<V> ins = c.in;
+  Vs ins = c.in;
   ins[1] = c.shifted_axes(1);
   return all_batched(c.b.clone(c.node, ins));
 }
@@ -132,7 +132,7 @@ V reduce_sum_like(D& c, V t) {
   if (!t.valid()) return t;
   // Every summand these rules build has the reduced input's shape.
   if (c.b.tangent(t) && !c.b.witness(t).valid()) c.b.set_witness(t, c.x(0));
-  std::vector<V> ins{t};
+  Vs ins{t};
   if (c.has(1)) ins.push_back(c.x(1));
   Attrs attrs{Attr::i("keepdims", c.attr_i("keepdims", 1))};
   if (c.attr("noop_with_empty_axes"))
@@ -144,15 +144,15 @@ V reduce_sum_like(D& c, V t) {
   return res;
 }
 
-std::vector<V> linear_same_op(D& c) {
-  std::vector<V> ins = c.xs;
+Vs linear_same_op(D& c) {
+  Vs ins = c.xs;
   ins[0] = c.t(0);
   if (!ins[0].valid()) return {V{}};
   return c.same_op_all(ins);
 }
 
 // ReduceSum / ReduceMean transpose: put the reduced axes back and broadcast.
-std::vector<V> reduce_transpose(TransposeCtx& c, bool mean) {
+Vs reduce_transpose(TransposeCtx& c, bool mean) {
   auto& b = c.b;
   V ct = c.ct();
   const bool noop = c.attr_i("noop_with_empty_axes", 0) != 0;
@@ -177,12 +177,12 @@ std::vector<V> reduce_transpose(TransposeCtx& c, bool mean) {
     V n_in = b.op1("Cast", {b.op1("ReduceProd", {shape}, {Attr::i("keepdims", 0)})}, {Attr::i("to", dt)});
     out = b.op1("Mul", {out, b.op1("Div", {n_out, n_in})});
   }
-  std::vector<V> res(c.ins.size());
+  Vs res(c.ins.size());
   res[0] = out;
   return res;
 }
 
-std::vector<V> softmax_jvp(D& c) {
+Vs softmax_jvp(D& c) {
   if (!c.t(0).valid()) return {V{}};
   auto& b = c.b;
   const int64_t axis = c.attr_i("axis", -1);
@@ -192,7 +192,7 @@ std::vector<V> softmax_jvp(D& c) {
   return {b.op1("Mul", {c.y(), b.op1("Sub", {c.t(0), s})})};
 }
 
-std::vector<V> log_softmax_jvp(D& c) {
+Vs log_softmax_jvp(D& c) {
   if (!c.t(0).valid()) return {V{}};
   auto& b = c.b;
   const int64_t axis = c.attr_i("axis", -1);
@@ -210,29 +210,29 @@ void register_reduce_derivatives(DerivativeRules& r) {
   r.jvp("ReduceMean", linear_same_op);
   r.transpose("ReduceSum", [](TransposeCtx& c) { return reduce_transpose(c, false); });
   r.transpose("ReduceMean", [](TransposeCtx& c) { return reduce_transpose(c, true); });
-  r.jvp("ReduceSumSquare", [](D& c) -> std::vector<V> {
+  r.jvp("ReduceSumSquare", [](D& c) -> Vs {
     if (!c.t(0).valid()) return {V{}};
     return {reduce_sum_like(c, c.b.op1("Mul", {c.b.op1("Mul", {c.scalar(2.0), c.x(0)}), c.t(0)}))};
   });
-  r.jvp("ReduceL2", [](D& c) -> std::vector<V> {
+  r.jvp("ReduceL2", [](D& c) -> Vs {
     if (!c.t(0).valid()) return {V{}};
     V s = reduce_sum_like(c, c.b.op1("Mul", {c.x(0), c.t(0)}));
     return {c.b.op1("Div", {s, c.y()})};
   });
-  r.jvp("ReduceL1", [](D& c) -> std::vector<V> {
+  r.jvp("ReduceL1", [](D& c) -> Vs {
     if (!c.t(0).valid()) return {V{}};
     return {reduce_sum_like(c, c.b.op1("Mul", {c.b.op1("Sign", {c.x(0)}), c.t(0)}))};
   });
-  r.jvp("ReduceLogSumExp", [](D& c) -> std::vector<V> {
+  r.jvp("ReduceLogSumExp", [](D& c) -> Vs {
     if (!c.t(0).valid()) return {V{}};
     V w = c.b.op1("Exp", {c.b.op1("Sub", {c.x(0), keep_dims(c, c.y())})});
     return {reduce_sum_like(c, c.b.op1("Mul", {w, c.t(0)}))};
   });
-  r.jvp("ReduceLogSum", [](D& c) -> std::vector<V> {
+  r.jvp("ReduceLogSum", [](D& c) -> Vs {
     if (!c.t(0).valid()) return {V{}};
     return {c.b.op1("Div", {reduce_sum_like(c, c.t(0)), c.b.op1("Exp", {c.y()})})};
   });
-  auto extremum = [](D& c) -> std::vector<V> {
+  auto extremum = [](D& c) -> Vs {
     if (!c.t(0).valid()) return {V{}};
     // Ties share the tangent evenly, as in JAX.
     V mask = c.b.op1("Cast", {c.b.op1("Equal", {c.x(0), keep_dims(c, c.y())})}, {Attr::i("to", c.dtype(0))});
@@ -240,7 +240,7 @@ void register_reduce_derivatives(DerivativeRules& r) {
   };
   r.jvp("ReduceMax", extremum);
   r.jvp("ReduceMin", extremum);
-  r.jvp("ReduceProd", [](D& c) -> std::vector<V> {
+  r.jvp("ReduceProd", [](D& c) -> Vs {
     if (!c.t(0).valid()) return {V{}};
     // d prod = sum(prod / x * t); exact away from zeros of x.
     V w = c.b.op1("Div", {keep_dims(c, c.y()), c.x(0)});
@@ -249,17 +249,17 @@ void register_reduce_derivatives(DerivativeRules& r) {
   r.jvp("Softmax", softmax_jvp);
   r.jvp("LogSoftmax", log_softmax_jvp);
   r.jvp("CumSum", linear_same_op);
-  r.transpose("CumSum", [](TransposeCtx& c) -> std::vector<V> {
+  r.transpose("CumSum", [](TransposeCtx& c) -> Vs {
     V out = c.b.clone(c.node, {c.ct(), c.in(1)}, {Attr::i("reverse", c.attr_i("reverse", 0) ? 0 : 1)})[0];
     return {out, V{}};
   });
-  r.jvp("TopK", [](D& c) -> std::vector<V> {
+  r.jvp("TopK", [](D& c) -> Vs {
     if (!c.t(0).valid()) return {V{}, V{}};
     return {c.b.op1("GatherElements", {c.t(0), c.y(1)}, {Attr::i("axis", c.attr_i("axis", -1))}), V{}};
   });
   // d cumprod = cumprod * cumsum(dx / x) with the same axis, exclusive and reverse (exact
   // away from zeros of x, like ReduceProd).
-  r.jvp("CumProd", [](D& c) -> std::vector<V> {
+  r.jvp("CumProd", [](D& c) -> Vs {
     if (!c.t(0).valid()) return {V{}};
     auto& b = c.b;
     V ratio = b.op1("Div", {c.t(0), c.x(0)});
@@ -271,7 +271,7 @@ void register_reduce_derivatives(DerivativeRules& r) {
   });
   // y = x / n with n = ||x||_p along axis: dy = (dx - y dn) / n, dn = sum(s dx) with s = y
   // (p = 2) or sign(x) (p = 1).
-  r.jvp("LpNormalization", [](D& c) -> std::vector<V> {
+  r.jvp("LpNormalization", [](D& c) -> Vs {
     if (!c.t(0).valid()) return {V{}};
     auto& b = c.b;
     const int64_t p = c.attr_i("p", 2);
@@ -288,11 +288,11 @@ void register_reduce_derivatives(DerivativeRules& r) {
   });
   // DequantizeLinear is (x - zero_point) * scale: linear in the scale (x and zero_point are
   // integers), so its tangent is the op applied to the scale's tangent.
-  r.jvp("DequantizeLinear", [](D& c) -> std::vector<V> {
+  r.jvp("DequantizeLinear", [](D& c) -> Vs {
     if (!c.t(1).valid()) return {V{}};
     return {c.same_op({c.x(0), c.t(1), c.x(2)})};
   });
-  r.transpose("DequantizeLinear", [](TransposeCtx& c) -> std::vector<V> {
+  r.transpose("DequantizeLinear", [](TransposeCtx& c) -> Vs {
     auto& b = c.b;
     if (c.linear(0) || c.linear(2) || !c.linear(1))
       c.unsupported("only the scale can be a tangent", "differentiate with respect to the scale only");

@@ -85,7 +85,7 @@ BatchResult expand_rule(BatchCtx& c) {
 }
 
 BatchResult concat_rule(BatchCtx& c) {
-  std::vector<V> ins;
+  Vs ins;
   for (int i = 0; i < c.num_inputs(); ++i) ins.push_back(c.materialize(i));
   return all_batched(c.b.clone(c.node, ins, {Attr::i("axis", shift_axis(c.attr_i("axis", 0)))}));
 }
@@ -97,7 +97,7 @@ BatchResult split_rule(BatchCtx& c) {
 
 BatchResult slice_rule(BatchCtx& c) {
   for (int i = 1; i < c.num_inputs(); ++i) require_shared(c, i, "starts/ends/axes/steps");
-  std::vector<V> ins = c.in;
+  Vs ins = c.in;
   ins.resize(std::max(4, c.num_inputs()));
   if (c.has(3)) {
     ins[3] = c.shifted_axes(3);
@@ -122,7 +122,7 @@ BatchResult tile_rule(BatchCtx& c) {
 BatchResult pad_rule(BatchCtx& c) {
   require_shared(c, 1, "pads");
   require_shared(c, 2, "constant_value");
-  std::vector<V> ins = c.in;
+  Vs ins = c.in;
   ins.resize(4);
   if (c.has(3)) {
     ins[3] = c.shifted_axes(3);
@@ -229,14 +229,14 @@ namespace {
 using D = JvpCtx;
 
 // Transposes that restore the input's shape from a reshaped cotangent.
-std::vector<V> reshape_back(TransposeCtx& c) {
-  std::vector<V> out(c.ins.size());
+Vs reshape_back(TransposeCtx& c) {
+  Vs out(c.ins.size());
   // The shape is exact (it may contain 0 for empty dims), so 0 must not mean "copy".
   out[0] = c.b.op1("Reshape", {c.ct(), tangent_shape(c, c.in(0))}, {Attr::i("allowzero", 1)});
   return out;
 }
 
-std::vector<V> transpose_transpose(TransposeCtx& c) {
+Vs transpose_transpose(TransposeCtx& c) {
   std::vector<int64_t> perm = c.attr_ints("perm");
   if (perm.empty())
     for (int64_t k = c.rank(c.ct()) - 1; k >= 0; --k) perm.push_back(k);
@@ -245,28 +245,28 @@ std::vector<V> transpose_transpose(TransposeCtx& c) {
   return {c.b.transpose(c.ct(), inverse)};
 }
 
-std::vector<V> concat_jvp(D& c) {
+Vs concat_jvp(D& c) {
   bool any = false;
   for (V t : c.ts) any = any || t.valid();
   if (!any) return {V{}};
-  std::vector<V> ins;
+  Vs ins;
   for (size_t i = 0; i < c.xs.size(); ++i)
     ins.push_back(c.t(i).valid() ? c.t(i) : c.b.expand(c.b.scalar(0.0, c.b.facts(c.y()).dtype), c.b.shape_of(c.x(i))));
   return {c.same_op(ins)};
 }
 
-std::vector<V> concat_transpose(TransposeCtx& c) {
+Vs concat_transpose(TransposeCtx& c) {
   auto& b = c.b;
   const int64_t axis = c.attr_i("axis", 0);
-  std::vector<V> sizes;
+  Vs sizes;
   for (V in : c.ins) {
     V w = b.tangent(in) ? b.witness(in) : in;
     if (!w.valid()) c.unsupported("an input's shape is unknown at run time");
     sizes.push_back(b.op1("Gather", {b.shape_of(w), b.i64s({axis})}, {Attr::i("axis", 0)}));
   }
   V split = b.concat(sizes, 0);
-  std::vector<V> parts = b.op("Split", {c.ct(), split}, {Attr::i("axis", axis)}, static_cast<int>(c.ins.size()));
-  std::vector<V> out(c.ins.size());
+  Vs parts = b.op("Split", {c.ct(), split}, {Attr::i("axis", axis)}, static_cast<int>(c.ins.size()));
+  Vs out(c.ins.size());
   for (size_t i = 0; i < c.ins.size(); ++i) {
     // ONNX cannot infer Split's outputs from run-time sizes; each part has its input's shape.
     V w = b.tangent(c.in(i)) ? b.witness(c.in(i)) : c.in(i);
@@ -279,13 +279,13 @@ std::vector<V> concat_transpose(TransposeCtx& c) {
   return out;
 }
 
-std::vector<V> split_transpose(TransposeCtx& c) {
+Vs split_transpose(TransposeCtx& c) {
   auto& b = c.b;
   const int64_t axis = c.attr_i("axis", 0);
   int32_t dtype = 0;
   for (V ct : c.cts)
     if (ct.valid()) dtype = b.facts(ct).dtype;
-  std::vector<V> parts;
+  Vs parts;
   for (size_t k = 0; k < c.cts.size(); ++k) {
     if (c.cts[k].valid()) {
       parts.push_back(c.cts[k]);
@@ -294,23 +294,23 @@ std::vector<V> split_transpose(TransposeCtx& c) {
     V shape = tangent_shape(c, c.outs[k]);
     parts.push_back(b.expand(b.scalar(0.0, dtype), shape));
   }
-  std::vector<V> out(c.ins.size());
+  Vs out(c.ins.size());
   out[0] = b.op1("Concat", parts, {Attr::i("axis", axis)});
   return out;
 }
 
 // Pad is linear in (data, constant_value) jointly: padded positions carry the value.
-std::vector<V> pad_jvp(D& c) {
+Vs pad_jvp(D& c) {
   if (!c.t(0).valid() && !c.t(2).valid()) return {V{}};
   const int32_t dt = c.b.facts(c.y()).dtype;
   V td = c.t(0).valid() ? c.t(0) : c.b.expand(c.b.scalar(0.0, dt), c.b.shape_of(c.x(0)));
-  std::vector<V> ins{td, c.x(1), c.t(2).valid() ? c.t(2) : V{}};
+  Vs ins{td, c.x(1), c.t(2).valid() ? c.t(2) : V{}};
   if (c.has(3)) ins.push_back(c.x(3));
   while (!ins.empty() && !ins.back().valid()) ins.pop_back();
   return {c.same_op(ins)};
 }
 
-std::vector<V> pad_transpose(TransposeCtx& c) {
+Vs pad_transpose(TransposeCtx& c) {
   auto& b = c.b;
   const auto* mode = c.attr("mode");
   if (mode && mode->s() != "constant") {
@@ -327,7 +327,7 @@ std::vector<V> pad_transpose(TransposeCtx& c) {
   V ct = c.ct();
   V pos = c.in(1);
   if (!nonneg) {
-    std::vector<V> ins{ct, b.op1("Max", {b.op1("Neg", {c.in(1)}), b.i64(0)})};
+    Vs ins{ct, b.op1("Max", {b.op1("Neg", {c.in(1)}), b.i64(0)})};
     if (c.in(3).valid()) {
       ins.push_back(V{});
       ins.push_back(c.in(3));
@@ -343,7 +343,7 @@ std::vector<V> pad_transpose(TransposeCtx& c) {
   V ends = b.op1("Slice", {pos, half1, b.i64s({INT64_MAX})});
   V limits = b.op1("Sub", {b.op1("Gather", {shape, axes}, {Attr::i("axis", 0)}), ends});
   V cropped = b.op1("Slice", {ct, begins, limits, axes});
-  std::vector<V> out(c.ins.size());
+  Vs out(c.ins.size());
   if (c.linear(0)) out[0] = cropped;
   if (c.linear(2)) {
     // The value's cotangent sums the cotangent over the padded positions.
@@ -364,13 +364,13 @@ void register_shape_derivatives(DerivativeRules& r) {
   r.jvp("Concat", concat_jvp);
   for (const char* op : {"Reshape", "Flatten", "Squeeze", "Unsqueeze"}) r.transpose(op, reshape_back);
   r.transpose("Transpose", transpose_transpose);
-  r.transpose("Expand", [](TransposeCtx& c) -> std::vector<V> { return {unbroadcast_to(c.b, c.ct(), c.in(0)), V{}}; });
+  r.transpose("Expand", [](TransposeCtx& c) -> Vs { return {unbroadcast_to(c.b, c.ct(), c.in(0)), V{}}; });
   for (const char* op : {"Slice", "Tile", "DepthToSpace", "SpaceToDepth", "Compress"})
     r.transpose(op, [](TransposeCtx& c) { return selection_transpose(c, 0); });
-  r.transpose("Trilu", [](TransposeCtx& c) -> std::vector<V> {
-    std::vector<V> ins = c.ins;
+  r.transpose("Trilu", [](TransposeCtx& c) -> Vs {
+    Vs ins = c.ins;
     ins[0] = c.ct();
-    std::vector<V> out(c.ins.size());
+    Vs out(c.ins.size());
     out[0] = c.b.clone(c.node, ins)[0];
     return out;
   });
@@ -378,7 +378,7 @@ void register_shape_derivatives(DerivativeRules& r) {
   r.transpose("Concat", concat_transpose);
   r.transpose("Split", split_transpose);
   for (const char* op : {"Shape", "Size", "ConstantOfShape", "Range", "NonZero", "EyeLike"}) r.zero(op);
-  r.jvp("OneHot", [](D& c) -> std::vector<V> {
+  r.jvp("OneHot", [](D& c) -> Vs {
     // Linear in values = [off, on]: off + (on - off) * onehot(indices).
     if (!c.t(2).valid()) return {V{}};
     auto& b = c.b;

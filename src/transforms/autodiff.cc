@@ -181,10 +181,10 @@ onnx::ModelProto differentiate(Prepared p, Mode mode, const Selection& sel) {
   // Per source value (by id in p.value_names): its primal value, its tangent (invalid: zero)
   // and the selected input it depends on (for diagnostics).
   const size_t source_values = static_cast<size_t>(p.value_names.size());
-  std::vector<V> primal(source_values), tangent(source_values);
+  Vs primal(source_values), tangent(source_values);
   std::vector<int> origin(source_values, -1);
   auto id_of = [&](const std::string& n) { return p.value_names.id(n); };
-  auto at = [](std::vector<V>& table, int id) -> V& { return table[static_cast<size_t>(id)]; };
+  auto at = [](Vs& table, int id) -> V& { return table[static_cast<size_t>(id)]; };
   auto facts = [&](const std::string& n) -> const Facts& { return p.fact(n); };
   for (const auto& t : src->initializer()) {
     at(primal, id_of(t.name())) = b.existing(t.name(), facts(t.name()));
@@ -196,7 +196,7 @@ onnx::ModelProto differentiate(Prepared p, Mode mode, const Selection& sel) {
 
   // Seeds: one tangent per selected input.
   std::vector<onnx::ValueInfoProto> new_inputs;
-  std::vector<V> seeds;
+  Vs seeds;
   for (const auto& name : r.inputs) {
     const Facts f = facts(name);
     const std::string tname = p.value_names.fresh(name + "_tangent");
@@ -222,7 +222,7 @@ onnx::ModelProto differentiate(Prepared p, Mode mode, const Selection& sel) {
     const onnx::NodeProto& node = owned.empty() ? src->node(ni) : *owned[static_cast<size_t>(ni)];
     const int32_t* input_ids = p.node_ids.inputs(ni);
     const int32_t* output_ids = p.node_ids.outputs(ni, node.input_size());
-    std::vector<V> ys;
+    Vs ys;
     for (int k = 0; k < node.output_size(); ++k) {
       if (output_ids[k] < 0) {
         ys.push_back(V{});
@@ -288,7 +288,7 @@ onnx::ModelProto differentiate(Prepared p, Mode mode, const Selection& sel) {
       ctx.ts.push_back(input_ids[k] < 0 ? V{} : at(tangent, input_ids[k]));
     }
     b.set_origin(node.output(0) + "_tangent");
-    std::vector<V> touts = (*rule)(ctx);
+    Vs touts = (*rule)(ctx);
     for (int k = 0; k < node.output_size() && k < static_cast<int>(touts.size()); ++k) {
       const std::string& o = node.output(k);
       const int32_t dt = o.empty() ? -1 : facts(o).dtype;
@@ -342,7 +342,7 @@ onnx::ModelProto differentiate(Prepared p, Mode mode, const Selection& sel) {
     // Transpose the tape: cotangents flow from the selected outputs back to the seeds.
     b.set_tape(nullptr);
     b.forbid_tangent_inputs(true);
-    std::vector<V> ct;  // cotangent of each builder value, by id (invalid: zero)
+    Vs ct;  // cotangent of each builder value, by id (invalid: zero)
     auto ct_of = [&](V v) {
       return v.valid() && static_cast<size_t>(v.id) < ct.size() ? ct[static_cast<size_t>(v.id)] : V{};
     };
@@ -366,7 +366,7 @@ onnx::ModelProto differentiate(Prepared p, Mode mode, const Selection& sel) {
     }
     for (size_t k = tape.size(); k-- > 0;) {
       Builder::TapeNode& tn = tape[k];
-      std::vector<V> cts;
+      Vs cts;
       bool any = false;
       for (V o : tn.outputs) {
         const V c = ct_of(o);
@@ -390,7 +390,7 @@ onnx::ModelProto differentiate(Prepared p, Mode mode, const Selection& sel) {
       std::string base = tn.origin;
       if (base.size() > 8 && base.compare(base.size() - 8, 8, "_tangent") == 0) base.resize(base.size() - 8);
       b.set_origin(base + "_ct");
-      std::vector<V> in_cts = (*rule)(tctx);
+      Vs in_cts = (*rule)(tctx);
       for (size_t i = 0; i < tn.inputs.size() && i < in_cts.size(); ++i)
         if (tctx.lin[i]) accumulate(tn.inputs[i], in_cts[i]);
     }
