@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import ad_oracle as ad
 import numpy as np
@@ -198,7 +198,7 @@ for _op, _gen, _attrs in [
     ("Softmax", normal(S), {}),
     ("LogSoftmax", normal(S), {}),
 ]:
-    _m, _g = unary(_op, _gen, **_attrs)
+    _m, _g = unary(_op, _gen, **cast(dict[str, Any], _attrs))
     _lowp = _op in LOW_PRECISION_ORACLE
     add(f"unary-{_op}", _m, _g, eps=1e-3 if _lowp else None, tol=LOWP_TOL if _lowp else None)
 
@@ -457,7 +457,7 @@ for _cshape in ((5,), (3, 1), (), (1, 5)):
     )
 add("Gemm-no-C", build([node("Gemm", ["a", "b"], ["y"], alpha=2.0)], [In("a", (3, 4)), In("b", (4, 5))]))
 
-for _eq, _shapes in [
+_EINSUMS: list[tuple[str, list[tuple[int, ...]]]] = [
     ("ij,jk->ik", [(3, 4), (4, 5)]),
     ("bij,bjk->bik", [(2, 3, 4), (2, 4, 2)]),
     ("ij->ji", [(3, 4)]),
@@ -466,7 +466,8 @@ for _eq, _shapes in [
     ("ij,ij->i", [(3, 4), (3, 4)]),
     ("ij,jk,kl->il", [(2, 3), (3, 4), (4, 2)]),
     ("ii->i", [(3, 3)]),
-]:
+]
+for _eq, _shapes in _EINSUMS:
     _names = [f"e{k}" for k in range(len(_shapes))]
     add(
         f"Einsum-{_eq.replace(',', '_').replace('->', '-to-') or 'x'}",

@@ -9,6 +9,7 @@ from __future__ import annotations
 import subprocess
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
@@ -16,6 +17,8 @@ import pytest
 from onnx import TensorProto, helper
 
 ort = pytest.importorskip("onnxruntime")
+if TYPE_CHECKING:  # for annotations: the module pytest imported above
+    import onnxruntime
 
 ROOT = Path(__file__).resolve().parents[2]
 VENV_BIN = ROOT / ".venv" / "bin"
@@ -80,7 +83,7 @@ def small(tmp_path: Path) -> Path:
     return save(with_axes_initializer(small_model()), tmp_path / "small.onnx")
 
 
-def session(path: Path) -> ort.InferenceSession:
+def session(path: Path) -> onnxruntime.InferenceSession:
     return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
 
 
