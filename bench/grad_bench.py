@@ -42,6 +42,7 @@ reported latency is the median of the per-repeat means.
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import itertools
 import json
@@ -532,15 +533,15 @@ def bench_scaling(sizes: list[int], repeats: int, wrt_mode: str) -> dict[str, An
         gen_s = time.perf_counter() - t0
         row: dict[str, Any] = {"n": n, "bytes": len(data)}
         try:
-            ps, ps_samples = _median(lambda data=data: core.parse_serialize_seconds(data), repeats, True)
+            ps, ps_samples = _median(functools.partial(core.parse_serialize_seconds, data), repeats, True)
             # a warm-up grad only for the small sizes (it costs a full transform)
             gs, gs_samples = _median(
-                lambda data=data: core.grad_seconds(data, wrt, "loss"), repeats, n <= 100_000
+                functools.partial(core.grad_seconds, data, wrt, "loss"), repeats, n <= 100_000
             )
             # The result is several times the source (a forward copy plus tangent and
             # cotangent nodes): parse+serialize of the result is the floor of building it.
             result = core.grad(data, wrt, "loss")
-            rps, _ = _median(lambda result=result: core.parse_serialize_seconds(result), repeats, False)
+            rps, _ = _median(functools.partial(core.parse_serialize_seconds, result), repeats, False)
             row.update(
                 parse_serialize_s=ps,
                 grad_s=gs,
@@ -766,7 +767,7 @@ def _fmt_n(n: int) -> str:
     return str(n)
 
 
-def _print_table(header: Sequence[str], rows: list[Sequence[str]]) -> None:
+def _print_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
     table = [tuple(header), *[tuple(r) for r in rows]]
     widths = [max(len(r[i]) for r in table) for i in range(len(header))]
     for j, row in enumerate(table):

@@ -24,6 +24,7 @@ measures a correct transform.
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import itertools
 import json
@@ -285,8 +286,8 @@ def main(argv: list[str] | None = None) -> int:
                     print("  WARNING: the transform is wrong; timings below are suspect", flush=True)
             del model
             data = path.read_bytes()
-            ps, ps_samples = _median_seconds(lambda data=data: parse_serialize(data), args.repeats)
-            vm, vm_samples = _median_seconds(lambda data=data: vmap(data), args.repeats)
+            ps, ps_samples = _median_seconds(functools.partial(parse_serialize, data), args.repeats)
+            vm, vm_samples = _median_seconds(functools.partial(vmap, data), args.repeats)
             result["rows"].append(
                 {
                     "n": n,
