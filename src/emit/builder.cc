@@ -67,7 +67,7 @@ Builder::Builder(Builder&&) noexcept = default;
 V Builder::add_value(std::string name, Facts facts) {
   Value& value = values_.add();
   value.name = std::move(name);
-  if (facts.dtype != 0 || facts.has_shape) value.own = facts_.add(std::move(facts));
+  if (facts.dtype != 0 || facts.has_shape) value.own = own_facts(std::move(facts));
   tangent_.push_back(0);
   const int id = static_cast<int>(values_.size() - 1);
   return V{id};
@@ -88,7 +88,7 @@ const Facts& Builder::facts(V v) const {
   if (!value.with_lead) return *value.shared;
   Facts f = *value.shared;
   if (f.has_shape) f.dims.insert(f.dims.begin(), value.lead);
-  value.own = facts_.add(std::move(f));
+  value.own = own_facts(std::move(f));
   return facts_[static_cast<size_t>(value.own)];
 }
 
@@ -98,7 +98,7 @@ void Builder::set_facts(V v, Facts f) {
   if (value.own >= 0)
     facts_[static_cast<size_t>(value.own)] = std::move(f);
   else
-    value.own = facts_.add(std::move(f));
+    value.own = own_facts(std::move(f));
 }
 
 void Builder::share_facts(V v, const Facts* shared, bool with_lead, Dim lead) {

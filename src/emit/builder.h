@@ -26,7 +26,7 @@ struct V {
   int id = -1;
   bool valid() const { return id >= 0; }
 };
-// The outputs of one emitted node (few: no heap allocation for up to 4).
+// The inputs or outputs of one node (few: no heap allocation for up to 4).
 using Vs = SmallVec<V, 4>;
 
 // One attribute to set on an emitted node.
@@ -183,43 +183,33 @@ class Builder {
   int64_t opset_;
   std::string origin_;
   std::string name_base_;  // reused buffer for generated names
-  // Values in fixed chunks: references to facts stay valid while nodes are emitted (as with a
-  // deque), but with one allocation per 256 values where a deque of these makes one per 3.
-  class ValueStore {
+  // Elements in fixed chunks: references stay valid while more are added (as with a deque),
+  // but with one allocation per 256 elements where a deque of builder values makes one per 3.
+  template <typename T>
+  class ChunkedStore {
    public:
-    Value& operator[](size_t i) { return chunks_[i / kChunk][i % kChunk]; }
-    const Value& operator[](size_t i) const { return chunks_[i / kChunk][i % kChunk]; }
+    T& operator[](size_t i) { return chunks_[i / kChunk][i % kChunk]; }
+    const T& operator[](size_t i) const { return chunks_[i / kChunk][i % kChunk]; }
     size_t size() const { return size_; }
-    // A new value, filled in place (facts are moved once, not through a temporary Value).
-    Value& add() {
-      if (size_ % kChunk == 0) chunks_.push_back(std::make_unique<Value[]>(kChunk));
+    // A new element, filled in place by the caller.
+    T& add() {
+      if (size_ % kChunk == 0) chunks_.push_back(std::make_unique<T[]>(kChunk));
       return (*this)[size_++];
     }
 
    private:
     static constexpr size_t kChunk = 256;
-    std::vector<std::unique_ptr<Value[]>> chunks_;
+    std::vector<std::unique_ptr<T[]>> chunks_;
     size_t size_ = 0;
   };
-  ValueStore values_;
-  // Own facts of values, in chunks so references stay valid as values are added; mutable
-  // because reading a shared value with a lead builds its facts here.
-  class FactStore {
-   public:
-    Facts& operator[](size_t i) { return chunks_[i / kChunk][i % kChunk]; }
-    const Facts& operator[](size_t i) const { return chunks_[i / kChunk][i % kChunk]; }
-    int32_t add(Facts f) {
-      if (size_ % kChunk == 0) chunks_.push_back(std::make_unique<Facts[]>(kChunk));
-      (*this)[size_] = std::move(f);
-      return static_cast<int32_t>(size_++);
-    }
-
-   private:
-    static constexpr size_t kChunk = 256;
-    std::vector<std::unique_ptr<Facts[]>> chunks_;
-    size_t size_ = 0;
-  };
-  mutable FactStore facts_;
+  ChunkedStore<Value> values_;
+  // Own facts of values (Value::own indexes it); mutable because reading a shared value with
+  // a lead builds its facts here.
+  mutable ChunkedStore<Facts> facts_;
+  int32_t own_facts(Facts f) const {
+    facts_.add() = std::move(f);
+    return static_cast<int32_t>(facts_.size() - 1);
+  }
   std::map<std::string, V> const_cache_;
   std::map<std::string, std::vector<int64_t>> known_i64_;
   std::vector<char> tangent_;

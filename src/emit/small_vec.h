@@ -38,8 +38,11 @@ class SmallVec {
     }
     return *this;
   }
-  SmallVec(SmallVec&& o) noexcept { copy_from(o); }
-  SmallVec& operator=(SmallVec&& o) noexcept { return *this = static_cast<const SmallVec&>(o); }
+  SmallVec(SmallVec&& o) noexcept { take(o); }
+  SmallVec& operator=(SmallVec&& o) noexcept {
+    if (this != &o) take(o);
+    return *this;
+  }
 
   size_t size() const { return size_; }
   bool empty() const { return size_ == 0; }
@@ -80,10 +83,29 @@ class SmallVec {
   }
 
  private:
+  // Copies of inline contents copy the whole inline array: a constant size the compiler can
+  // check against the buffers, and at most N small elements.
   void copy_from(const SmallVec& o) {
     reserve(o.size_);
-    if (o.size_) std::memcpy(static_cast<void*>(data()), o.data(), o.size_ * sizeof(T));
+    if (o.heap_)
+      std::memcpy(static_cast<void*>(data()), o.heap_.get(), o.size_ * sizeof(T));
+    else
+      std::memcpy(static_cast<void*>(data()), o.inline_, sizeof inline_);
     size_ = o.size_;
+  }
+  // Takes o's elements (a heap buffer moves; inline ones are copied); o is left empty.
+  void take(SmallVec& o) {
+    if (o.heap_) {
+      heap_ = std::move(o.heap_);
+      capacity_ = o.capacity_;
+    } else {
+      heap_.reset();
+      capacity_ = N;
+      std::memcpy(static_cast<void*>(inline_), o.inline_, sizeof inline_);
+    }
+    size_ = o.size_;
+    o.size_ = 0;
+    o.capacity_ = N;
   }
 
   size_t size_ = 0;
