@@ -216,9 +216,7 @@ void Builder::propagate_witness(const onnx::NodeProto& node, const Vs& inputs, c
         const Dim& d = f.dims[i];
         const Dim& w = wf.dims[wf.rank() - f.rank() + i];
         const bool one = d.known() && d.value() == 1;
-        const bool equal = (d.known() && w.known() && d.value() == w.value()) ||
-                           (!d.known() && !w.known() && !d.param().empty() && d.param() == w.param());
-        if (!one && !equal) dominated = false;
+        if (!one && !d.same_as(w)) dominated = false;
       }
     }
     if (dominated) {
@@ -253,6 +251,12 @@ V Builder::neg(V a) {
 
 V Builder::existing(const std::string& name, Facts facts) {
   return add_value(name, std::move(facts));
+}
+
+V Builder::existing(const std::string& name, const Facts* shared) {
+  const V v = add_value(name, Facts{});
+  share_facts(v, shared);
+  return v;
 }
 
 // The name base for what this builder emits next: the origin (or "onnax"), a separator and

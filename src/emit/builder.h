@@ -94,6 +94,9 @@ class Builder {
 
   // Registers an existing value (graph input, initializer, copied node output).
   V existing(const std::string& name, Facts facts);
+  // The same, with facts that live elsewhere for the builder's lifetime (the transform's table
+  // of source facts): shared by pointer, not copied.
+  V existing(const std::string& name, const Facts* shared);
   const std::string& name(V v) const { return values_[v.id].name; }
   const Facts& facts(V v) const;
   void set_facts(V v, Facts f);

@@ -46,6 +46,9 @@ class Dim {
   }
   // Same known size, same symbolic name, or both unknown.
   bool operator==(const Dim& o) const { return bits_ == o.bits_; }
+  // Provably the same size: the same known size or the same symbolic name (two unknown dims
+  // may differ).
+  bool same_as(const Dim& o) const { return bits_ != 0 && bits_ == o.bits_; }
 
  private:
   explicit Dim(uint64_t bits) : bits_(bits) {}

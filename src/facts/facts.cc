@@ -34,13 +34,8 @@ Facts Facts::with_dim(int64_t axis, Dim dim) const {
 
 bool same_static_shape(const Facts& a, const Facts& b) {
   if (!a.has_shape || !b.has_shape || a.rank() != b.rank()) return false;
-  for (size_t i = 0; i < a.dims.size(); ++i) {
-    const Dim& x = a.dims[i];
-    const Dim& y = b.dims[i];
-    if (x.known() && y.known() && x.value() == y.value()) continue;
-    if (!x.known() && !y.known() && !x.param().empty() && x.param() == y.param()) continue;
-    return false;
-  }
+  for (size_t i = 0; i < a.dims.size(); ++i)
+    if (!a.dims[i].same_as(b.dims[i])) return false;
   return true;
 }
 

@@ -102,7 +102,7 @@ bool broadcast(const Operand* ops, int count, Dims& out) {
       } else if (symbolic_count == 0) {
         symbolic = &d;
         symbolic_count = 1;
-      } else if (d.param() != symbolic->param()) {
+      } else if (!(d == *symbolic)) {
         ++symbolic_count;
       }
     }

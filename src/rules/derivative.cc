@@ -108,8 +108,7 @@ V unbroadcast(Builder& b, V ct, V target, V witness) {
     const bool cd_one = cd && cd->known() && cd->value() == 1;
     if (td.known()) {
       if (td.value() == 1 && !cd_one) axes.push_back(i);
-    } else if (!(cd && !cd->known() && !td.param().empty() && cd->param() == td.param()) &&
-               !(cd && cd->known() && cd->value() == 1)) {
+    } else if (!(cd && cd->same_as(td)) && !cd_one) {
       // An unknown or symbolic target dim could be a broadcast 1 at run time.
       ambiguous = true;
     }

@@ -133,8 +133,7 @@ Resolved resolve(const Prepared& p, Mode mode, const Selection& sel) {
   return r;
 }
 
-// Values that lie on some path to the selected outputs (only those need derivatives).
-// Which values (by id) the selected outputs depend on.
+// Which values (by id) lie on some path to the selected outputs: only those need derivatives.
 std::vector<char> needed_values(const Prepared& p, const std::vector<std::string>& outputs) {
   std::vector<char> needed(static_cast<size_t>(p.value_names.size()), 0);
   auto mark = [&](int id) {
@@ -181,18 +180,18 @@ onnx::ModelProto differentiate(Prepared p, Mode mode, const Selection& sel) {
   // Per source value (by id in p.value_names): its primal value, its tangent (invalid: zero)
   // and the selected input it depends on (for diagnostics).
   const size_t source_values = static_cast<size_t>(p.value_names.size());
-  Vs primal(source_values), tangent(source_values);
+  std::vector<V> primal(source_values), tangent(source_values);
   std::vector<int> origin(source_values, -1);
   auto id_of = [&](const std::string& n) { return p.value_names.id(n); };
-  auto at = [](Vs& table, int id) -> V& { return table[static_cast<size_t>(id)]; };
+  auto at = [](std::vector<V>& table, int id) -> V& { return table[static_cast<size_t>(id)]; };
   auto facts = [&](const std::string& n) -> const Facts& { return p.fact(n); };
   for (const auto& t : src->initializer()) {
-    at(primal, id_of(t.name())) = b.existing(t.name(), facts(t.name()));
+    at(primal, id_of(t.name())) = b.existing(t.name(), &facts(t.name()));
     b.register_data(t.name(), &t);
     b.remember_tensor(t.name(), t);
   }
   for (const auto& vi : src->input())
-    if (!at(primal, id_of(vi.name())).valid()) at(primal, id_of(vi.name())) = b.existing(vi.name(), facts(vi.name()));
+    if (!at(primal, id_of(vi.name())).valid()) at(primal, id_of(vi.name())) = b.existing(vi.name(), &facts(vi.name()));
 
   // Seeds: one tangent per selected input.
   std::vector<onnx::ValueInfoProto> new_inputs;
@@ -228,7 +227,7 @@ onnx::ModelProto differentiate(Prepared p, Mode mode, const Selection& sel) {
         ys.push_back(V{});
         continue;
       }
-      V v = b.existing(node.output(k), p.facts.at(output_ids[k]));
+      V v = b.existing(node.output(k), &p.facts.at(output_ids[k]));
       at(primal, output_ids[k]) = v;
       ys.push_back(v);
     }
@@ -342,7 +341,7 @@ onnx::ModelProto differentiate(Prepared p, Mode mode, const Selection& sel) {
     // Transpose the tape: cotangents flow from the selected outputs back to the seeds.
     b.set_tape(nullptr);
     b.forbid_tangent_inputs(true);
-    Vs ct;  // cotangent of each builder value, by id (invalid: zero)
+    std::vector<V> ct;  // cotangent of each builder value, by id (invalid: zero)
     auto ct_of = [&](V v) {
       return v.valid() && static_cast<size_t>(v.id) < ct.size() ? ct[static_cast<size_t>(v.id)] : V{};
     };

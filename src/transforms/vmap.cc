@@ -171,11 +171,11 @@ onnx::ModelProto vmap_prepared(Prepared p, const VmapOptions& opt) {
   // Initializers: shared, and their int64 contents are known to rules (axes, shapes).
   auto remember_tensor = [&](const onnx::TensorProto& t) { b.remember_tensor(t.name(), t); };
   for (const auto& t : src_graph->initializer()) {
-    bind(t.name(), Mapped{b.existing(t.name(), src_facts(t.name())), false});
+    bind(t.name(), Mapped{b.existing(t.name(), &src_facts(t.name())), false});
     remember_tensor(t);
   }
   for (const auto& s : src_graph->sparse_initializer())
-    bind(s.values().name(), Mapped{b.existing(s.values().name(), src_facts(s.values().name())), false});
+    bind(s.values().name(), Mapped{b.existing(s.values().name(), &src_facts(s.values().name())), false});
 
   // Graph inputs: batched ones get the batch dim at their in_axis and are moved to axis 0.
   std::optional<std::pair<std::string, int64_t>> batch_source;
@@ -191,7 +191,7 @@ onnx::ModelProto vmap_prepared(Prepared p, const VmapOptions& opt) {
     const Facts& f = src_facts(vi.name());
     onnx::ValueInfoProto nvi = vi;
     if (!axis) {
-      bind(vi.name(), Mapped{b.existing(vi.name(), f), false});
+      bind(vi.name(), Mapped{b.existing(vi.name(), &f), false});
       new_inputs.push_back(std::move(nvi));
       continue;
     }
