@@ -382,34 +382,34 @@ void Builder::rename_all(const std::vector<std::pair<V, std::string>>& renames) 
 }
 
 V Builder::i64s(const std::vector<int64_t>& values) {
-  std::string key = "i64s:";
-  for (int64_t x : values) key += std::to_string(x) + ",";
-  if (auto it = const_cache_.find(key); it != const_cache_.end()) return it->second;
+  if (auto it = i64s_cache_.find(values); it != i64s_cache_.end()) return it->second;
   onnx::TensorProto t;
   t.set_data_type(onnx::TensorProto::INT64);
   t.add_dims(static_cast<int64_t>(values.size()));
   for (int64_t x : values) t.add_int64_data(x);
   V v = tensor_const(t);
   known_i64_[name(v)] = values;
-  const_cache_[key] = v;
+  i64s_cache_.emplace(values, v);
   return v;
 }
 
 V Builder::i64(int64_t value) {
-  std::string key = "i64:" + std::to_string(value);
-  if (auto it = const_cache_.find(key); it != const_cache_.end()) return it->second;
+  if (auto it = i64_cache_.find(value); it != i64_cache_.end()) return it->second;
   onnx::TensorProto t;
   t.set_data_type(onnx::TensorProto::INT64);
   t.add_int64_data(value);
   V v = tensor_const(t);
   known_i64_[name(v)] = {value};
-  const_cache_[key] = v;
+  i64_cache_.emplace(value, v);
   return v;
 }
 
 V Builder::scalar(double value, int32_t dtype) {
-  std::string key = "s:" + std::to_string(dtype) + ":" + std::to_string(value);
-  if (auto it = const_cache_.find(key); it != const_cache_.end()) return it->second;
+  // Keyed by the exact bits: a decimal rendering would merge 1e-12 with 0 (an epsilon lost).
+  uint64_t bits;
+  std::memcpy(&bits, &value, sizeof bits);
+  const std::pair<int32_t, uint64_t> key{dtype, bits};
+  if (auto it = scalar_cache_.find(key); it != scalar_cache_.end()) return it->second;
   onnx::TensorProto t;
   t.set_data_type(dtype);
   switch (dtype) {
@@ -429,12 +429,12 @@ V Builder::scalar(double value, int32_t dtype) {
       V f = scalar(value, onnx::TensorProto::FLOAT);
       V c = op1("Cast", {f}, {Attr::i("to", dtype)});
       set_facts(c, Facts::of(dtype, {}));
-      const_cache_[key] = c;
+      scalar_cache_.emplace(key, c);
       return c;
     }
   }
   V v = tensor_const(t);
-  const_cache_[key] = v;
+  scalar_cache_.emplace(key, v);
   return v;
 }
 

@@ -213,7 +213,10 @@ class Builder {
     facts_.add() = std::move(f);
     return static_cast<int32_t>(facts_.size() - 1);
   }
-  std::map<std::string, V> const_cache_;
+  // Constants already emitted, by value (scalars by dtype and the double's exact bits).
+  std::map<std::vector<int64_t>, V> i64s_cache_;
+  std::map<int64_t, V> i64_cache_;
+  std::map<std::pair<int32_t, uint64_t>, V> scalar_cache_;
   std::map<std::string, std::vector<int64_t>> known_i64_;
   std::vector<char> tangent_;
   std::deque<TapeNode>* tape_ = nullptr;  // a deque: growing it never moves the nodes

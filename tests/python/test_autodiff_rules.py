@@ -734,6 +734,17 @@ add(
     ),
     {"v": uniform((_C,), 0.5, 2.0)},
 )
+# An epsilon below 5e-7 once shared a constant with an earlier 0 (Relu's), because constants
+# were deduplicated by a 6-decimal rendering: a zero-variance channel then divided by zero.
+add(
+    "BatchNormalization-tiny-epsilon-after-Relu",
+    build(
+        [node("Relu", ["x"], ["r"]), node("BatchNormalization", ["r", "s", "b", "m", "v"], ["y"], epsilon=1e-7)],
+        [In("x", (2, _C, 2)), In("s", (_C,)), In("b", (_C,)), In("m", (_C,))],
+        inits={"v": f64([0.0, 0.5, 1.0])},
+    ),
+    {"x": avoiding((2, _C, 2), [0.0])},
+)
 add(
     "BatchNormalization-2d-input",
     build(
