@@ -739,7 +739,10 @@ add(
 add(
     "BatchNormalization-tiny-epsilon-after-Relu",
     build(
-        [node("Relu", ["x"], ["r"]), node("BatchNormalization", ["r", "s", "b", "m", "v"], ["y"], epsilon=1e-7)],
+        [
+            node("Relu", ["x"], ["r"]),
+            node("BatchNormalization", ["r", "s", "b", "m", "v"], ["y"], epsilon=1e-7),
+        ],
         [In("x", (2, _C, 2)), In("s", (_C,)), In("b", (_C,)), In("m", (_C,))],
         inits={"v": f64([0.0, 0.5, 1.0])},
     ),
