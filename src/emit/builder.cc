@@ -64,9 +64,9 @@ Builder::Builder(onnx::GraphProto& out, NameScope& value_names, NameScope& node_
 Builder::~Builder() = default;
 Builder::Builder(Builder&&) noexcept = default;
 
-V Builder::add_value(std::string name, Facts facts) {
+V Builder::add_value(std::string_view name, Facts facts) {
   Value& value = values_.add();
-  value.name = std::move(name);
+  value.name = name;
   if (facts.dtype != 0 || facts.has_shape) value.own = own_facts(std::move(facts));
   tangent_.push_back(0);
   const int id = static_cast<int>(values_.size() - 1);
@@ -136,7 +136,7 @@ void Builder::infer(onnx::NodeProto& node, const Vs& inputs, const Vs& outputs) 
   for (size_t i = 0; i < inputs.size(); ++i) {
     if (!inf.in_facts[i]) continue;
     write_type(*inf.in_facts[i], &inf.type_storage.emplace_back());
-    inf.types[name(inputs[i])] = &inf.type_storage.back();
+    inf.types[std::string(name(inputs[i]))] = &inf.type_storage.back();
   }
   try {
     const onnx::ShapeInferenceOptions options(false, 0, true);
@@ -249,12 +249,12 @@ V Builder::neg(V a) {
   return op1("Neg", {a});
 }
 
-V Builder::existing(const std::string& name, Facts facts) {
-  return add_value(name, std::move(facts));
+V Builder::existing(std::string_view name, Facts facts) {
+  return add_value(interned(name), std::move(facts));
 }
 
-V Builder::existing(const std::string& name, const Facts* shared) {
-  const V v = add_value(name, Facts{});
+V Builder::existing(std::string_view name, const Facts* shared) {
+  const V v = add_value(interned(name), Facts{});
   share_facts(v, shared);
   return v;
 }
@@ -277,14 +277,21 @@ onnx::NodeProto* Builder::new_node(std::string_view type) {
   return n;
 }
 
+void Builder::add_inputs(onnx::NodeProto* n, const Vs& inputs) const {
+  for (V v : inputs) {
+    const std::string_view nm = v.valid() ? name(v) : std::string_view();
+    n->add_input(nm.data(), nm.size());
+  }
+}
+
 Vs Builder::op(std::string_view type, const Vs& inputs, const Attrs& attrs, int num_outputs) {
   auto* n = new_node(type);
-  for (V v : inputs) n->add_input(v.valid() ? name(v) : std::string());
+  add_inputs(n, inputs);
   for (const auto& a : attrs) *n->add_attribute() = a.proto;
   Vs outs;
   for (int i = 0; i < num_outputs; ++i) {
-    std::string nm(value_names_.fresh_view(name_base('_', type, true)));
-    n->add_output(nm);
+    const std::string_view nm = value_names_.fresh_view(name_base('_', type, true));
+    n->add_output(nm.data(), nm.size());
     outs.push_back(add_value(nm, Facts{}));
   }
   finish(inputs, outs);
@@ -293,10 +300,10 @@ Vs Builder::op(std::string_view type, const Vs& inputs, const Attrs& attrs, int 
 
 V Builder::op_named(std::string_view type, const Vs& inputs, const Attrs& attrs, const std::string& output_name) {
   auto* n = new_node(type);
-  for (V v : inputs) n->add_input(v.valid() ? name(v) : std::string());
+  add_inputs(n, inputs);
   for (const auto& a : attrs) *n->add_attribute() = a.proto;
   n->add_output(output_name);
-  V out = add_value(output_name, Facts{});
+  V out = add_value(interned(output_name), Facts{});
   finish(inputs, {out});
   return out;
 }
@@ -319,13 +326,13 @@ Vs Builder::clone(const onnx::NodeProto& node, const Vs& inputs, const Attrs& ov
       *out_.add_node() = node;
     source_owner_ = nullptr;
     Vs outs;
-    for (const auto& o : node.output()) outs.push_back(o.empty() ? V{} : add_value(o, Facts{}));
+    for (const auto& o : node.output()) outs.push_back(o.empty() ? V{} : add_value(interned(o), Facts{}));
     finish(inputs, outs);
     return outs;
   }
   auto* n = new_node(node.op_type());
   n->set_domain(node.domain());
-  for (V v : inputs) n->add_input(v.valid() ? name(v) : std::string());
+  add_inputs(n, inputs);
   for (const auto& a : node.attribute()) {
     bool replaced =
         std::any_of(overrides.begin(), overrides.end(), [&](const Attr& o) { return o.proto.name() == a.name(); });
@@ -344,8 +351,8 @@ Vs Builder::clone(const onnx::NodeProto& node, const Vs& inputs, const Attrs& ov
     const std::string base = i < node.output_size() && !node.output(i).empty() ? node.output(i)
                              : node.output_size() ? node.output(0) + "_" + std::to_string(i)
                                                   : std::string("v");
-    std::string nm = value_names_.fresh(base + "_b");
-    n->add_output(nm);
+    const std::string_view nm = value_names_.fresh_view(base + "_b");
+    n->add_output(nm.data(), nm.size());
     outs.push_back(add_value(nm, Facts{}));
   }
   finish(inputs, outs);
@@ -353,7 +360,7 @@ Vs Builder::clone(const onnx::NodeProto& node, const Vs& inputs, const Attrs& ov
 }
 
 void Builder::rename(V v, const std::string& new_name, int first_node) {
-  const std::string old = values_[v.id].name;
+  const std::string old(values_[v.id].name);
   for (int i = first_node; i < out_.node_size(); ++i) {
     auto* n = out_.mutable_node(i);
     for (auto& in : *n->mutable_input())
@@ -361,7 +368,7 @@ void Builder::rename(V v, const std::string& new_name, int first_node) {
     for (auto& o : *n->mutable_output())
       if (o == old) o = new_name;
   }
-  values_[v.id].name = new_name;
+  values_[v.id].name = interned(new_name);
   auto it = known_i64_.find(old);
   if (it != known_i64_.end()) known_i64_[new_name] = it->second;
 }
@@ -369,16 +376,14 @@ void Builder::rename(V v, const std::string& new_name, int first_node) {
 void Builder::rename_all(const std::vector<std::pair<V, std::string>>& renames) {
   if (renames.empty()) return;
   std::unordered_map<std::string, std::string> map;
-  for (const auto& [v, n] : renames) map[values_[v.id].name] = n;
+  for (const auto& [v, n] : renames) map[std::string(values_[v.id].name)] = n;
   for (auto& node : *out_.mutable_node()) {
     for (auto& in : *node.mutable_input())
       if (auto it = map.find(in); it != map.end()) in = it->second;
     for (auto& o : *node.mutable_output())
       if (auto it = map.find(o); it != map.end()) o = it->second;
   }
-  for (const auto& [v, n] : renames) {
-    values_[v.id].name = n;
-  }
+  for (const auto& [v, n] : renames) values_[v.id].name = interned(n);
 }
 
 V Builder::i64s(const std::vector<int64_t>& values) {
@@ -388,7 +393,7 @@ V Builder::i64s(const std::vector<int64_t>& values) {
   t.add_dims(static_cast<int64_t>(values.size()));
   for (int64_t x : values) t.add_int64_data(x);
   V v = tensor_const(t);
-  known_i64_[name(v)] = values;
+  known_i64_[std::string(name(v))] = values;
   i64s_cache_.emplace(values, v);
   return v;
 }
@@ -399,7 +404,7 @@ V Builder::i64(int64_t value) {
   t.set_data_type(onnx::TensorProto::INT64);
   t.add_int64_data(value);
   V v = tensor_const(t);
-  known_i64_[name(v)] = {value};
+  known_i64_[std::string(name(v))] = {value};
   i64_cache_.emplace(value, v);
   return v;
 }
@@ -447,8 +452,8 @@ V Builder::tensor_const(const onnx::TensorProto& t) {
   a->set_name("value");
   a->set_type(onnx::AttributeProto::TENSOR);
   *a->mutable_t() = t;
-  std::string nm = value_names_.fresh("onnax_const");
-  n->add_output(nm);
+  const std::string_view nm = value_names_.fresh_view("onnax_const");
+  n->add_output(nm.data(), nm.size());
   Facts f;
   f.dtype = t.data_type();
   f.has_shape = true;

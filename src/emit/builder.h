@@ -93,11 +93,12 @@ class Builder {
   const std::string& origin() const { return origin_; }
 
   // Registers an existing value (graph input, initializer, copied node output).
-  V existing(const std::string& name, Facts facts);
+  V existing(std::string_view name, Facts facts);
   // The same, with facts that live elsewhere for the builder's lifetime (the transform's table
   // of source facts): shared by pointer, not copied.
-  V existing(const std::string& name, const Facts* shared);
-  const std::string& name(V v) const { return values_[v.id].name; }
+  V existing(std::string_view name, const Facts* shared);
+  // A view of the value-name scope's copy: valid while the scope lives.
+  std::string_view name(V v) const { return values_[v.id].name; }
   const Facts& facts(V v) const;
   void set_facts(V v, Facts f);
   // Facts kept elsewhere for the builder's lifetime (a transform's table of source facts),
@@ -165,16 +166,19 @@ class Builder {
   // leading dim to add), or unknown. Most values of a large vmap are shared, so the builder
   // neither copies nor stores their facts.
   struct Value {
-    std::string name;
+    std::string_view name;  // into value_names_ (every value's name is in the scope)
     const Facts* shared = nullptr;
     Dim lead;
     bool with_lead = false;
     mutable int32_t own = -1;  // set on first read of a shared value with a lead
   };
-  V add_value(std::string name, Facts facts);
+  // `name` must be a view of value_names_'s own copy (from fresh_view or interned()).
+  V add_value(std::string_view name, Facts facts);
+  std::string_view interned(std::string_view name) { return value_names_.name(value_names_.intern(name)); }
   onnx::NodeProto* new_node(std::string_view type);
   std::string_view name_base(char separator, std::string_view type, bool lowercase);
   bool same_input_names(const onnx::NodeProto& node, const Vs& inputs) const;
+  void add_inputs(onnx::NodeProto* node, const Vs& inputs) const;
   // Bookkeeping after a node is complete: tangent flags, inferred facts, tape routing.
   void finish(const Vs& inputs, const Vs& outputs);
   void infer(onnx::NodeProto& node, const Vs& inputs, const Vs& outputs);
@@ -217,7 +221,7 @@ class Builder {
   std::map<std::vector<int64_t>, V> i64s_cache_;
   std::map<int64_t, V> i64_cache_;
   std::map<std::pair<int32_t, uint64_t>, V> scalar_cache_;
-  std::map<std::string, std::vector<int64_t>> known_i64_;
+  std::map<std::string, std::vector<int64_t>, std::less<>> known_i64_;
   std::vector<char> tangent_;
   std::deque<TapeNode>* tape_ = nullptr;  // a deque: growing it never moves the nodes
   bool forbid_tangents_ = false;

@@ -153,7 +153,7 @@ BatchResult scan_fallback(BatchCtx& c) {
   for (const auto& [name, v] : c.captured) {
     Facts f = c.b.facts(v);
     if (f.has_shape && !f.dims.empty()) f.dims.erase(f.dims.begin());
-    renames.emplace_back(name, bb.name(slice_of(v, &f, name)));
+    renames.emplace_back(name, std::string(bb.name(slice_of(v, &f, name))));
   }
   Vs outs = bb.clone(c.node, ins);
   onnx::NodeProto& cloned = bb.last_node();
@@ -165,7 +165,7 @@ BatchResult scan_fallback(BatchCtx& c) {
   if (use_loop) {
     V cond_out = bb.op1("Identity", {cond_in});
     onnx::ValueInfoProto vi;
-    vi.set_name(bb.name(cond_out));
+    vi.set_name(std::string(bb.name(cond_out)));
     vi.mutable_type()->mutable_tensor_type()->set_elem_type(onnx::TensorProto::BOOL);
     *body.add_output() = vi;
   }
@@ -177,7 +177,7 @@ BatchResult scan_fallback(BatchCtx& c) {
       c.unsupported("output " + std::to_string(o) + " has an unknown element type, which the per-example map needs",
                     "declare the type of '" + c.node.output(static_cast<int>(o)) + "' in value_info");
     onnx::ValueInfoProto vi;
-    vi.set_name(bb.name(outs[o]));
+    vi.set_name(std::string(bb.name(outs[o])));
     Facts f = o < c.out_facts.size() ? *c.out_facts[o] : Facts{};
     f.dtype = dtype;
     write_type(f, vi.mutable_type());

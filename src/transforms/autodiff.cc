@@ -182,7 +182,7 @@ onnx::ModelProto differentiate(Prepared p, Mode mode, const Selection& sel) {
   const size_t source_values = static_cast<size_t>(p.value_names.size());
   std::vector<V> primal(source_values), tangent(source_values);
   std::vector<int> origin(source_values, -1);
-  auto id_of = [&](const std::string& n) { return p.value_names.id(n); };
+  auto id_of = [&](std::string_view n) { return p.value_names.id(n); };
   auto at = [](std::vector<V>& table, int id) -> V& { return table[static_cast<size_t>(id)]; };
   auto facts = [&](const std::string& n) -> const Facts& { return p.fact(n); };
   for (const auto& t : src->initializer()) {
@@ -306,9 +306,9 @@ onnx::ModelProto differentiate(Prepared p, Mode mode, const Selection& sel) {
   // (in one pass at the end); a primal value, a graph input, or a value already renamed gets
   // an Identity instead.
   // Fixed: the names of primal values (source values keep their names) and of new inputs.
-  std::unordered_set<std::string> fixed_names;
+  std::set<std::string, std::less<>> fixed_names;
   for (const auto& vi : new_inputs) fixed_names.insert(vi.name());
-  auto is_primal_name = [&](const std::string& n) {
+  auto is_primal_name = [&](std::string_view n) {
     const int id = id_of(n);
     return id >= 0 && static_cast<size_t>(id) < source_values && primal[static_cast<size_t>(id)].valid() &&
            b.name(primal[static_cast<size_t>(id)]) == n;
@@ -418,7 +418,7 @@ onnx::ModelProto differentiate(Prepared p, Mode mode, const Selection& sel) {
   take_initializers(p, out);
   for (const auto& vi : src->value_info()) *out.add_value_info() = vi;
   for (V v : b.declared())
-    if (b.facts(v).dtype) *out.add_value_info() = value_info_like(b.name(v), b.facts(v));
+    if (b.facts(v).dtype) *out.add_value_info() = value_info_like(std::string(b.name(v)), b.facts(v));
   onnx::ModelProto result = std::move(p.model);
   *result.mutable_graph() = std::move(out);
 

@@ -209,7 +209,7 @@ onnx::ModelProto vmap_prepared(Prepared p, const VmapOptions& opt) {
     bind(vi.name(), Mapped{v, true});
   }
   for (auto& [v, perm] : entry_moves) {
-    const std::string name = b.name(v);
+    const std::string name(b.name(v));
     b.set_origin(name);
     V moved = b.transpose(v, perm);
     mapped(name)->v = moved;
