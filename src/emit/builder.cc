@@ -158,8 +158,7 @@ void Builder::infer(onnx::NodeProto& node, const Vs& inputs, const Vs& outputs) 
 }
 
 void Builder::finish(const Vs& inputs, const Vs& outputs) {
-  bool linear = false;
-  for (V v : inputs) linear = linear || tangent(v);
+  const bool linear = reads_tangent(inputs);
   if (linear && forbid_tangents_)
     throw std::logic_error("onnax internal error: a transpose rule read a tangent value while emitting " +
                            out_.node(out_.node_size() - 1).op_type());
@@ -172,8 +171,8 @@ void Builder::finish(const Vs& inputs, const Vs& outputs) {
   if (inference_) infer(*node, inputs, outputs);
   if (linear) propagate_witness(*node, inputs, outputs);
   if (linear && tape_) {
-    std::unique_ptr<onnx::NodeProto> released(out_.mutable_node()->ReleaseLast());
-    tape_->push_back(TapeNode{std::move(*released), inputs, outputs, origin_});
+    tape_->push_back(
+        TapeNode{std::unique_ptr<onnx::NodeProto>(out_.mutable_node()->ReleaseLast()), inputs, outputs, origin_});
   }
 }
 
@@ -259,6 +258,12 @@ V Builder::existing(std::string_view name, const Facts* shared) {
   return v;
 }
 
+V Builder::existing_id(int name_id, const Facts* shared) {
+  const V v = add_value(value_names_.name(name_id), Facts{});
+  share_facts(v, shared);
+  return v;
+}
+
 // The name base for what this builder emits next: the origin (or "onnax"), a separator and
 // the op type (lowercased for values), built in a reused buffer.
 std::string_view Builder::name_base(char separator, std::string_view type, bool lowercase) {
@@ -269,9 +274,16 @@ std::string_view Builder::name_base(char separator, std::string_view type, bool 
   return name_base_;
 }
 
-onnx::NodeProto* Builder::new_node(std::string_view type) {
+bool Builder::reads_tangent(const Vs& inputs) const {
+  for (V v : inputs)
+    if (tangent(v)) return true;
+  return false;
+}
+
+onnx::NodeProto* Builder::new_node(std::string_view type, const Vs& inputs) {
   auto* n = out_.add_node();
   n->set_op_type(type.data(), type.size());
+  if (tape_ && reads_tangent(inputs)) return n;  // a tape node: transposed, never emitted
   const std::string_view name = node_names_.fresh_view(name_base('/', type, false));
   n->set_name(name.data(), name.size());
   return n;
@@ -285,7 +297,7 @@ void Builder::add_inputs(onnx::NodeProto* n, const Vs& inputs) const {
 }
 
 Vs Builder::op(std::string_view type, const Vs& inputs, const Attrs& attrs, int num_outputs) {
-  auto* n = new_node(type);
+  auto* n = new_node(type, inputs);
   add_inputs(n, inputs);
   for (const auto& a : attrs) *n->add_attribute() = a.proto;
   Vs outs;
@@ -299,7 +311,7 @@ Vs Builder::op(std::string_view type, const Vs& inputs, const Attrs& attrs, int 
 }
 
 V Builder::op_named(std::string_view type, const Vs& inputs, const Attrs& attrs, const std::string& output_name) {
-  auto* n = new_node(type);
+  auto* n = new_node(type, inputs);
   add_inputs(n, inputs);
   for (const auto& a : attrs) *n->add_attribute() = a.proto;
   n->add_output(output_name);
@@ -330,7 +342,7 @@ Vs Builder::clone(const onnx::NodeProto& node, const Vs& inputs, const Attrs& ov
     finish(inputs, outs);
     return outs;
   }
-  auto* n = new_node(node.op_type());
+  auto* n = new_node(node.op_type(), inputs);
   n->set_domain(node.domain());
   add_inputs(n, inputs);
   for (const auto& a : node.attribute()) {
@@ -446,7 +458,7 @@ V Builder::scalar(double value, int32_t dtype) {
 V Builder::tensor_const(const onnx::TensorProto& t) {
   std::string saved = origin_;
   origin_ = "onnax_const";
-  auto* n = new_node("Constant");
+  auto* n = new_node("Constant", {});
   origin_ = saved;
   auto* a = n->add_attribute();
   a->set_name("value");

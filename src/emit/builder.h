@@ -49,7 +49,7 @@ class Builder {
   // that reads a tangent is linear in it. With a tape set, such nodes go to the tape (to be
   // transposed for reverse mode) instead of the graph.
   struct TapeNode {
-    onnx::NodeProto node;
+    std::unique_ptr<onnx::NodeProto> node;  // has no node name: it never reaches the result
     Vs inputs;
     Vs outputs;
     std::string origin;  // the naming origin when it was emitted (its source value)
@@ -97,6 +97,8 @@ class Builder {
   // The same, with facts that live elsewhere for the builder's lifetime (the transform's table
   // of source facts): shared by pointer, not copied.
   V existing(std::string_view name, const Facts* shared);
+  // The same for a name already in the value-name scope, by its id there (no lookup).
+  V existing_id(int name_id, const Facts* shared);
   // A view of the value-name scope's copy: valid while the scope lives.
   std::string_view name(V v) const { return values_[v.id].name; }
   const Facts& facts(V v) const;
@@ -175,7 +177,9 @@ class Builder {
   // `name` must be a view of value_names_'s own copy (from fresh_view or interned()).
   V add_value(std::string_view name, Facts facts);
   std::string_view interned(std::string_view name) { return value_names_.name(value_names_.intern(name)); }
-  onnx::NodeProto* new_node(std::string_view type);
+  // A node appended to the graph; named unless it is bound for the tape.
+  onnx::NodeProto* new_node(std::string_view type, const Vs& inputs);
+  bool reads_tangent(const Vs& inputs) const;
   std::string_view name_base(char separator, std::string_view type, bool lowercase);
   bool same_input_names(const onnx::NodeProto& node, const Vs& inputs) const;
   void add_inputs(onnx::NodeProto* node, const Vs& inputs) const;

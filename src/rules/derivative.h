@@ -61,7 +61,7 @@ class TransposeCtx {
   const onnx::NodeProto& node;
   int64_t opset;
   Vs ins;                 // inputs (tangent or primal)
-  std::vector<bool> lin;  // which inputs are tangents
+  SmallVec<bool, 8> lin;  // which inputs are tangents
   Vs cts;                 // output cotangents
   Vs outs;                // the tape node's outputs (tangents; use only for witnesses/shapes)
 

@@ -155,6 +155,32 @@ std::vector<char> needed_values(const Prepared& p, const std::vector<std::string
   return needed;
 }
 
+// How many top-level nodes will be differentiated: those reading a value that depends on a seed
+// and feeding the selected outputs. Sizes the name tables once (each such node emits a few
+// named values and nodes), where growing them step by step rehashes every name each time.
+size_t differentiated_nodes(const Prepared& p, const std::vector<int>& seed_ids, const std::vector<char>& needed) {
+  std::vector<char> depends(needed.size(), 0);
+  for (int id : seed_ids)
+    if (id >= 0) depends[static_cast<size_t>(id)] = 1;
+  const onnx::GraphProto& g = *p.graph;
+  size_t count = 0;
+  for (int i = 0; i < g.node_size(); ++i) {
+    const auto& n = g.node(i);
+    const int32_t* ins = p.node_ids.inputs(i);
+    const int32_t* outs = p.node_ids.outputs(i, n.input_size());
+    bool active = false, useful = false;
+    for (int k = 0; k < n.input_size(); ++k) active = active || (ins[k] >= 0 && depends[static_cast<size_t>(ins[k])]);
+    if (!active) continue;
+    for (int k = 0; k < n.output_size(); ++k)
+      if (outs[k] >= 0) {
+        depends[static_cast<size_t>(outs[k])] = 1;
+        useful = useful || needed[static_cast<size_t>(outs[k])];
+      }
+    count += useful ? 1 : 0;
+  }
+  return count;
+}
+
 onnx::ValueInfoProto value_info_like(const std::string& name, const Facts& f) {
   onnx::ValueInfoProto vi;
   vi.set_name(name);
@@ -211,6 +237,16 @@ onnx::ModelProto differentiate(Prepared p, Mode mode, const Selection& sel) {
   std::deque<Builder::TapeNode> tape;
   if (mode != Mode::kJvp) b.set_tape(&tape);
   const std::vector<char> needed = needed_values(p, r.outputs);
+  {
+    std::vector<int> seed_ids;
+    for (const auto& name : r.inputs) seed_ids.push_back(id_of(name));
+    // About three new values and nodes per differentiated node in reverse mode (tangent,
+    // primal helper, cotangent), one or two in forward mode.
+    const size_t per_node = mode == Mode::kJvp ? 2 : 3;
+    const size_t expected = differentiated_nodes(p, seed_ids, needed) * per_node;
+    p.value_names.expect(static_cast<size_t>(p.value_names.size()) + expected);
+    p.node_names.expect(static_cast<size_t>(p.node_names.size()) + expected);
+  }
   const DerivativeRules& rules = DerivativeRules::instance();
   // A private graph's nodes are taken out of it and handed to the result by pointer (the same
   // objects, so rules and registered constants keep reading them); others are copied.
@@ -227,7 +263,7 @@ onnx::ModelProto differentiate(Prepared p, Mode mode, const Selection& sel) {
         ys.push_back(V{});
         continue;
       }
-      V v = b.existing(node.output(k), &p.facts.at(output_ids[k]));
+      V v = b.existing_id(output_ids[k], &p.facts.at(output_ids[k]));
       at(primal, output_ids[k]) = v;
       ys.push_back(v);
     }
@@ -373,17 +409,17 @@ onnx::ModelProto differentiate(Prepared p, Mode mode, const Selection& sel) {
         any = any || c.valid();
       }
       if (!any) continue;
-      const TransposeRule* rule = rules.find_transpose(tn.node.op_type());
+      const TransposeRule* rule = rules.find_transpose(tn.node->op_type());
       if (!rule)
         diag::fail(Error::Kind::kUnsupported,
-                   m + ": cannot run ai.onnx::" + tn.node.op_type() + " (opset " + std::to_string(p.opset) +
+                   m + ": cannot run ai.onnx::" + tn.node->op_type() + " (opset " + std::to_string(p.opset) +
                        ") in reverse: its JVP is linear in the tangent but it has no transpose rule yet (while "
                        "differentiating '" +
                        tn.origin +
                        "'). Fix: use jvp (forward mode) for this model, or select "
                        "inputs/outputs whose path avoids " +
-                       tn.node.op_type());
-      TransposeCtx tctx{b, tn.node, p.opset, tn.inputs, {}, cts, tn.outputs};
+                       tn.node->op_type());
+      TransposeCtx tctx{b, *tn.node, p.opset, tn.inputs, {}, cts, tn.outputs};
       for (V in : tn.inputs) tctx.lin.push_back(b.tangent(in));
       // Cotangent nodes are named after the source value whose tangent the tape node computed.
       std::string base = tn.origin;
