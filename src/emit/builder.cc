@@ -119,9 +119,9 @@ void Builder::infer(onnx::NodeProto& node, const Vs& inputs, const Vs& outputs) 
   inf.in_facts.assign(inputs.size(), nullptr);
   for (size_t i = 0; i < inputs.size(); ++i)
     if (inputs[i].valid() && facts(inputs[i]).dtype) inf.in_facts[i] = &facts(inputs[i]);
-  if (outputs.size() == 1 && outputs[0].valid() && static_cast<int>(inputs.size()) == node.input_size()) {
+  if (outputs.size() == 1 && outputs[0].valid()) {
     Facts f;
-    if (fast_infer(node, inf.default_opset, inf.in_facts.data(), f)) {
+    if (fast_infer(node, static_cast<int>(inputs.size()), 1, inf.default_opset, inf.in_facts.data(), f)) {
       set_facts(outputs[0], std::move(f));
       return;
     }
@@ -131,19 +131,35 @@ void Builder::infer(onnx::NodeProto& node, const Vs& inputs, const Vs& outputs) 
   const onnx::OpSchema* schema =
       op == inf.opsets.end() ? nullptr : inf.schemas.find(node.op_type(), domain, op->second);
   if (!schema || !schema->has_type_and_shape_inference_function()) return;
+  // ONNX's inference reads inputs by name: a tape node has none (and its tangent values have
+  // none), so it is inferred on a copy with stand-in names.
+  std::optional<onnx::NodeProto> named;
+  auto input_name = [&](size_t i) {
+    const std::string_view n = name(inputs[i]);
+    return n.empty() ? "\x01onnax_tape_input_" + std::to_string(i) : std::string(n);
+  };
+  if (node.input_size() != static_cast<int>(inputs.size()) || node.output_size() != static_cast<int>(outputs.size())) {
+    named.emplace(node);
+    named->clear_input();
+    named->clear_output();
+    for (size_t i = 0; i < inputs.size(); ++i) named->add_input(inputs[i].valid() ? input_name(i) : std::string());
+    for (size_t i = 0; i < outputs.size(); ++i)
+      named->add_output(outputs[i].valid() ? "\x01onnax_tape_output_" + std::to_string(i) : std::string());
+  }
+  onnx::NodeProto& target = named ? *named : node;
   inf.types.clear();
   inf.type_storage.clear();
   for (size_t i = 0; i < inputs.size(); ++i) {
     if (!inf.in_facts[i]) continue;
     write_type(*inf.in_facts[i], &inf.type_storage.emplace_back());
-    inf.types[std::string(name(inputs[i]))] = &inf.type_storage.back();
+    inf.types[input_name(i)] = &inf.type_storage.back();
   }
   try {
     const onnx::ShapeInferenceOptions options(false, 0, true);
-    onnx::shape_inference::InferenceContextImpl ctx(node, inf.types, inf.data, inf.sparse, options, &inf.generated);
+    onnx::shape_inference::InferenceContextImpl ctx(target, inf.types, inf.data, inf.sparse, options, &inf.generated);
     schema->GetTypeAndShapeInferenceFunction()(ctx);
     if (schema->has_data_propagation_function()) {
-      onnx::shape_inference::DataPropagationContextImpl dctx(node, inf.types, inf.data, inf.generated);
+      onnx::shape_inference::DataPropagationContextImpl dctx(target, inf.types, inf.data, inf.generated);
       schema->GetDataPropagationFunction()(dctx);
     }
     for (size_t i = 0; i < outputs.size(); ++i) {
@@ -274,16 +290,20 @@ std::string_view Builder::name_base(char separator, std::string_view type, bool 
   return name_base_;
 }
 
+bool Builder::bound_for_tape(const Vs& inputs) const {
+  return tape_ && reads_tangent(inputs);
+}
+
 bool Builder::reads_tangent(const Vs& inputs) const {
   for (V v : inputs)
     if (tangent(v)) return true;
   return false;
 }
 
-onnx::NodeProto* Builder::new_node(std::string_view type, const Vs& inputs) {
+onnx::NodeProto* Builder::new_node(std::string_view type, bool for_tape) {
   auto* n = out_.add_node();
   n->set_op_type(type.data(), type.size());
-  if (tape_ && reads_tangent(inputs)) return n;  // a tape node: transposed, never emitted
+  if (for_tape) return n;
   const std::string_view name = node_names_.fresh_view(name_base('/', type, false));
   n->set_name(name.data(), name.size());
   return n;
@@ -297,11 +317,16 @@ void Builder::add_inputs(onnx::NodeProto* n, const Vs& inputs) const {
 }
 
 Vs Builder::op(std::string_view type, const Vs& inputs, const Attrs& attrs, int num_outputs) {
-  auto* n = new_node(type, inputs);
-  add_inputs(n, inputs);
+  const bool for_tape = bound_for_tape(inputs);
+  auto* n = new_node(type, for_tape);
+  if (!for_tape) add_inputs(n, inputs);
   for (const auto& a : attrs) *n->add_attribute() = a.proto;
   Vs outs;
   for (int i = 0; i < num_outputs; ++i) {
+    if (for_tape) {
+      outs.push_back(add_value(std::string_view(), Facts{}));
+      continue;
+    }
     const std::string_view nm = value_names_.fresh_view(name_base('_', type, true));
     n->add_output(nm.data(), nm.size());
     outs.push_back(add_value(nm, Facts{}));
@@ -311,7 +336,7 @@ Vs Builder::op(std::string_view type, const Vs& inputs, const Attrs& attrs, int 
 }
 
 V Builder::op_named(std::string_view type, const Vs& inputs, const Attrs& attrs, const std::string& output_name) {
-  auto* n = new_node(type, inputs);
+  auto* n = new_node(type, false);  // (named: stays named even on the tape)
   add_inputs(n, inputs);
   for (const auto& a : attrs) *n->add_attribute() = a.proto;
   n->add_output(output_name);
@@ -342,9 +367,10 @@ Vs Builder::clone(const onnx::NodeProto& node, const Vs& inputs, const Attrs& ov
     finish(inputs, outs);
     return outs;
   }
-  auto* n = new_node(node.op_type(), inputs);
+  const bool for_tape = bound_for_tape(inputs);
+  auto* n = new_node(node.op_type(), for_tape);
   n->set_domain(node.domain());
-  add_inputs(n, inputs);
+  if (!for_tape) add_inputs(n, inputs);
   for (const auto& a : node.attribute()) {
     bool replaced =
         std::any_of(overrides.begin(), overrides.end(), [&](const Attr& o) { return o.proto.name() == a.name(); });
@@ -353,17 +379,31 @@ Vs Builder::clone(const onnx::NodeProto& node, const Vs& inputs, const Attrs& ov
   }
   for (const auto& a : overrides) *n->add_attribute() = a.proto;
   Vs outs;
-  const int count = num_outputs >= 0 ? num_outputs : node.output_size();
+  // The tape node being transposed has no output names: its outputs are the tape's record, and
+  // clones of it are named like op()'s outputs.
+  const TapeNode* tape_node = transposing_ && transposing_->node.get() == &node ? transposing_ : nullptr;
+  const int own_count = tape_node ? static_cast<int>(tape_node->outputs.size()) : node.output_size();
+  auto absent = [&](int i) { return tape_node ? !tape_node->outputs[i].valid() : node.output(i).empty(); };
+  const int count = num_outputs >= 0 ? num_outputs : own_count;
   for (int i = 0; i < count; ++i) {
-    if (i < node.output_size() && node.output(i).empty() && num_outputs < 0) {
-      n->add_output("");
+    if (i < own_count && absent(i) && num_outputs < 0) {
+      if (!for_tape) n->add_output("");
       outs.push_back(V{});
       continue;
     }
-    const std::string base = i < node.output_size() && !node.output(i).empty() ? node.output(i)
-                             : node.output_size() ? node.output(0) + "_" + std::to_string(i)
-                                                  : std::string("v");
-    const std::string_view nm = value_names_.fresh_view(base + "_b");
+    if (for_tape) {
+      outs.push_back(add_value(std::string_view(), Facts{}));
+      continue;
+    }
+    std::string_view nm;
+    if (tape_node) {
+      nm = value_names_.fresh_view(name_base('_', node.op_type(), true));
+    } else {
+      const std::string base = i < node.output_size() && !node.output(i).empty() ? node.output(i)
+                               : node.output_size() ? node.output(0) + "_" + std::to_string(i)
+                                                    : std::string("v");
+      nm = value_names_.fresh_view(base + "_b");
+    }
     n->add_output(nm.data(), nm.size());
     outs.push_back(add_value(nm, Facts{}));
   }
@@ -458,7 +498,7 @@ V Builder::scalar(double value, int32_t dtype) {
 V Builder::tensor_const(const onnx::TensorProto& t) {
   std::string saved = origin_;
   origin_ = "onnax_const";
-  auto* n = new_node("Constant", {});
+  auto* n = new_node("Constant", false);
   origin_ = saved;
   auto* a = n->add_attribute();
   a->set_name("value");
@@ -476,7 +516,7 @@ V Builder::tensor_const(const onnx::TensorProto& t) {
 }
 
 const std::vector<int64_t>* Builder::known_i64(V v) const {
-  if (!v.valid()) return nullptr;
+  if (!v.valid() || name(v).empty()) return nullptr;  // (tape values have no name)
   auto it = known_i64_.find(name(v));
   return it == known_i64_.end() ? nullptr : &it->second;
 }

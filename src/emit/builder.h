@@ -55,6 +55,9 @@ class Builder {
     std::string origin;  // the naming origin when it was emitted (its source value)
   };
   void set_tape(std::deque<TapeNode>* tape) { tape_ = tape; }
+  // The tape node a transpose rule is running for (nullptr: none); clone() of it takes its
+  // outputs from the record, since the node itself names none.
+  void set_transposing(const TapeNode* node) { transposing_ = node; }
   // While transposing, tangents exist only on the tape: reading one is an internal error.
   void forbid_tangent_inputs(bool forbid) { forbid_tangents_ = forbid; }
   bool tangent(V v) const { return v.valid() && tangent_[v.id]; }
@@ -177,9 +180,13 @@ class Builder {
   // `name` must be a view of value_names_'s own copy (from fresh_view or interned()).
   V add_value(std::string_view name, Facts facts);
   std::string_view interned(std::string_view name) { return value_names_.name(value_names_.intern(name)); }
-  // A node appended to the graph; named unless it is bound for the tape.
-  onnx::NodeProto* new_node(std::string_view type, const Vs& inputs);
+  // A node appended to the graph. A node bound for the tape (it reads a tangent while a tape
+  // is set) is bare: op type, domain and attributes only. It never reaches the result, so it
+  // gets no node name, no input names and unnamed outputs; its record on the tape holds the
+  // values, and only ONNX's inference (on a copy) needs names.
+  onnx::NodeProto* new_node(std::string_view type, bool for_tape);
   bool reads_tangent(const Vs& inputs) const;
+  bool bound_for_tape(const Vs& inputs) const;
   std::string_view name_base(char separator, std::string_view type, bool lowercase);
   bool same_input_names(const onnx::NodeProto& node, const Vs& inputs) const;
   void add_inputs(onnx::NodeProto* node, const Vs& inputs) const;
@@ -228,6 +235,7 @@ class Builder {
   std::map<std::string, std::vector<int64_t>, std::less<>> known_i64_;
   std::vector<char> tangent_;
   std::deque<TapeNode>* tape_ = nullptr;  // a deque: growing it never moves the nodes
+  const TapeNode* transposing_ = nullptr;
   bool forbid_tangents_ = false;
   std::vector<V> declared_;
   std::vector<V> witness_;  // by value id (invalid: none)

@@ -157,17 +157,18 @@ bool transpose(const onnx::NodeProto& node, const Facts& in, Facts& out) {
 
 }  // namespace
 
-bool fast_infer(const onnx::NodeProto& node, int opset, const Facts* const* inputs, Facts& out) {
+bool fast_infer(const onnx::NodeProto& node, int input_count, int output_count, int opset, const Facts* const* inputs,
+                Facts& out) {
   if (!node.domain().empty() && node.domain() != "ai.onnx") return false;
   const OpKind op = kind_of(node.op_type(), opset);
   const Kind kind = op.kind;
-  if (kind == Kind::kNone || node.output_size() != 1 || node.input_size() == 0) return false;
-  if ((kind == Kind::kUnary || kind == Kind::kTranspose) && node.input_size() != 1) return false;
-  if ((kind == Kind::kMatMul || (kind == Kind::kBroadcast && !op.variadic)) && node.input_size() != 2) return false;
+  if (kind == Kind::kNone || output_count != 1 || input_count == 0) return false;
+  if ((kind == Kind::kUnary || kind == Kind::kTranspose) && input_count != 1) return false;
+  if ((kind == Kind::kMatMul || (kind == Kind::kBroadcast && !op.variadic)) && input_count != 2) return false;
   constexpr int kMaxInputs = 8;  // Sum/Max/... with more inputs go to ONNX
-  if (node.input_size() > kMaxInputs) return false;
+  if (input_count > kMaxInputs) return false;
   bool all_shapes = true;
-  for (int i = 0; i < node.input_size(); ++i) {
+  for (int i = 0; i < input_count; ++i) {
     const Facts* f = inputs[i];
     if (!f || !floating(f->dtype)) return false;
     all_shapes = all_shapes && f->has_shape;
@@ -184,8 +185,8 @@ bool fast_infer(const onnx::NodeProto& node, int opset, const Facts* const* inpu
   out.has_shape = true;
   if (kind == Kind::kMatMul) return matmul(inputs[0]->dims, inputs[1]->dims, out.dims);
   Operand ops[kMaxInputs];
-  for (int i = 0; i < node.input_size(); ++i) ops[i] = {&inputs[i]->dims, static_cast<int>(inputs[i]->dims.size())};
-  return broadcast(ops, node.input_size(), out.dims);
+  for (int i = 0; i < input_count; ++i) ops[i] = {&inputs[i]->dims, static_cast<int>(inputs[i]->dims.size())};
+  return broadcast(ops, input_count, out.dims);
 }
 
 }  // namespace onnax

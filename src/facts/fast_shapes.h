@@ -14,6 +14,9 @@ namespace onnax {
 // (inputs[i], nullptr when unknown) is a floating tensor; false means "ask ONNX's inference". Results agree
 // with ONNX's inference (tests/cpp/fast_shapes_test.cc checks this against it), and type the
 // function ops ONNX cannot (their output shapes are checked against ONNX Runtime in Python).
-bool fast_infer(const onnx::NodeProto& node, int opset, const Facts* const* inputs, Facts& out);
+// `node` supplies the op type, domain and attributes; the counts are passed separately because
+// a node bound for the autodiff tape carries no input or output names.
+bool fast_infer(const onnx::NodeProto& node, int input_count, int output_count, int opset, const Facts* const* inputs,
+                Facts& out);
 
 }  // namespace onnax

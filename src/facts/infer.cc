@@ -135,7 +135,8 @@ void infer_facts(const onnx::GraphProto& g, const std::unordered_map<std::string
       if (input_ids[i] >= 0) in_facts[static_cast<size_t>(i)] = &table.at(input_ids[i]);
     inferred.resize(static_cast<size_t>(n.output_size()));
     for (Facts& f : inferred) f = Facts{};
-    const bool fast = n.output_size() == 1 && fast_infer(n, default_opset, in_facts.data(), inferred[0]);
+    const bool fast =
+        n.output_size() == 1 && fast_infer(n, n.input_size(), 1, default_opset, in_facts.data(), inferred[0]);
     if (fast) {
       // The common case: one tensor output, typed by the fast shape functions.
       record(output_ids[0], n.output(0), inferred[0], nullptr);

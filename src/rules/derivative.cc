@@ -74,8 +74,8 @@ void TransposeCtx::unsupported(const std::string& what) const {
 void TransposeCtx::unsupported(const std::string& what, const std::string& fix) const {
   const std::string domain = node.domain().empty() ? "ai.onnx" : node.domain();
   diag::fail(Error::Kind::kUnsupported, "vjp: cannot transpose the linear " + domain + "::" + node.op_type() +
-                                            " (opset " + std::to_string(opset) + ") emitted for " + where(node) + ": " +
-                                            what + ". Fix: " + fix);
+                                            " (opset " + std::to_string(opset) + ") emitted for the tangent '" +
+                                            std::string(origin) + "': " + what + ". Fix: " + fix);
 }
 
 V unbroadcast(Builder& b, V ct, V target, V witness) {

@@ -60,10 +60,11 @@ class TransposeCtx {
   Builder& b;
   const onnx::NodeProto& node;
   int64_t opset;
-  Vs ins;                 // inputs (tangent or primal)
-  SmallVec<bool, 8> lin;  // which inputs are tangents
-  Vs cts;                 // output cotangents
-  Vs outs;                // the tape node's outputs (tangents; use only for witnesses/shapes)
+  Vs ins;                   // inputs (tangent or primal)
+  SmallVec<bool, 8> lin;    // which inputs are tangents
+  Vs cts;                   // output cotangents
+  Vs outs;                  // the tape node's outputs (tangents; use only for witnesses/shapes)
+  std::string_view origin;  // the tangent the tape node computed (for diagnostics)
 
   V in(int i) const { return i < static_cast<int>(ins.size()) ? ins[i] : V{}; }
   bool linear(int i) const { return i < static_cast<int>(lin.size()) && lin[i]; }

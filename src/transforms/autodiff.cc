@@ -419,13 +419,15 @@ onnx::ModelProto differentiate(Prepared p, Mode mode, const Selection& sel) {
                        "'). Fix: use jvp (forward mode) for this model, or select "
                        "inputs/outputs whose path avoids " +
                        tn.node->op_type());
-      TransposeCtx tctx{b, *tn.node, p.opset, tn.inputs, {}, cts, tn.outputs};
+      TransposeCtx tctx{b, *tn.node, p.opset, tn.inputs, {}, cts, tn.outputs, tn.origin};
       for (V in : tn.inputs) tctx.lin.push_back(b.tangent(in));
       // Cotangent nodes are named after the source value whose tangent the tape node computed.
       std::string base = tn.origin;
       if (base.size() > 8 && base.compare(base.size() - 8, 8, "_tangent") == 0) base.resize(base.size() - 8);
       b.set_origin(base + "_ct");
+      b.set_transposing(&tn);
       Vs in_cts = (*rule)(tctx);
+      b.set_transposing(nullptr);
       for (size_t i = 0; i < tn.inputs.size() && i < in_cts.size(); ++i)
         if (tctx.lin[i]) accumulate(tn.inputs[i], in_cts[i]);
     }

@@ -46,7 +46,7 @@ bool fast_types(const onnx::NodeProto& node, int opset, const std::unordered_map
     inputs[static_cast<size_t>(i)] = &facts[static_cast<size_t>(i)];
   }
   Facts result;
-  if (!fast_infer(node, opset, inputs.data(), result)) return false;
+  if (!fast_infer(node, node.input_size(), node.output_size(), opset, inputs.data(), result)) return false;
   write_type(result, out);
   return true;
 }
