@@ -265,12 +265,15 @@ V Builder::neg(V a) {
 }
 
 V Builder::existing(std::string_view name, Facts facts) {
-  return add_value(interned(name), std::move(facts));
+  const V v = add_value(interned(name), std::move(facts));
+  values_[static_cast<size_t>(v.id)].leaf = true;
+  return v;
 }
 
 V Builder::existing(std::string_view name, const Facts* shared) {
   const V v = add_value(interned(name), Facts{});
   share_facts(v, shared);
+  values_[static_cast<size_t>(v.id)].leaf = true;
   return v;
 }
 
@@ -316,7 +319,34 @@ void Builder::add_inputs(onnx::NodeProto* n, const Vs& inputs) const {
   }
 }
 
+// Deterministic ops without subgraphs: the same inputs and attributes give the same values.
+static bool reusable(std::string_view type, const Attrs& attrs) {
+  if (type.rfind("Random", 0) == 0 || type == "Bernoulli" || type == "Multinomial" || type == "Dropout") return false;
+  for (const auto& a : attrs)
+    if (a.proto.has_g() || a.proto.graphs_size() > 0) return false;
+  return true;
+}
+
 Vs Builder::op(std::string_view type, const Vs& inputs, const Attrs& attrs, int num_outputs) {
+  // A primal computation emitted again (e.g. the transpose of a weight shared by many layers,
+  // once per use in reverse mode) returns the first one's outputs instead of a copy.
+  bool cacheable = reuse_ && !inputs.empty() && reusable(type, attrs);
+  for (V v : inputs) cacheable = cacheable && (!v.valid() || (values_[static_cast<size_t>(v.id)].leaf && !tangent(v)));
+  if (cacheable) {
+    op_key_.assign(type);
+    op_key_.push_back('\0');
+    auto put = [&](int32_t x) { op_key_.append(reinterpret_cast<const char*>(&x), sizeof x); };
+    put(num_outputs);
+    for (V v : inputs) put(v.id);
+    for (const auto& a : attrs) op_key_ += a.proto.SerializeAsString();
+    if (auto it = op_cache_.find(op_key_); it != op_cache_.end()) return it->second;
+  }
+  Vs outs = emit(type, inputs, attrs, num_outputs);
+  if (cacheable) op_cache_.emplace(op_key_, outs);
+  return outs;
+}
+
+Vs Builder::emit(std::string_view type, const Vs& inputs, const Attrs& attrs, int num_outputs) {
   const bool for_tape = bound_for_tape(inputs);
   auto* n = new_node(type, for_tape);
   if (!for_tape) add_inputs(n, inputs);
@@ -511,6 +541,7 @@ V Builder::tensor_const(const onnx::TensorProto& t) {
   f.has_shape = true;
   for (int64_t d : t.dims()) f.dims.push_back(Dim::of(d));
   V v = add_value(nm, f);
+  values_[static_cast<size_t>(v.id)].leaf = true;
   finish({}, {v});
   return v;
 }

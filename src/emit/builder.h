@@ -85,6 +85,10 @@ class Builder {
   V div(V a, V b);
   V neg(V a);
 
+  // Reuse of nodes computed from leaves (see op()). Only for transforms that never move or drop
+  // emitted nodes afterwards (autodiff; vmap relocates some), since a reused value must stay
+  // where it was first computed.
+  void enable_reuse() { reuse_ = true; }
   int64_t opset() const { return opset_; }
   // A builder for a subgraph (e.g. a Loop body) sharing this builder's name scopes, so names
   // stay unique across the whole model.
@@ -116,7 +120,9 @@ class Builder {
   const std::vector<V>& declared() const { return declared_; }
   int64_t rank(V v) const { return facts(v).rank(); }
 
-  // Emits a node; outputs get fresh names derived from the origin and op type.
+  // Emits a node; outputs get fresh names derived from the origin and op type. With reuse on,
+  // a node on leaves alone (existing values and constants, none a tangent) identical to one
+  // emitted before is not emitted again: its outputs are returned.
   Vs op(std::string_view type, const Vs& inputs, const Attrs& attrs = {}, int num_outputs = 1);
   V op1(std::string_view type, const Vs& inputs, const Attrs& attrs = {}) { return op(type, inputs, attrs, 1)[0]; }
   // Emits a copy of `node` (type, domain, attributes) with new inputs; attributes in
@@ -176,7 +182,9 @@ class Builder {
     Dim lead;
     bool with_lead = false;
     mutable int32_t own = -1;  // set on first read of a shared value with a lead
+    bool leaf = false;         // not computed by this builder: existing() or a constant
   };
+  Vs emit(std::string_view type, const Vs& inputs, const Attrs& attrs, int num_outputs);
   // `name` must be a view of value_names_'s own copy (from fresh_view or interned()).
   V add_value(std::string_view name, Facts facts);
   std::string_view interned(std::string_view name) { return value_names_.name(value_names_.intern(name)); }
@@ -228,6 +236,10 @@ class Builder {
     facts_.add() = std::move(f);
     return static_cast<int32_t>(facts_.size() - 1);
   }
+  // Nodes on leaves emitted by op(), by type, output count, input ids and attributes.
+  std::unordered_map<std::string, Vs> op_cache_;
+  std::string op_key_;  // reused buffer for op_cache_ keys
+  bool reuse_ = false;
   // Constants already emitted, by value (scalars by dtype and the double's exact bits).
   std::map<std::vector<int64_t>, V> i64s_cache_;
   std::map<int64_t, V> i64_cache_;

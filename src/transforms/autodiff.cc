@@ -202,6 +202,9 @@ onnx::ModelProto differentiate(Prepared p, Mode mode, const Selection& sel) {
   out.set_doc_string(src->doc_string());
   Builder b(out, p.value_names, p.node_names, p.opset);
   b.enable_inference(opsets);
+  // Reverse mode transposes a weight shared by many nodes (an unrolled recurrence) once, not
+  // once per use.
+  b.enable_reuse();
 
   // Per source value (by id in p.value_names): its primal value, its tangent (invalid: zero)
   // and the selected input it depends on (for diagnostics).

@@ -1571,6 +1571,35 @@ def int_side_path(symbolic: bool = False):
     )
 
 
+def unrolled_recurrence(steps: int = 3):
+    """h_{k+1} = tanh(h_k @ W + b), three steps sharing the initializers W and b."""
+    nodes, h = [], "x"
+    for k in range(steps):
+        nodes += [
+            node("MatMul", [h, "W"], [f"m{k}"]),
+            node("Add", [f"m{k}", "b"], [f"a{k}"]),
+            node("Tanh", [f"a{k}"], [f"h{k}"]),
+        ]
+        h = f"h{k}"
+    nodes.append(node("ReduceSumSquare", [h], ["loss"], keepdims=0))
+    rng = np.random.default_rng(5)
+    return build(
+        nodes,
+        [In("x", (2, 3))],
+        outputs=("loss",),
+        inits={"W": 0.8 * rng.standard_normal((3, 3)), "b": rng.standard_normal(3)},
+    )
+
+
+def test_shared_weight_transposed_once() -> None:
+    """Reverse mode through an unrolled recurrence transposes the shared weight once, not per step."""
+    g = onnax.grad(unrolled_recurrence(steps=4), inputs=["x"])
+    transposes = [n for n in g.graph.node if n.op_type == "Transpose"]
+    assert [list(n.input) for n in transposes] == [["W"]]
+    assert sum(n.op_type == "MatMul" for n in g.graph.node) == 8  # 4 forward, 4 backward
+    check_grad(unrolled_recurrence(steps=4), inputs=["x"])
+
+
 def tanh_mlp_hvp():
     return mlp(act="Tanh")
 
@@ -1633,6 +1662,7 @@ add(
     ),
     inputs=["x", "W"],
 )
+add("composite-unrolled-recurrence", unrolled_recurrence(), inputs=["x", "W"])
 add("composite-layernorm-loss", layernorm_loss())
 add("composite-conv-loss", conv_loss())
 
