@@ -7,7 +7,6 @@
 #include <cctype>
 #include <cstring>
 #include <deque>
-#include <set>
 #include <stdexcept>
 
 #include "facts/fast_shapes.h"
@@ -195,12 +194,16 @@ void Builder::finish(const Vs& inputs, const Vs& outputs) {
 void Builder::propagate_witness(const onnx::NodeProto& node, const Vs& inputs, const Vs& outputs) {
   // Shape-preserving and elementwise linear ops: the output has the shape of an input (or of
   // a tangent input's witness) whenever the facts say so.
-  static const std::set<std::string> elementwise{"Add",      "Sub",  "Mul",      "Div",     "Where", "Sum", "Neg",
-                                                 "Identity", "Cast", "CastLike", "Dropout", "Relu",  "Max", "Min"};
-  if (outputs.empty() || !outputs[0].valid() || !elementwise.count(node.op_type())) return;
+  static constexpr std::string_view kSameShape[] = {"Neg", "Identity", "Cast", "CastLike", "Dropout"};
+  static constexpr std::string_view kBroadcasting[] = {"Add", "Sub",  "Mul", "Div", "Where",
+                                                       "Sum", "Relu", "Max", "Min"};
+  if (outputs.empty() || !outputs[0].valid()) return;
+  const std::string_view type = node.op_type();
+  const bool same_shape = std::find(std::begin(kSameShape), std::end(kSameShape), type) != std::end(kSameShape);
+  if (!same_shape && std::find(std::begin(kBroadcasting), std::end(kBroadcasting), type) == std::end(kBroadcasting))
+    return;
   const Facts& of = facts(outputs[0]);
-  if (node.op_type() == "Neg" || node.op_type() == "Identity" || node.op_type() == "Cast" ||
-      node.op_type() == "CastLike" || node.op_type() == "Dropout") {
+  if (same_shape) {
     V w = tangent(inputs[0]) ? witness(inputs[0]) : inputs[0];
     if (w.valid()) set_witness(outputs[0], w);
     return;
@@ -629,6 +632,10 @@ V Builder::transpose(V x, const std::vector<int64_t>& perm) {
   bool identity = true;
   for (size_t i = 0; i < perm.size(); ++i) identity = identity && perm[i] == static_cast<int64_t>(i);
   if (identity) return x;
+  // Reused transposes (see op()) are found before their attribute is built.
+  const bool reusable = reuse_ && values_[static_cast<size_t>(x.id)].leaf && !tangent(x);
+  if (reusable)
+    if (auto it = transposes_.find({x.id, perm}); it != transposes_.end()) return it->second;
   V y = op1("Transpose", {x}, {Attr::ints("perm", perm)});
   Facts f = facts(x);
   if (f.has_shape && f.rank() == static_cast<int64_t>(perm.size())) {
@@ -637,6 +644,7 @@ V Builder::transpose(V x, const std::vector<int64_t>& perm) {
     f = g;
   }
   set_facts(y, f);
+  if (reusable) transposes_.emplace(std::make_pair(x.id, perm), y);
   return y;
 }
 

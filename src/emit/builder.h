@@ -97,6 +97,7 @@ class Builder {
   onnx::NodeProto& last_node() { return *out_.mutable_node(out_.node_size() - 1); }
   // Names generated next derive from `base` (e.g. the source value being transformed).
   void set_origin(std::string_view base) { origin_ = base; }
+  void set_origin(std::string_view base, std::string_view suffix) { origin_.assign(base).append(suffix); }
   const std::string& origin() const { return origin_; }
 
   // Registers an existing value (graph input, initializer, copied node output).
@@ -240,6 +241,7 @@ class Builder {
   std::unordered_map<std::string, Vs> op_cache_;
   std::string op_key_;  // reused buffer for op_cache_ keys
   bool reuse_ = false;
+  std::map<std::pair<int, std::vector<int64_t>>, V> transposes_;  // reused transposes by input and perm
   // Constants already emitted, by value (scalars by dtype and the double's exact bits).
   std::map<std::vector<int64_t>, V> i64s_cache_;
   std::map<int64_t, V> i64_cache_;

@@ -301,13 +301,13 @@ onnx::ModelProto differentiate(Prepared p, Mode mode, const Selection& sel) {
     b.adopt_node(owned.empty() ? std::make_unique<onnx::NodeProto>(node) : std::move(owned[static_cast<size_t>(ni)]));
     if (!active || !useful) continue;
     if (!float_out) continue;  // integer/bool results carry no derivative
-    const std::string domain = node.domain() == "ai.onnx" ? "" : node.domain();
-    if (rules.is_zero(node.op_type()) && domain.empty()) continue;
-    const std::string where = node.name().empty() ? "output '" + node.output(0) + "'" : "node '" + node.name() + "'";
-    const std::string label = (domain.empty() ? "ai.onnx" : domain) + "::" + node.op_type() + " (opset " +
-                              std::to_string(p.opset) + ") at " + where;
-    const JvpRule* rule = domain.empty() ? rules.find_jvp(node.op_type()) : nullptr;
+    const bool default_domain = node.domain().empty() || node.domain() == "ai.onnx";
+    if (default_domain && rules.is_zero(node.op_type())) continue;
+    const JvpRule* rule = default_domain ? rules.find_jvp(node.op_type()) : nullptr;
     if (!rule) {
+      const std::string where = node.name().empty() ? "output '" + node.output(0) + "'" : "node '" + node.name() + "'";
+      const std::string label = (default_domain ? std::string("ai.onnx") : node.domain()) + "::" + node.op_type() +
+                                " (opset " + std::to_string(p.opset) + ") at " + where;
       std::string why = node.op_type().rfind("Random", 0) == 0 || node.op_type() == "Bernoulli"
                             ? "random operators have no derivative"
                         : node.attribute_size() && !outer_scope_reads(node).empty()
@@ -325,17 +325,18 @@ onnx::ModelProto differentiate(Prepared p, Mode mode, const Selection& sel) {
       ctx.xs.push_back(input_ids[k] < 0 ? V{} : at(primal, input_ids[k]));
       ctx.ts.push_back(input_ids[k] < 0 ? V{} : at(tangent, input_ids[k]));
     }
-    b.set_origin(node.output(0) + "_tangent");
+    b.set_origin(node.output(0), "_tangent");
     Vs touts = (*rule)(ctx);
     for (int k = 0; k < node.output_size() && k < static_cast<int>(touts.size()); ++k) {
       const std::string& o = node.output(k);
-      const int32_t dt = o.empty() ? -1 : facts(o).dtype;
+      const Facts& of = p.facts.at(output_ids[k]);  // (an empty name has id -1: unknown facts)
+      const int32_t dt = o.empty() ? -1 : of.dtype;
       if (o.empty() || !touts[k].valid() || !(dt == 0 || differentiable_dtype(dt))) continue;
       at(tangent, output_ids[k]) = touts[k];
       origin[static_cast<size_t>(output_ids[k])] = from;
       if (!b.witness(touts[k]).valid()) b.set_witness(touts[k], ys[k]);
       // A tangent has its primal's shape; the primal's facts may know more (data propagation).
-      if (facts(o).has_shape && !b.tangent(ys[k])) b.set_facts(touts[k], facts(o));
+      if (of.has_shape && !b.tangent(ys[k])) b.set_facts(touts[k], of);
     }
   }
 
@@ -425,9 +426,9 @@ onnx::ModelProto differentiate(Prepared p, Mode mode, const Selection& sel) {
       TransposeCtx tctx{b, *tn.node, p.opset, tn.inputs, {}, cts, tn.outputs, tn.origin};
       for (V in : tn.inputs) tctx.lin.push_back(b.tangent(in));
       // Cotangent nodes are named after the source value whose tangent the tape node computed.
-      std::string base = tn.origin;
-      if (base.size() > 8 && base.compare(base.size() - 8, 8, "_tangent") == 0) base.resize(base.size() - 8);
-      b.set_origin(base + "_ct");
+      std::string_view base = tn.origin;
+      if (base.size() > 8 && base.substr(base.size() - 8) == "_tangent") base.remove_suffix(8);
+      b.set_origin(base, "_ct");
       b.set_transposing(&tn);
       Vs in_cts = (*rule)(tctx);
       b.set_transposing(nullptr);
