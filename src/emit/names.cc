@@ -51,13 +51,17 @@ std::string_view Interner::store(std::string_view s) {
 }
 
 void Interner::grow(size_t slots) {
-  slots_.assign(slots, Slot{});
+  // Slots keep the low 32 bits of each hash, which is all the index of a table of up to 2^32
+  // slots uses: rehashing moves slots and never reads a name again (on large tables each name
+  // read is a miss to memory).
+  std::vector<Slot> old(slots, Slot{});
+  old.swap(slots_);
   const size_t mask = slots_.size() - 1;
-  for (size_t id = 0; id < names_.size(); ++id) {
-    const uint32_t h = static_cast<uint32_t>(hash(names_[id]));
-    size_t i = h & mask;
+  for (const Slot& s : old) {
+    if (s.id < 0) continue;
+    size_t i = s.hash & mask;
     while (slots_[i].id >= 0) i = (i + 1) & mask;
-    slots_[i] = Slot{h, static_cast<int32_t>(id)};
+    slots_[i] = s;
   }
 }
 
