@@ -178,7 +178,10 @@ void Builder::finish(const Vs& inputs, const Vs& outputs) {
     throw std::logic_error("onnax internal error: a transpose rule read a tangent value while emitting " +
                            out_.node(out_.node_size() - 1).op_type());
   for (V v : outputs)
-    if (v.valid()) tangent_[v.id] = linear ? 1 : 0;
+    if (v.valid()) {
+      tangent_[v.id] = linear ? 1 : 0;
+      values_[static_cast<size_t>(v.id)].producer = out_.node_size() - 1;
+    }
   auto* node = out_.mutable_node(out_.node_size() - 1);
   if (inference_ && node->op_type() == "Constant")
     for (const auto& a : node->attribute())
@@ -461,8 +464,15 @@ void Builder::rename(V v, const std::string& new_name, int first_node) {
 void Builder::rename_all(const std::vector<std::pair<V, std::string>>& renames) {
   if (renames.empty()) return;
   std::unordered_map<std::string, std::string> map;
-  for (const auto& [v, n] : renames) map[std::string(values_[v.id].name)] = n;
-  for (auto& node : *out_.mutable_node()) {
+  // Only nodes from the first renamed value's producer on can mention the old names (values
+  // are used after they are made); derivative outputs are usually made last.
+  int first = out_.node_size();
+  for (const auto& [v, n] : renames) {
+    map[std::string(values_[v.id].name)] = n;
+    first = std::min(first, values_[v.id].producer);
+  }
+  for (int i = std::max(first, 0); i < out_.node_size(); ++i) {
+    onnx::NodeProto& node = *out_.mutable_node(i);
     for (auto& in : *node.mutable_input())
       if (auto it = map.find(in); it != map.end()) in = it->second;
     for (auto& o : *node.mutable_output())

@@ -184,6 +184,7 @@ class Builder {
     bool with_lead = false;
     mutable int32_t own = -1;  // set on first read of a shared value with a lead
     bool leaf = false;         // not computed by this builder: existing() or a constant
+    int32_t producer = -1;     // index of the node that made it in the graph (-1: none, e.g. existing)
   };
   Vs emit(std::string_view type, const Vs& inputs, const Attrs& attrs, int num_outputs);
   // `name` must be a view of value_names_'s own copy (from fresh_view or interned()).
