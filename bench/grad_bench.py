@@ -9,7 +9,9 @@ Three measurements, side by side in one run (benchmarks, not tests):
     SerializeToString) and of ``onnax._core.grad_seconds`` (the C++ grad transform alone on
     parsed input, w.r.t. the runtime input ``x`` by default, ``--wrt weights`` for the four
     shared initializers).  Reports grad / (parse + serialize) (target <= 3x) and the growth
-    per 10x of N (target ~10x, linear).
+    per 10x of N (target ~10x, linear).  Beside it, ``onnax._core.grad_serialized_seconds``:
+    serialized model to serialized result (parse, transform, serialize and free, on one
+    arena), the path the Python package takes, against the same parse + serialize.
 
 (b) **ONNX Runtime run time of grad(f) vs a hand-written forward+backward graph**, one
     intra-op thread.  (1) a 4-layer MLP (MatMul + Add + Relu on the hidden layers, linear output
@@ -538,6 +540,9 @@ def bench_scaling(sizes: list[int], repeats: int, wrt_mode: str) -> dict[str, An
             gs, gs_samples = _median(
                 functools.partial(core.grad_seconds, data, wrt, "loss"), repeats, n <= 100_000
             )
+            bs, bs_samples = _median(
+                functools.partial(core.grad_serialized_seconds, data, wrt, "loss"), repeats, False
+            )
             # The result is several times the source (a forward copy plus tangent and
             # cotangent nodes): parse+serialize of the result is the floor of building it.
             result = core.grad(data, wrt, "loss")
@@ -549,15 +554,18 @@ def bench_scaling(sizes: list[int], repeats: int, wrt_mode: str) -> dict[str, An
                 result_bytes=len(result),
                 result_parse_serialize_s=rps,
                 ratio_to_result=gs / rps if rps > 0 else float("nan"),
+                grad_serialized_s=bs,
+                ratio_serialized=bs / ps if ps > 0 else float("nan"),
                 parse_serialize_samples=ps_samples,
                 grad_samples=gs_samples,
+                grad_serialized_samples=bs_samples,
             )
             del result
             print(
                 f"  N={_fmt_n(n)} ({len(data) / 1e6:.1f} MB, generated in {gen_s:.1f} s): "
                 f"parse+serialize {ps:.4f} s, grad {gs:.4f} s ({gs / ps:.1f}x); result "
                 f"{row['result_bytes'] / len(data):.1f}x the bytes, its parse+serialize {rps:.4f} s "
-                f"(grad = {gs / rps:.1f}x that)",
+                f"(grad = {gs / rps:.1f}x that); bytes to bytes {bs:.4f} s ({bs / ps:.1f}x)",
                 flush=True,
             )
         except Exception as exc:
@@ -792,10 +800,10 @@ def report(result: dict[str, Any]) -> list[str]:
     a = result.get("scaling")
     if a:
         print(f"\n(a) grad transform vs parse+serialize (C++, median of {a['repeats']}; wrt {a['wrt']})")
-        rows = []
+        rows: list[tuple[str, ...]] = []
         for r in a["rows"]:
             if "grad_s" not in r:
-                rows.append((_fmt_n(r["n"]), "-", "ERROR", "-", "-", "-", "-"))
+                rows.append((_fmt_n(r["n"]), "-", "ERROR", "-", "-", "-", "-", "-", "-"))
                 problems.append(f"(a) N={r['n']}: {r['error']['message']}")
                 continue
             g1 = r.get("parse_serialize_s_growth_per_10x")
@@ -807,6 +815,8 @@ def report(result: dict[str, Any]) -> list[str]:
                     f"{r['grad_s']:.4f}",
                     f"{r['ratio']:.1f}x",
                     f"{r['ratio_to_result']:.1f}x",
+                    f"{r['grad_serialized_s']:.4f}",
+                    f"{r['ratio_serialized']:.1f}x",
                     "-" if g1 is None else f"{g1:.1f}x",
                     "-" if g2 is None else f"{g2:.1f}x",
                 )
@@ -822,6 +832,8 @@ def report(result: dict[str, Any]) -> list[str]:
                 "grad s",
                 "grad/parse",
                 "grad/result parse",
+                "bytes->bytes s",
+                "bytes/parse",
                 "growth/10x parse",
                 "growth/10x grad",
             ),

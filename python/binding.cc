@@ -21,15 +21,6 @@ void notice_to_python(const std::string& message) {
       .attr("warn")(py::str("onnax: " + message), py::module_::import("builtins").attr("UserWarning"), 2);
 }
 
-py::bytes to_bytes(const onnx::ModelProto& m) {
-  std::string s;
-  if (!m.SerializeToString(&s))
-    throw onnax::Error(onnax::Error::Kind::kUnsupported,
-                       "the result exceeds protobuf's 2 GB limit and cannot cross into Python as bytes. Fix: use the "
-                       "onnax command line, which writes external data files");
-  return py::bytes(s);
-}
-
 // in_axes arrives as exactly one of: an int/None for every input (`all`), a list (one per
 // input) or a dict by name.
 onnax::VmapOptions vmap_options(const py::object& all, const py::object& per_input, const py::object& by_name,
@@ -68,8 +59,7 @@ PYBIND11_MODULE(_core, m) {
       [](const py::bytes& model, const py::object& in_axis, const py::object& in_axes,
          const py::object& in_axes_by_name, const std::vector<int64_t>& out_axes, const std::string& axis_name) {
         onnax::VmapOptions opt = vmap_options(in_axis, in_axes, in_axes_by_name, out_axes, axis_name);
-        onnx::ModelProto source = onnax::parse_model(std::string(model));
-        return to_bytes(onnax::vmap(std::move(source), opt));
+        return py::bytes(onnax::vmap_serialized(std::string(model), opt));
       },
       py::arg("model"), py::arg("in_axis"), py::arg("in_axes"), py::arg("in_axes_by_name"), py::arg("out_axes"),
       py::arg("axis_name"),
@@ -80,22 +70,19 @@ PYBIND11_MODULE(_core, m) {
   m.def(
       "jvp",
       [](const py::bytes& model, const Names& inputs, const Names& outputs) {
-        onnx::ModelProto source = onnax::parse_model(std::string(model));
-        return to_bytes(onnax::jvp(std::move(source), onnax::Selection{inputs, outputs}));
+        return py::bytes(onnax::jvp_serialized(std::string(model), onnax::Selection{inputs, outputs}));
       },
       py::arg("model"), py::arg("inputs"), py::arg("outputs"));
   m.def(
       "vjp",
       [](const py::bytes& model, const Names& inputs, const Names& outputs) {
-        onnx::ModelProto source = onnax::parse_model(std::string(model));
-        return to_bytes(onnax::vjp(std::move(source), onnax::Selection{inputs, outputs}));
+        return py::bytes(onnax::vjp_serialized(std::string(model), onnax::Selection{inputs, outputs}));
       },
       py::arg("model"), py::arg("inputs"), py::arg("outputs"));
   m.def(
       "grad",
       [](const py::bytes& model, const Names& inputs, const std::optional<std::string>& output) {
-        onnx::ModelProto source = onnax::parse_model(std::string(model));
-        return to_bytes(onnax::grad(std::move(source), inputs, output));
+        return py::bytes(onnax::grad_serialized(std::string(model), inputs, output));
       },
       py::arg("model"), py::arg("inputs"), py::arg("output"));
 
@@ -172,4 +159,15 @@ PYBIND11_MODULE(_core, m) {
       },
       py::arg("model"), py::arg("inputs") = py::none(), py::arg("output") = py::none(),
       "Seconds of the C++ grad transform alone (parsed input).");
+  m.def(
+      "grad_serialized_seconds",
+      [](const py::bytes& model, const std::optional<std::vector<std::string>>& inputs,
+         const std::optional<std::string>& output) {
+        const std::string bytes(model);
+        auto t0 = std::chrono::steady_clock::now();
+        const std::string out = onnax::grad_serialized(bytes, inputs, output);  // as the grad binding does
+        return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      },
+      py::arg("model"), py::arg("inputs") = py::none(), py::arg("output") = py::none(),
+      "Seconds of C++ grad from serialized model to serialized result (parse, transform, serialize, free).");
 }

@@ -90,6 +90,18 @@ onnx::ModelProto grad(const onnx::ModelProto& model, const std::optional<std::ve
 onnx::ModelProto grad(onnx::ModelProto&& model, const std::optional<std::vector<std::string>>& inputs,
                       const std::optional<std::string>& output);
 
+// Serialized model in, serialized result out: the same transforms (with the same errors) for
+// callers that would serialize the result anyway, such as the Python package. The model is
+// parsed onto one protobuf arena shared by the transform and its result, so no node is
+// allocated or freed one by one; for large models this is markedly faster than parse_model,
+// the ModelProto overloads and SerializeToString. Results over protobuf's 2 GB limit fail
+// (the ModelProto overloads and save_model handle them with external data).
+std::string vmap_serialized(const std::string& model, const VmapOptions& options);
+std::string jvp_serialized(const std::string& model, const Selection& selection);
+std::string vjp_serialized(const std::string& model, const Selection& selection);
+std::string grad_serialized(const std::string& model, const std::optional<std::vector<std::string>>& inputs,
+                            const std::optional<std::string>& output);
+
 // Model I/O. load_model resolves external data relative to the file's directory so the
 // returned model is self-contained; save_model writes tensors to an external data file next
 // to the output when the model would exceed protobuf's 2 GB message limit (or when asked).

@@ -189,8 +189,9 @@ void Builder::finish(const Vs& inputs, const Vs& outputs) {
   if (inference_) infer(*node, inputs, outputs);
   if (linear) propagate_witness(*node, inputs, outputs);
   if (linear && tape_) {
-    tape_->push_back(
-        TapeNode{std::unique_ptr<onnx::NodeProto>(out_.mutable_node()->ReleaseLast()), inputs, outputs, origin_});
+    tape_->push_back(TapeNode{NodePtr(out_.GetArena() ? out_.mutable_node()->UnsafeArenaReleaseLast()  // (no copy)
+                                                      : out_.mutable_node()->ReleaseLast()),
+                              inputs, outputs, origin_});
   }
 }
 

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "emit/names.h"
+#include "emit/proto_ptr.h"
 #include "emit/small_vec.h"
 #include "facts/facts.h"
 
@@ -49,7 +50,7 @@ class Builder {
   // that reads a tangent is linear in it. With a tape set, such nodes go to the tape (to be
   // transposed for reverse mode) instead of the graph.
   struct TapeNode {
-    std::unique_ptr<onnx::NodeProto> node;  // has no node name: it never reaches the result
+    NodePtr node;  // has no node name: it never reaches the result
     Vs inputs;
     Vs outputs;
     std::string origin;  // the naming origin when it was emitted (its source value)
@@ -137,12 +138,13 @@ class Builder {
   // With `owner` (the unique owner of `node`), that exact copy is `node` itself: the builder
   // takes it from the owner instead of copying it. Rules may still read the node afterwards (it
   // is the same object, unchanged).
-  void allow_source_names(const onnx::NodeProto* node, std::unique_ptr<onnx::NodeProto>* owner = nullptr) {
+  void allow_source_names(const onnx::NodeProto* node, NodePtr* owner = nullptr) {
     source_names_node_ = node;
     source_owner_ = node && !tape_ ? owner : nullptr;
   }
   // Emits `node` unchanged, taking ownership of it (no copy).
-  void adopt_node(std::unique_ptr<onnx::NodeProto> node) { out_.mutable_node()->AddAllocated(node.release()); }
+  // (A node on the graph's arena is added as is; a heap node is handed to that arena.)
+  void adopt_node(NodePtr node) { out_.mutable_node()->AddAllocated(node.release()); }
   // Emits a one-output node whose output has exactly `output_name` (already reserved).
   V op_named(std::string_view type, const Vs& inputs, const Attrs& attrs, const std::string& output_name);
 
@@ -255,7 +257,7 @@ class Builder {
   std::vector<V> declared_;
   std::vector<V> witness_;  // by value id (invalid: none)
   const onnx::NodeProto* source_names_node_ = nullptr;
-  std::unique_ptr<onnx::NodeProto>* source_owner_ = nullptr;
+  NodePtr* source_owner_ = nullptr;
   struct Inference;
   std::unique_ptr<Inference> inference_;
 };

@@ -1,4 +1,6 @@
 // Loading and saving .onnx files, including external data and models over 2 GB.
+#include "io/model_io.h"
+
 #include <google/protobuf/io/coded_stream.h>
 #include <google/protobuf/io/zero_copy_stream_impl.h>
 #include <google/protobuf/unknown_field_set.h>
@@ -302,9 +304,13 @@ void parse_or_fail(onnx::ModelProto& m, google::protobuf::io::ZeroCopyInputStrea
 
 onnx::ModelProto parse_model(const std::string& bytes) {
   onnx::ModelProto m;
+  parse_model_into(bytes, m);
+  return m;
+}
+
+void parse_model_into(const std::string& bytes, onnx::ModelProto& m) {
   google::protobuf::io::ArrayInputStream stream(bytes.data(), static_cast<int>(bytes.size()));
   parse_or_fail(m, stream, "the given bytes");
-  return m;
 }
 
 onnx::ModelProto load_model(const std::string& path) {

@@ -113,7 +113,7 @@ Resolved resolve(const Prepared& p, Mode mode, const Selection& sel) {
                                               quoted_names(r.outputs) + " (outputs: " + quoted_names(outputs) +
                                               "). Fix: pass output=<name of the scalar loss>");
   } else {
-    std::vector<std::string> generated = provenance::derivative_outputs(p.model);
+    std::vector<std::string> generated = provenance::derivative_outputs(*p.model);
     if (mode == Mode::kJvp)
       for (const auto& n : generated)
         if (std::find(float_outputs.begin(), float_outputs.end(), n) != float_outputs.end()) r.outputs.push_back(n);
@@ -188,16 +188,19 @@ onnx::ValueInfoProto value_info_like(const std::string& name, const Facts& f) {
   return vi;
 }
 
-onnx::ModelProto differentiate(Prepared p, Mode mode, const Selection& sel) {
+// Leaves the result in *p.model.
+void differentiate(Prepared& p, Mode mode, const Selection& sel) {
   const std::string m = mode_name(mode);
   const Resolved r = resolve(p, mode, sel);
   std::unordered_map<std::string, int> opsets;
-  for (const auto& o : p.model.opset_import())
+  for (const auto& o : p.model->opset_import())
     opsets[o.domain() == "ai.onnx" ? std::string() : o.domain()] = static_cast<int>(o.version());
   opsets[""] = static_cast<int>(p.opset);
 
   const onnx::GraphProto* src = p.graph;
-  onnx::GraphProto out;
+  // On the model's arena when it has one, so moving the result into it is a swap.
+  const ProtoPtr<onnx::GraphProto> out_graph = make_proto<onnx::GraphProto>(p.model->GetArena());
+  onnx::GraphProto& out = *out_graph;
   out.set_name(src->name());
   out.set_doc_string(src->doc_string());
   Builder b(out, p.value_names, p.node_names, p.opset);
@@ -254,7 +257,7 @@ onnx::ModelProto differentiate(Prepared p, Mode mode, const Selection& sel) {
   // A private graph's nodes are taken out of it and handed to the result by pointer (the same
   // objects, so rules and registered constants keep reading them); others are copied.
   const int node_count = src->node_size();
-  std::vector<std::unique_ptr<onnx::NodeProto>> owned = take_nodes(p);
+  std::vector<NodePtr> owned = take_nodes(p);
 
   for (int ni = 0; ni < node_count; ++ni) {
     const onnx::NodeProto& node = owned.empty() ? src->node(ni) : *owned[static_cast<size_t>(ni)];
@@ -298,7 +301,7 @@ onnx::ModelProto differentiate(Prepared p, Mode mode, const Selection& sel) {
       float_out = float_out || dt == 0 || differentiable_dtype(dt);  // unknown dtype: could be float
     }
     // The primal node itself passes through unchanged.
-    b.adopt_node(owned.empty() ? std::make_unique<onnx::NodeProto>(node) : std::move(owned[static_cast<size_t>(ni)]));
+    b.adopt_node(owned.empty() ? NodePtr(new onnx::NodeProto(node)) : std::move(owned[static_cast<size_t>(ni)]));
     if (!active || !useful) continue;
     if (!float_out) continue;  // integer/bool results carry no derivative
     const bool default_domain = node.domain().empty() || node.domain() == "ai.onnx";
@@ -461,7 +464,7 @@ onnx::ModelProto differentiate(Prepared p, Mode mode, const Selection& sel) {
   for (const auto& vi : src->value_info()) *out.add_value_info() = vi;
   for (V v : b.declared())
     if (b.facts(v).dtype) *out.add_value_info() = value_info_like(std::string(b.name(v)), b.facts(v));
-  onnx::ModelProto result = std::move(p.model);
+  onnx::ModelProto& result = *p.model;
   *result.mutable_graph() = std::move(out);
 
   std::vector<std::string> qi, qo;
@@ -470,7 +473,6 @@ onnx::ModelProto differentiate(Prepared p, Mode mode, const Selection& sel) {
   provenance::record_step(result, "{\"transform\": " + provenance::quote(m) + ", \"inputs\": " + provenance::list(qi) +
                                       ", \"outputs\": " + provenance::list(qo) + "}");
   provenance::set_derivative_outputs(result, derivative_names);
-  return result;
 }
 
 }  // namespace
@@ -483,29 +485,45 @@ Selection grad_selection(const std::optional<std::vector<std::string>>& inputs,
   if (output) s.outputs = std::vector<std::string>{*output};
   return s;
 }
+// The heap entry points: the result moves out of p's private model.
+onnx::ModelProto differentiated(Prepared p, Mode mode, const Selection& selection) {
+  differentiate(p, mode, selection);
+  return std::move(*p.model);
+}
 }  // namespace
 
 onnx::ModelProto jvp(const onnx::ModelProto& model, const Selection& selection) {
-  return differentiate(prepare(model, "jvp"), Mode::kJvp, selection);
+  return differentiated(prepare(model, "jvp"), Mode::kJvp, selection);
 }
 onnx::ModelProto jvp(onnx::ModelProto&& model, const Selection& selection) {
-  return differentiate(prepare(std::move(model), "jvp"), Mode::kJvp, selection);
+  return differentiated(prepare(std::move(model), "jvp"), Mode::kJvp, selection);
+}
+std::string jvp_serialized(const std::string& model, const Selection& selection) {
+  return transform_serialized(model, "jvp", [&](Prepared& p) { differentiate(p, Mode::kJvp, selection); });
 }
 
 onnx::ModelProto vjp(const onnx::ModelProto& model, const Selection& selection) {
-  return differentiate(prepare(model, "vjp"), Mode::kVjp, selection);
+  return differentiated(prepare(model, "vjp"), Mode::kVjp, selection);
 }
 onnx::ModelProto vjp(onnx::ModelProto&& model, const Selection& selection) {
-  return differentiate(prepare(std::move(model), "vjp"), Mode::kVjp, selection);
+  return differentiated(prepare(std::move(model), "vjp"), Mode::kVjp, selection);
+}
+std::string vjp_serialized(const std::string& model, const Selection& selection) {
+  return transform_serialized(model, "vjp", [&](Prepared& p) { differentiate(p, Mode::kVjp, selection); });
 }
 
 onnx::ModelProto grad(const onnx::ModelProto& model, const std::optional<std::vector<std::string>>& inputs,
                       const std::optional<std::string>& output) {
-  return differentiate(prepare(model, "grad"), Mode::kGrad, grad_selection(inputs, output));
+  return differentiated(prepare(model, "grad"), Mode::kGrad, grad_selection(inputs, output));
 }
 onnx::ModelProto grad(onnx::ModelProto&& model, const std::optional<std::vector<std::string>>& inputs,
                       const std::optional<std::string>& output) {
-  return differentiate(prepare(std::move(model), "grad"), Mode::kGrad, grad_selection(inputs, output));
+  return differentiated(prepare(std::move(model), "grad"), Mode::kGrad, grad_selection(inputs, output));
+}
+std::string grad_serialized(const std::string& model, const std::optional<std::vector<std::string>>& inputs,
+                            const std::optional<std::string>& output) {
+  return transform_serialized(model, "grad",
+                              [&](Prepared& p) { differentiate(p, Mode::kGrad, grad_selection(inputs, output)); });
 }
 
 }  // namespace onnax

@@ -315,26 +315,31 @@ void collect_runtime_inputs(Prepared& p) {
 }  // namespace
 
 onnx::GraphProto& mutable_graph(Prepared& p) {
-  if (p.graph != &p.model.graph()) {
-    *p.model.mutable_graph() = *p.graph;
-    p.graph = &p.model.graph();
+  if (p.graph != &p.model->graph()) {
+    *p.model->mutable_graph() = *p.graph;
+    p.graph = &p.model->graph();
     collect_runtime_inputs(p);
   }
-  return *p.model.mutable_graph();
+  return *p.model->mutable_graph();
 }
 
-std::vector<std::unique_ptr<onnx::NodeProto>> take_nodes(Prepared& p) {
-  std::vector<std::unique_ptr<onnx::NodeProto>> owned;
-  if (p.graph != &p.model.graph()) return owned;
+std::vector<NodePtr> take_nodes(Prepared& p) {
+  std::vector<NodePtr> owned;
+  if (p.graph != &p.model->graph()) return owned;
   const int count = p.graph->node_size();
   owned.resize(static_cast<size_t>(count));
   // Through a small buffer: one large array of raw pointers beside `owned` would be a second
   // allocation of the graph's size. From the end, so no extraction shifts the rest.
   onnx::NodeProto* taken[1024];
-  auto* nodes = p.model.mutable_graph()->mutable_node();
+  auto* nodes = p.model->mutable_graph()->mutable_node();
+  const bool on_arena = p.model->GetArena() != nullptr;
   for (int end = count; end > 0;) {
     const int n = std::min(1024, end);
-    nodes->ExtractSubrange(end - n, n, taken);
+    // (On an arena, the nodes themselves: ExtractSubrange would copy each to the heap.)
+    if (on_arena)
+      nodes->UnsafeArenaExtractSubrange(end - n, n, taken);
+    else
+      nodes->ExtractSubrange(end - n, n, taken);
     end -= n;
     for (int i = 0; i < n; ++i) owned[static_cast<size_t>(end + i)].reset(taken[i]);
   }
@@ -342,9 +347,9 @@ std::vector<std::unique_ptr<onnx::NodeProto>> take_nodes(Prepared& p) {
 }
 
 void take_initializers(Prepared& p, onnx::GraphProto& out) {
-  if (p.graph == &p.model.graph()) {
-    out.mutable_initializer()->Swap(p.model.mutable_graph()->mutable_initializer());
-    out.mutable_sparse_initializer()->Swap(p.model.mutable_graph()->mutable_sparse_initializer());
+  if (p.graph == &p.model->graph()) {
+    out.mutable_initializer()->Swap(p.model->mutable_graph()->mutable_initializer());
+    out.mutable_sparse_initializer()->Swap(p.model->mutable_graph()->mutable_sparse_initializer());
   } else {
     *out.mutable_initializer() = p.graph->initializer();
     *out.mutable_sparse_initializer() = p.graph->sparse_initializer();
@@ -357,7 +362,9 @@ void prepare_graph(Prepared& p, const std::string& mode);
 
 Prepared prepare(const onnx::ModelProto& source, const std::string& mode) {
   Prepared p;
-  copy_all_but_graph(source, &p.model);
+  p.owned_model = std::make_unique<onnx::ModelProto>();
+  p.model = p.owned_model.get();
+  copy_all_but_graph(source, p.model);
   p.graph = &source.graph();
   if (!source.has_graph())
     diag::fail(Error::Kind::kInvalidModel,
@@ -371,8 +378,20 @@ Prepared prepare(onnx::ModelProto&& source, const std::string& mode) {
   if (!source.has_graph())
     diag::fail(Error::Kind::kInvalidModel,
                mode + ": the model has no graph. Fix: pass an ONNX ModelProto with a graph");
-  p.model = std::move(source);
-  p.graph = &p.model.graph();
+  p.owned_model = std::make_unique<onnx::ModelProto>(std::move(source));
+  p.model = p.owned_model.get();
+  p.graph = &p.model->graph();
+  prepare_graph(p, mode);
+  return p;
+}
+
+Prepared prepare_in_place(onnx::ModelProto& model, const std::string& mode) {
+  Prepared p;
+  if (!model.has_graph())
+    diag::fail(Error::Kind::kInvalidModel,
+               mode + ": the model has no graph. Fix: pass an ONNX ModelProto with a graph");
+  p.model = &model;
+  p.graph = &p.model->graph();
   prepare_graph(p, mode);
   return p;
 }
@@ -380,7 +399,7 @@ Prepared prepare(onnx::ModelProto&& source, const std::string& mode) {
 namespace {
 
 void prepare_graph(Prepared& p, const std::string& mode) {
-  int64_t opset = default_opset(p.model);
+  int64_t opset = default_opset(*p.model);
   const std::string interval = "supported: " + std::to_string(kMinOpset) + "-" + std::to_string(kMaxOpset) + " (" +
                                std::to_string(kMinConvertibleOpset) + "-" + std::to_string(kMinOpset - 1) +
                                " are upgraded to " + std::to_string(kMinOpset) + " automatically)";
@@ -393,10 +412,10 @@ void prepare_graph(Prepared& p, const std::string& mode) {
                mode + ": the model's ai.onnx opset is " + std::to_string(opset) + "; " + interval +
                    ". Fix: convert the model with onnx.version_converter.convert_version(model, " +
                    std::to_string(opset > kMaxOpset ? kMaxOpset : kMinOpset) + ") first");
-  if (p.model.functions_size() > 0) {
+  if (p.model->functions_size() > 0) {
     mutable_graph(p);  // inlining rewrites the graph
     try {
-      onnx::inliner::InlineLocalFunctions(p.model, /*convert_version=*/true);
+      onnx::inliner::InlineLocalFunctions(*p.model, /*convert_version=*/true);
     } catch (const std::exception& e) {
       diag::fail(Error::Kind::kUnsupported,
                  mode + ": could not inline the model's local functions: " + std::string(e.what()) +
@@ -406,8 +425,8 @@ void prepare_graph(Prepared& p, const std::string& mode) {
   if (opset < kMinOpset) {
     try {
       mutable_graph(p);
-      p.model = onnx::version_conversion::ConvertVersion(p.model, static_cast<int>(kMinOpset));
-      p.graph = &p.model.graph();
+      *p.model = onnx::version_conversion::ConvertVersion(*p.model, static_cast<int>(kMinOpset));
+      p.graph = &p.model->graph();
     } catch (const std::exception& e) {
       diag::fail(Error::Kind::kVersion,
                  mode + ": the model's ai.onnx opset is " + std::to_string(opset) + "; " + interval +
@@ -430,7 +449,7 @@ void prepare_graph(Prepared& p, const std::string& mode) {
 
   // Facts: ONNX's per-node inference over the sorted graph plus the model's annotations.
   std::unordered_map<std::string, int> opsets;
-  for (const auto& o : p.model.opset_import())
+  for (const auto& o : p.model->opset_import())
     opsets[o.domain() == "ai.onnx" ? std::string() : o.domain()] = static_cast<int>(o.version());
   opsets[""] = static_cast<int>(opset);
   infer_facts(g, opsets, p.value_names, p.node_ids, p.facts);

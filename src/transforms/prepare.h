@@ -4,12 +4,14 @@
 
 #include <onnx/onnx_pb.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <unordered_set>
 #include <vector>
 
 #include "emit/names.h"
+#include "emit/proto_ptr.h"
 #include "facts/facts.h"
 
 namespace onnax {
@@ -19,10 +21,13 @@ inline constexpr int64_t kMaxOpset = 28;
 inline constexpr int64_t kMinConvertibleOpset = 13;
 
 struct Prepared {
-  // A private copy of the model's other fields. It holds a graph only when prepare had to
-  // change it (sort, inline, upgrade); otherwise `graph` is the caller's, read but never
-  // written, which spares copying and freeing every node of large models.
-  onnx::ModelProto model;
+  // The model being transformed, whose graph becomes the result's: a private copy of the
+  // model's other fields (owned_model), or the caller's own model (prepare_in_place). It holds
+  // a graph only when it is the caller's or prepare had to change it (sort, inline, upgrade);
+  // otherwise `graph` is the caller's, read but never written, which spares copying and
+  // freeing every node of large models.
+  onnx::ModelProto* model = nullptr;
+  std::unique_ptr<onnx::ModelProto> owned_model;
   const onnx::GraphProto* graph = nullptr;  // the graph to transform; nodes in topological order
   int64_t opset = 0;                        // default-domain opset
   NameScope value_names;                    // every value name in the model and its subgraphs; ids index `facts`
@@ -42,6 +47,14 @@ Prepared prepare(const onnx::ModelProto& source, const std::string& mode);
 // The same for a model the caller gives away: its graph becomes p's private graph without a
 // copy, so transforms can move its nodes and initializers into their result.
 Prepared prepare(onnx::ModelProto&& source, const std::string& mode);
+// The same, transforming `model` itself (which may live on an arena): it must outlive p, and
+// the transform leaves its result in it.
+Prepared prepare_in_place(onnx::ModelProto& model, const std::string& mode);
+
+// Parses `model` onto an arena, prepares it in place, runs `transform` (which leaves its result
+// in *p.model) and serializes the result: the serialized entry points of every transform.
+std::string transform_serialized(const std::string& model, const std::string& mode,
+                                 const std::function<void(Prepared&)>& transform);
 
 // The graph, made private to `p` first when it is still the source's (copy on write).
 // Invalidates pointers into the previous graph (runtime_inputs are recomputed).
@@ -50,7 +63,7 @@ onnx::GraphProto& mutable_graph(Prepared& p);
 // The nodes of p's graph when it is private, taken out of it (in order), so a transform can hand
 // nodes that pass through unchanged to its result by pointer: the same objects, never copied.
 // Empty when the graph is the caller's (then nodes are read in place and copied).
-std::vector<std::unique_ptr<onnx::NodeProto>> take_nodes(Prepared& p);
+std::vector<NodePtr> take_nodes(Prepared& p);
 
 // The initializers of p's graph for the output graph: moved when private, else copied.
 void take_initializers(Prepared& p, onnx::GraphProto& out);

@@ -113,7 +113,8 @@ namespace {
 // The transform proper, on a prepared model. When p's graph is private (the caller gave the
 // model away, or prepare had to rewrite it), nodes that pass through unchanged are moved into
 // the result instead of copied.
-onnx::ModelProto vmap_prepared(Prepared p, const VmapOptions& opt) {
+// Leaves the result in *p.model.
+void vmap_prepared(Prepared& p, const VmapOptions& opt) {
   const std::vector<Axis> in_axes = resolve_in_axes(p, opt);
   const std::string axis_name = pick_axis_name(p, opt);
   const Dim batch_dim = Dim::named(axis_name);
@@ -149,7 +150,9 @@ onnx::ModelProto vmap_prepared(Prepared p, const VmapOptions& opt) {
       if (id == old_id) id = new_id;
     output_alias[o.name()] = renamed;
   }
-  onnx::GraphProto out_graph;
+  // On the model's arena when it has one, so moving the result into it is a swap.
+  const ProtoPtr<onnx::GraphProto> out_holder = make_proto<onnx::GraphProto>(p.model->GetArena());
+  onnx::GraphProto& out_graph = *out_holder;
   out_graph.set_name(src_graph->name());
   out_graph.set_doc_string(src_graph->doc_string());
   Builder b(out_graph, p.value_names, p.node_names, p.opset);
@@ -264,7 +267,7 @@ onnx::ModelProto vmap_prepared(Prepared p, const VmapOptions& opt) {
   // handed to the result as they are (a pointer moves; nothing is copied, allocated or freed).
   const int node_count = src_graph->node_size();
   out_graph.mutable_node()->Reserve(node_count);  // most nodes pass through one to one
-  std::vector<std::unique_ptr<onnx::NodeProto>> owned = take_nodes(p);
+  std::vector<NodePtr> owned = take_nodes(p);
   for (int ni = 0; ni < node_count; ++ni) {
     const onnx::NodeProto& node = owned.empty() ? src_graph->node(ni) : *owned[static_cast<size_t>(ni)];
     bool any_batched = false;
@@ -289,8 +292,7 @@ onnx::ModelProto vmap_prepared(Prepared p, const VmapOptions& opt) {
       // Shared computation: copy the node unchanged. Graph outputs get a private name so the
       // broadcast to the batch can take the output's own name at the end.
       std::vector<std::pair<int, V>> outs;
-      std::unique_ptr<onnx::NodeProto> copy =
-          owned.empty() ? std::make_unique<onnx::NodeProto>(node) : std::move(owned[static_cast<size_t>(ni)]);
+      NodePtr copy = owned.empty() ? NodePtr(new onnx::NodeProto(node)) : std::move(owned[static_cast<size_t>(ni)]);
       for (int oi = 0; oi < copy->output_size(); ++oi) {
         std::string& o = *copy->mutable_output(oi);
         if (o.empty()) continue;
@@ -478,20 +480,26 @@ onnx::ModelProto vmap_prepared(Prepared p, const VmapOptions& opt) {
         "vmap: " + op + " (" + std::to_string(count) + " node" + (count > 1 ? "s" : "") +
         ") batched by a per-example Scan (or Loop): no vectorized rule covers this case; results are exact, run time "
         "grows with the batch size");
-  onnx::ModelProto out = std::move(p.model);
-  *out.mutable_graph() = std::move(out_graph);
-  provenance::record_step(out, step);
-  return out;
+  *p.model->mutable_graph() = std::move(out_graph);
+  provenance::record_step(*p.model, step);
 }
 
 }  // namespace
 
 onnx::ModelProto vmap(const onnx::ModelProto& source, const VmapOptions& opt) {
-  return vmap_prepared(prepare(source, "vmap"), opt);
+  Prepared p = prepare(source, "vmap");
+  vmap_prepared(p, opt);
+  return std::move(*p.model);
 }
 
 onnx::ModelProto vmap(onnx::ModelProto&& source, const VmapOptions& opt) {
-  return vmap_prepared(prepare(std::move(source), "vmap"), opt);
+  Prepared p = prepare(std::move(source), "vmap");
+  vmap_prepared(p, opt);
+  return std::move(*p.model);
+}
+
+std::string vmap_serialized(const std::string& model, const VmapOptions& opt) {
+  return transform_serialized(model, "vmap", [&](Prepared& p) { vmap_prepared(p, opt); });
 }
 
 }  // namespace onnax
