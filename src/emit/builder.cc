@@ -400,7 +400,13 @@ Vs Builder::clone(const onnx::NodeProto& node, const Vs& inputs, const Attrs& ov
       *out_.add_node() = node;
     source_owner_ = nullptr;
     Vs outs;
-    for (const auto& o : node.output()) outs.push_back(o.empty() ? V{} : add_value(interned(o), Facts{}));
+    for (int i = 0; i < node.output_size(); ++i) {
+      const std::string& o = node.output(i);
+      const bool by_id = source_output_ids_ && source_output_ids_[i] >= 0;
+      outs.push_back(o.empty() ? V{}
+                               : add_value(by_id ? value_names_.name(source_output_ids_[i]) : interned(o), Facts{}));
+    }
+    source_output_ids_ = nullptr;
     finish(inputs, outs);
     return outs;
   }

@@ -138,9 +138,12 @@ class Builder {
   // With `owner` (the unique owner of `node`), that exact copy is `node` itself: the builder
   // takes it from the owner instead of copying it. Rules may still read the node afterwards (it
   // is the same object, unchanged).
-  void allow_source_names(const onnx::NodeProto* node, NodePtr* owner = nullptr) {
+  // `output_ids` (optional) are the ids of the node's outputs in the value-name scope, so the
+  // exact copy registers them without looking the names up.
+  void allow_source_names(const onnx::NodeProto* node, NodePtr* owner = nullptr, const int32_t* output_ids = nullptr) {
     source_names_node_ = node;
     source_owner_ = node && !tape_ ? owner : nullptr;
+    source_output_ids_ = node ? output_ids : nullptr;
   }
   // Emits `node` unchanged, taking ownership of it (no copy).
   // (A node on the graph's arena is added as is; a heap node is handed to that arena.)
@@ -258,6 +261,7 @@ class Builder {
   std::vector<V> witness_;  // by value id (invalid: none)
   const onnx::NodeProto* source_names_node_ = nullptr;
   NodePtr* source_owner_ = nullptr;
+  const int32_t* source_output_ids_ = nullptr;
   struct Inference;
   std::unique_ptr<Inference> inference_;
 };

@@ -296,9 +296,13 @@ void vmap_prepared(Prepared& p, const VmapOptions& opt) {
       for (int oi = 0; oi < copy->output_size(); ++oi) {
         std::string& o = *copy->mutable_output(oi);
         if (o.empty()) continue;
-        if (output_position(output_ids[oi]) >= 0) o = p.value_names.fresh(o + "_shared");
         // Rules read per-example facts from the fact table; shared values need none here.
-        outs.emplace_back(output_ids[oi], b.existing(o, Facts{}));
+        if (output_position(output_ids[oi]) >= 0) {
+          o = p.value_names.fresh(o + "_shared");
+          outs.emplace_back(output_ids[oi], b.existing(o, Facts{}));
+        } else {
+          outs.emplace_back(output_ids[oi], b.existing_id(output_ids[oi], nullptr));  // (no lookup)
+        }
       }
       if (auto t = constant_tensor(*copy)) remember_tensor(*t);
       b.adopt_node(std::move(copy));
@@ -371,7 +375,8 @@ void vmap_prepared(Prepared& p, const VmapOptions& opt) {
     // nodes keep their source names in place.
     bool feeds_output = false;
     for (int o = 0; o < node.output_size(); ++o) feeds_output = feeds_output || output_position(output_ids[o]) >= 0;
-    b.allow_source_names(feeds_output ? nullptr : &node, owned.empty() ? nullptr : &owned[static_cast<size_t>(ni)]);
+    b.allow_source_names(feeds_output ? nullptr : &node, owned.empty() ? nullptr : &owned[static_cast<size_t>(ni)],
+                         output_ids);
     BatchResult res = (*rule)(ctx);
     b.allow_source_names(nullptr);
     if (ctx.used_scan) looped[(domain.empty() ? "ai.onnx" : domain) + "::" + node.op_type()]++;
