@@ -118,7 +118,13 @@ class Builder {
   void share_facts(V v, const Facts* shared, bool with_lead = false, Dim lead = Dim{});
   // Marks `v` so the transform writes its facts as value_info: for values ONNX inference
   // cannot type (e.g. Split by run-time sizes), so later transforms of the result can.
-  void declare(V v) { declared_.push_back(v); }
+  // (Once per value: with reuse, a rule may get an already declared value back.)
+  void declare(V v) {
+    if (static_cast<size_t>(v.id) >= is_declared_.size()) is_declared_.resize(values_.size(), 0);
+    if (is_declared_[static_cast<size_t>(v.id)]) return;
+    is_declared_[static_cast<size_t>(v.id)] = 1;
+    declared_.push_back(v);
+  }
   const std::vector<V>& declared() const { return declared_; }
   int64_t rank(V v) const { return facts(v).rank(); }
 
@@ -258,7 +264,8 @@ class Builder {
   const TapeNode* transposing_ = nullptr;
   bool forbid_tangents_ = false;
   std::vector<V> declared_;
-  std::vector<V> witness_;  // by value id (invalid: none)
+  std::vector<char> is_declared_;  // by value id
+  std::vector<V> witness_;         // by value id (invalid: none)
   const onnx::NodeProto* source_names_node_ = nullptr;
   NodePtr* source_owner_ = nullptr;
   const int32_t* source_output_ids_ = nullptr;
