@@ -177,10 +177,11 @@ void Builder::finish(const Vs& inputs, const Vs& outputs) {
   if (linear && forbid_tangents_)
     throw std::logic_error("onnax internal error: a transpose rule read a tangent value while emitting " +
                            out_.node(out_.node_size() - 1).op_type());
+  const bool to_tape = linear && tape_;
   for (V v : outputs)
     if (v.valid()) {
       tangent_[v.id] = linear ? 1 : 0;
-      values_[static_cast<size_t>(v.id)].producer = out_.node_size() - 1;
+      if (!to_tape) values_[static_cast<size_t>(v.id)].producer = out_.node_size() - 1;
     }
   auto* node = out_.mutable_node(out_.node_size() - 1);
   if (inference_ && node->op_type() == "Constant")
@@ -188,7 +189,7 @@ void Builder::finish(const Vs& inputs, const Vs& outputs) {
       if (a.name() == "value" && a.has_t()) inference_->data[node->output(0)] = &a.t();
   if (inference_) infer(*node, inputs, outputs);
   if (linear) propagate_witness(*node, inputs, outputs);
-  if (linear && tape_) {
+  if (to_tape) {
     tape_->push_back(TapeNode{NodePtr(out_.GetArena() ? out_.mutable_node()->UnsafeArenaReleaseLast()  // (no copy)
                                                       : out_.mutable_node()->ReleaseLast()),
                               inputs, outputs, origin_});
@@ -338,14 +339,17 @@ Vs Builder::op(std::string_view type, const Vs& inputs, const Attrs& attrs, int 
   // A primal computation emitted again (e.g. the transpose of a weight shared by many layers,
   // once per use in reverse mode) returns the first one's outputs instead of a copy.
   bool cacheable = reuse_ && !inputs.empty() && reusable(type, attrs);
-  for (V v : inputs) cacheable = cacheable && (!v.valid() || (values_[static_cast<size_t>(v.id)].leaf && !tangent(v)));
+  for (size_t i = 0; cacheable && i < inputs.size(); ++i) {
+    const V v = inputs[i];
+    cacheable = !v.valid() || (values_[static_cast<size_t>(v.id)].leaf && !tangent(v));
+  }
   if (cacheable) {
     op_key_.assign(type);
     op_key_.push_back('\0');
     auto put = [&](int32_t x) { op_key_.append(reinterpret_cast<const char*>(&x), sizeof x); };
     put(num_outputs);
     for (V v : inputs) put(v.id);
-    for (const auto& a : attrs) op_key_ += a.proto.SerializeAsString();
+    for (const auto& a : attrs) a.proto.AppendToString(&op_key_);
     if (auto it = op_cache_.find(op_key_); it != op_cache_.end()) return it->second;
   }
   Vs outs = emit(type, inputs, attrs, num_outputs);
@@ -649,10 +653,6 @@ V Builder::transpose(V x, const std::vector<int64_t>& perm) {
   bool identity = true;
   for (size_t i = 0; i < perm.size(); ++i) identity = identity && perm[i] == static_cast<int64_t>(i);
   if (identity) return x;
-  // Reused transposes (see op()) are found before their attribute is built.
-  const bool reusable = reuse_ && values_[static_cast<size_t>(x.id)].leaf && !tangent(x);
-  if (reusable)
-    if (auto it = transposes_.find({x.id, perm}); it != transposes_.end()) return it->second;
   V y = op1("Transpose", {x}, {Attr::ints("perm", perm)});
   Facts f = facts(x);
   if (f.has_shape && f.rank() == static_cast<int64_t>(perm.size())) {
@@ -661,7 +661,6 @@ V Builder::transpose(V x, const std::vector<int64_t>& perm) {
     f = g;
   }
   set_facts(y, f);
-  if (reusable) transposes_.emplace(std::make_pair(x.id, perm), y);
   return y;
 }
 

@@ -101,12 +101,14 @@ class Builder {
   void set_origin(std::string_view base, std::string_view suffix) { origin_.assign(base).append(suffix); }
   const std::string& origin() const { return origin_; }
 
-  // Registers an existing value (graph input, initializer, copied node output).
+  // Registers a value the graph has before any node runs (graph input, initializer, seed): a
+  // leaf, which op() may reuse computations on.
   V existing(std::string_view name, Facts facts);
   // The same, with facts that live elsewhere for the builder's lifetime (the transform's table
   // of source facts): shared by pointer, not copied.
   V existing(std::string_view name, const Facts* shared);
-  // The same for a name already in the value-name scope, by its id there (no lookup).
+  // Registers the output of a source node the transform copies (not a leaf), by its name's id
+  // in the value-name scope (no lookup).
   V existing_id(int name_id, const Facts* shared);
   // A view of the value-name scope's copy: valid while the scope lives.
   std::string_view name(V v) const { return values_[v.id].name; }
@@ -195,7 +197,7 @@ class Builder {
     bool with_lead = false;
     mutable int32_t own = -1;  // set on first read of a shared value with a lead
     bool leaf = false;         // not computed by this builder: existing() or a constant
-    int32_t producer = -1;     // index of the node that made it in the graph (-1: none, e.g. existing)
+    int32_t producer = -1;     // index in the graph of the node that made it (-1: existing, or on the tape)
   };
   Vs emit(std::string_view type, const Vs& inputs, const Attrs& attrs, int num_outputs);
   // `name` must be a view of value_names_'s own copy (from fresh_view or interned()).
@@ -253,7 +255,6 @@ class Builder {
   std::unordered_map<std::string, Vs> op_cache_;
   std::string op_key_;  // reused buffer for op_cache_ keys
   bool reuse_ = false;
-  std::map<std::pair<int, std::vector<int64_t>>, V> transposes_;  // reused transposes by input and perm
   // Constants already emitted, by value (scalars by dtype and the double's exact bits).
   std::map<std::vector<int64_t>, V> i64s_cache_;
   std::map<int64_t, V> i64_cache_;

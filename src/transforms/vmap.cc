@@ -296,13 +296,13 @@ void vmap_prepared(Prepared& p, const VmapOptions& opt) {
       for (int oi = 0; oi < copy->output_size(); ++oi) {
         std::string& o = *copy->mutable_output(oi);
         if (o.empty()) continue;
-        // Rules read per-example facts from the fact table; shared values need none here.
-        if (output_position(output_ids[oi]) >= 0) {
+        int name_id = output_ids[oi];
+        if (output_position(name_id) >= 0) {
           o = p.value_names.fresh(o + "_shared");
-          outs.emplace_back(output_ids[oi], b.existing(o, Facts{}));
-        } else {
-          outs.emplace_back(output_ids[oi], b.existing_id(output_ids[oi], nullptr));  // (no lookup)
+          name_id = p.value_names.id(o);
         }
+        // Rules read per-example facts from the fact table; shared values need none here.
+        outs.emplace_back(output_ids[oi], b.existing_id(name_id, nullptr));
       }
       if (auto t = constant_tensor(*copy)) remember_tensor(*t);
       b.adopt_node(std::move(copy));
