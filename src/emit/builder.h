@@ -55,6 +55,7 @@ class Builder {
     Vs outputs;
     std::string origin;  // the naming origin when it was emitted (its source value)
   };
+  // The tape's nodes live on an arena of this builder: the tape must not outlive it.
   void set_tape(std::deque<TapeNode>* tape) { tape_ = tape; }
   // The tape node a transpose rule is running for (nullptr: none); clone() of it takes its
   // outputs from the record, since the node itself names none.
@@ -214,7 +215,7 @@ class Builder {
   bool same_input_names(const onnx::NodeProto& node, const Vs& inputs) const;
   void add_inputs(onnx::NodeProto* node, const Vs& inputs) const;
   // Bookkeeping after a node is complete: tangent flags, inferred facts, tape routing.
-  void finish(const Vs& inputs, const Vs& outputs);
+  void finish(onnx::NodeProto& node, const Vs& inputs, const Vs& outputs);
   void infer(onnx::NodeProto& node, const Vs& inputs, const Vs& outputs);
   void propagate_witness(const onnx::NodeProto& node, const Vs& inputs, const Vs& outputs);
 
@@ -261,7 +262,8 @@ class Builder {
   std::map<std::pair<int32_t, uint64_t>, V> scalar_cache_;
   std::map<std::string, std::vector<int64_t>, std::less<>> known_i64_;
   std::vector<char> tangent_;
-  std::deque<TapeNode>* tape_ = nullptr;  // a deque: growing it never moves the nodes
+  std::deque<TapeNode>* tape_ = nullptr;                 // a deque: growing it never moves the nodes
+  std::unique_ptr<google::protobuf::Arena> tape_arena_;  // holds the tape's nodes (made on first use)
   const TapeNode* transposing_ = nullptr;
   bool forbid_tangents_ = false;
   std::vector<V> declared_;

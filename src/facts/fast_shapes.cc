@@ -1,9 +1,9 @@
 #include "facts/fast_shapes.h"
 
 #include <algorithm>
+#include <cstring>
+#include <string_view>
 #include <vector>
-
-#include "emit/names.h"
 
 namespace onnax {
 namespace {
@@ -31,7 +31,9 @@ struct OpKind {
   int since = 0;  // the first opset where this kind applies (Gelu: 20)
 };
 
-// The kinds by op type, looked up with one hash of the name (fast_infer runs for every node).
+// The kinds by op type. fast_infer runs for every emitted node, so the lookup is one load of
+// the name's first bytes, a multiply and one short compare: a general string hash costs more
+// than the rest of inferring an elementwise op.
 class KindTable {
  public:
   KindTable() {
@@ -50,22 +52,37 @@ class KindTable {
     add("GroupNormalization", OpKind{Kind::kLikeFirst});
     add("MeanVarianceNormalization", OpKind{Kind::kLikeFirst});
   }
-  OpKind find(const std::string& op, int opset) const {
-    const int id = names_.find(op);  // read-only: safe from several threads
-    if (id < 0 || opset < kinds_[static_cast<size_t>(id)].since) return OpKind{};
-    return kinds_[static_cast<size_t>(id)];
+  OpKind find(std::string_view op, int opset) const {
+    for (size_t i = slot(op);; i = (i + 1) % kSlots) {
+      const Entry& e = entries_[i];
+      if (e.name.empty()) return OpKind{};
+      if (e.name == op) return opset < e.kind.since ? OpKind{} : e.kind;
+    }
   }
 
  private:
-  void add(const char* op, OpKind kind) {
-    names_.intern(op);
-    kinds_.push_back(kind);
+  // Open addressing over a fixed table (at most half full); the hash reads only the first
+  // eight bytes and the length, which tell these names apart well enough.
+  static constexpr size_t kSlots = 128;
+  static size_t slot(std::string_view op) {
+    uint64_t k = 0;
+    std::memcpy(&k, op.data(), std::min<size_t>(op.size(), 8));
+    k = (k ^ op.size()) * 0x9E3779B97F4A7C15ull;
+    return static_cast<size_t>(k >> 57);  // top 7 bits: 0..127
   }
-  Interner names_;
-  std::vector<OpKind> kinds_;  // by id in names_
+  void add(std::string_view op, OpKind kind) {
+    size_t i = slot(op);
+    while (!entries_[i].name.empty()) i = (i + 1) % kSlots;
+    entries_[i] = Entry{op, kind};
+  }
+  struct Entry {
+    std::string_view name;  // (string literals)
+    OpKind kind;
+  };
+  Entry entries_[kSlots];
 };
 
-OpKind kind_of(const std::string& op, int opset) {
+OpKind kind_of(std::string_view op, int opset) {
   static const KindTable table;
   return table.find(op, opset);
 }
