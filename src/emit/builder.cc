@@ -79,6 +79,11 @@ void Builder::enable_inference(const std::unordered_map<std::string, int>& opset
   inference_->default_opset = def == opsets.end() ? 0 : def->second;
 }
 
+const std::unordered_map<std::string, int>& Builder::opsets() const {
+  static const std::unordered_map<std::string, int> kNone;
+  return inference_ ? inference_->opsets : kNone;
+}
+
 const Facts& Builder::facts(V v) const {
   static const Facts kUnknown;
   const Value& value = values_[static_cast<size_t>(v.id)];

@@ -57,6 +57,8 @@ class Builder {
   };
   // The tape's nodes live on an arena of this builder: the tape must not outlive it.
   void set_tape(std::deque<TapeNode>* tape) { tape_ = tape; }
+  // Reverse mode: nodes reading tangents go to the tape.
+  bool has_tape() const { return tape_ != nullptr; }
   // The tape node a transpose rule is running for (nullptr: none); clone() of it takes its
   // outputs from the record, since the node itself names none.
   void set_transposing(const TapeNode* node) { transposing_ = node; }
@@ -96,6 +98,11 @@ class Builder {
   // stay unique across the whole model.
   Builder nested(onnx::GraphProto& body) const { return Builder(body, value_names_, node_names_, opset_); }
   std::string fresh_value_name(std::string_view base) { return value_names_.fresh(base); }
+  // The model's name scopes, for subgraphs built outside the builder and then emitted by it.
+  NameScope& value_scope() { return value_names_; }
+  NameScope& node_scope() { return node_names_; }
+  // The model's opset imports by domain ("" for ai.onnx); empty without enable_inference.
+  const std::unordered_map<std::string, int>& opsets() const;
   onnx::NodeProto& last_node() { return *out_.mutable_node(out_.node_size() - 1); }
   // Names generated next derive from `base` (e.g. the source value being transformed).
   void set_origin(std::string_view base) { origin_ = base; }

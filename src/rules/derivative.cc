@@ -198,6 +198,10 @@ std::vector<std::string> DerivativeRules::zero_ops() const {
   return out;
 }
 
+bool differentiable_dtype(int32_t dt) {
+  return dt == onnx::TensorProto::FLOAT || dt == onnx::TensorProto::DOUBLE;
+}
+
 const DerivativeRules& DerivativeRules::instance() {
   static const DerivativeRules rules = [] {
     DerivativeRules r;
@@ -210,6 +214,7 @@ const DerivativeRules& DerivativeRules::instance() {
     register_pool_derivatives(r);
     register_expanded_derivatives(r);
     register_linear_op_derivatives(r);
+    register_control_flow_derivatives(r);
     return r;
   }();
   return rules;

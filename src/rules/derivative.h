@@ -26,6 +26,14 @@ class JvpCtx {
   Vs xs;  // primal inputs (invalid = absent)
   Vs ys;  // primal outputs (already computed)
   Vs ts;  // input tangents (invalid = zero)
+  // For a node with subgraphs (Loop, Scan, If): each value its bodies read from this graph,
+  // once, with its primal value and tangent (invalid = zero).
+  struct Captured {
+    std::string name;
+    V x;
+    V t;
+  };
+  std::vector<Captured> captured;
 
   V x(int i) const { return i < static_cast<int>(xs.size()) ? xs[i] : V{}; }
   V y(int i = 0) const { return ys[i]; }
@@ -131,6 +139,9 @@ void register_nn_derivatives(DerivativeRules& r);
 void register_pool_derivatives(DerivativeRules& r);
 void register_expanded_derivatives(DerivativeRules& r);
 void register_linear_op_derivatives(DerivativeRules& r);
+void register_control_flow_derivatives(DerivativeRules& r);
+// Element types that carry derivatives: FLOAT and DOUBLE.
+bool differentiable_dtype(int32_t dtype);
 // JVP of a function op through its ONNX function body (each body node by its own rule).
 Vs expand_jvp(JvpCtx& c);
 

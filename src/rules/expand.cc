@@ -117,7 +117,7 @@ Vs expand_jvp(JvpCtx& c) {
       V nan = c.b.op1("IsNaN", {ys[0]});
       rule_ys[0] = c.b.op1("Where", {nan, c.b.scalar(0.0, c.b.facts(ys[0]).dtype), ys[0]});
     }
-    JvpCtx inner{c.b, n, c.opset, xs, rule_ys, ts};
+    JvpCtx inner{c.b, n, c.opset, xs, rule_ys, ts, {}};
     Vs touts;
     if (rule != nullptr)
       touts = (*rule)(inner);

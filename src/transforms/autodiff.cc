@@ -25,10 +25,6 @@ const char* mode_name(Mode m) {
   return m == Mode::kJvp ? "jvp" : m == Mode::kVjp ? "vjp" : "grad";
 }
 
-bool differentiable_dtype(int32_t dt) {
-  return dt == onnx::TensorProto::FLOAT || dt == onnx::TensorProto::DOUBLE;
-}
-
 std::string quoted_names(const std::vector<std::string>& names) {
   std::vector<std::string> q;
   for (const auto& n : names) q.push_back("'" + n + "'");
@@ -323,10 +319,18 @@ void differentiate(Prepared& p, Mode mode, const Selection& sel) {
                      std::string(p.value_names.name(from)) + "' to the selected outputs " + quoted_names(r.outputs) +
                      ". Fix: select inputs/outputs that avoid it, or compute it outside the differentiated model");
     }
-    JvpCtx ctx{b, node, p.opset, {}, ys, {}};
+    JvpCtx ctx{b, node, p.opset, {}, ys, {}, {}};
     for (int k = 0; k < node.input_size(); ++k) {
       ctx.xs.push_back(input_ids[k] < 0 ? V{} : at(primal, input_ids[k]));
       ctx.ts.push_back(input_ids[k] < 0 ? V{} : at(tangent, input_ids[k]));
+    }
+    if (has_subgraphs(node)) {
+      std::set<std::string, std::less<>> seen;
+      for (const auto& rd : outer_scope_reads(node)) {
+        const int id = id_of(rd);
+        if (id < 0 || !seen.insert(rd).second) continue;
+        ctx.captured.push_back(JvpCtx::Captured{rd, at(primal, id), at(tangent, id)});
+      }
     }
     b.set_origin(node.output(0), "_tangent");
     Vs touts = (*rule)(ctx);

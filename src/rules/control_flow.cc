@@ -1,0 +1,434 @@
+// Derivatives through control flow: JVP rules for Loop, Scan and If, and the transpose of the
+// Loops that JVP puts on the tape in reverse mode.
+//
+// A body is differentiated as a model of its own (transforms/subgraph.h) by the same jvp and
+// vjp that differentiate whole models, so every op with a rule works inside bodies, nested
+// control flow included. Values a body reads from the enclosing graph become loop-carried
+// constants of the JVP loop (as exporters such as jax2onnx write them): the body is then closed,
+// and in reverse mode every tangent it needs is an input of the node on the tape, which the
+// transpose can account for.
+//
+// Reverse mode through a Loop (DESIGN.md section 3, linearize then transpose): the JVP loop is
+// linear in its tangent state. Its transpose runs a forward loop that stacks the primal state
+// of every iteration, then a loop over the iterations in reverse order whose body is the vjp of
+// the JVP body, reading that iteration's primal state from the stacks.
+#include <onnax/onnax.h>
+
+#include <algorithm>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "diagnostics/error.h"
+#include "rules/derivative.h"
+#include "transforms/prepare.h"
+#include "transforms/subgraph.h"
+
+namespace onnax {
+namespace {
+
+const onnx::GraphProto* subgraph(const onnx::NodeProto& node, const char* name) {
+  for (const auto& a : node.attribute())
+    if (a.name() == name && a.has_g()) return &a.g();
+  return nullptr;
+}
+
+Attr graph_attr(const char* name, onnx::GraphProto g) {
+  Attr a;
+  a.proto.set_name(name);
+  a.proto.set_type(onnx::AttributeProto::GRAPH);
+  *a.proto.mutable_g() = std::move(g);
+  return a;
+}
+
+std::string node_label(const onnx::NodeProto& node) {
+  return node.op_type() + " " +
+         (node.name().empty() ? "producing '" + (node.output_size() ? node.output(0) : std::string()) + "'"
+                              : "'" + node.name() + "'");
+}
+
+// jvp or vjp of a body as a model of its own; failures name the node whose body it is.
+onnx::GraphProto derive_body(bool forward, onnx::ModelProto model, const Selection& selection,
+                             const onnx::NodeProto& node) {
+  try {
+    onnx::ModelProto r = forward ? jvp(std::move(model), selection) : vjp(std::move(model), selection);
+    return std::move(*r.mutable_graph());
+  } catch (const Error& e) {
+    diag::fail(e.kind(), "in the body of " + node_label(node) + ": " + e.what());
+  }
+}
+
+// The distinct names in `names`, and for each name its position in that list.
+struct Distinct {
+  std::vector<std::string> names;
+  std::unordered_map<std::string, size_t> index;
+  size_t add(const std::string& n) {
+    auto [it, added] = index.emplace(n, names.size());
+    if (added) names.push_back(n);
+    return it->second;
+  }
+};
+
+Facts scalar_facts(int32_t dtype) {
+  return Facts::of(dtype, {});
+}
+
+// Zeros with the run-time shape of `like`.
+V zeros_like(Builder& b, V like) {
+  return b.expand(b.scalar(0.0, b.facts(like).dtype), b.shape_of(like));
+}
+
+bool maybe_differentiable(int32_t dtype) {
+  return dtype == 0 || differentiable_dtype(dtype);  // unknown: could be float
+}
+
+// ------------------------------------------------------------------------------------------
+// Loop
+
+Vs loop_jvp(JvpCtx& c) {
+  Builder& b = c.b;
+  const onnx::NodeProto& node = c.node;
+  const onnx::GraphProto* body = subgraph(node, "body");
+  const int n = node.input_size() - 2;  // loop-carried values
+  const int k_scan = node.output_size() - n;
+  if (!body || n < 0 || k_scan < 0 || body->input_size() != n + 2 || body->output_size() != 1 + n + k_scan)
+    c.unsupported("its body does not match its inputs and outputs (" + std::to_string(n) +
+                      " loop-carried values expect a body with " + std::to_string(n + 2) + " inputs and " +
+                      std::to_string(1 + n + std::max(k_scan, 0)) + " outputs)",
+                  "check the model with onnx.checker");
+  // Which state carries a derivative: those with a tangent at entry, and those the body makes
+  // depend on an active value (a fixed point: activity spreads through the state).
+  std::vector<char> act(static_cast<size_t>(n), 0);
+  std::unordered_set<std::string> active_captured;
+  for (const auto& cap : c.captured)
+    if (cap.t.valid()) active_captured.insert(cap.name);
+  for (int k = 0; k < n; ++k) act[static_cast<size_t>(k)] = c.t(2 + k).valid();
+  std::vector<char> dep;
+  for (bool changed = true; changed;) {
+    changed = false;
+    std::unordered_set<std::string> live = active_captured;
+    for (int k = 0; k < n; ++k)
+      if (act[static_cast<size_t>(k)]) live.insert(body->input(2 + k).name());
+    dep = outputs_depending_on(*body, live);
+    for (int k = 0; k < n; ++k)
+      if (!act[static_cast<size_t>(k)] && dep[static_cast<size_t>(1 + k)] &&
+          differentiable_dtype(b.facts(c.x(2 + k)).dtype)) {
+        act[static_cast<size_t>(k)] = 1;
+        changed = true;
+      }
+  }
+  auto scan_dtype = [&](int j) {
+    const auto& t = body->output(1 + n + j).type();
+    return t.has_tensor_type() ? t.tensor_type().elem_type() : 0;
+  };
+  std::vector<char> sact(static_cast<size_t>(k_scan), 0);
+  for (int j = 0; j < k_scan; ++j)
+    sact[static_cast<size_t>(j)] = dep[static_cast<size_t>(1 + n + j)] && maybe_differentiable(scan_dtype(j));
+  const bool any = std::any_of(act.begin(), act.end(), [](char a) { return a; }) ||
+                   std::any_of(sact.begin(), sact.end(), [](char a) { return a; });
+  if (!any) return Vs(static_cast<size_t>(node.output_size()), V{});
+
+  // The body as a model: iteration number, condition, state, then the captured values.
+  std::vector<const Facts*> input_facts;
+  const Facts iter_facts = scalar_facts(onnx::TensorProto::INT64), cond_facts = scalar_facts(onnx::TensorProto::BOOL);
+  input_facts = {&iter_facts, &cond_facts};
+  for (int k = 0; k < n; ++k) input_facts.push_back(&b.facts(c.x(2 + k)));
+  std::vector<std::pair<std::string, Facts>> extra;
+  for (const auto& cap : c.captured) extra.emplace_back(cap.name, b.facts(cap.x));
+  Selection sel;
+  sel.inputs.emplace();
+  for (int k = 0; k < n; ++k)
+    if (act[static_cast<size_t>(k)]) sel.inputs->push_back(body->input(2 + k).name());
+  std::vector<const JvpCtx::Captured*> tcaps;  // captured values with a tangent
+  for (const auto& cap : c.captured)
+    if (cap.t.valid()) {
+      sel.inputs->push_back(cap.name);
+      tcaps.push_back(&cap);
+    }
+  Distinct outs;
+  std::vector<size_t> state_out(static_cast<size_t>(n)), scan_out(static_cast<size_t>(k_scan));
+  for (int k = 0; k < n; ++k)
+    if (act[static_cast<size_t>(k)]) state_out[static_cast<size_t>(k)] = outs.add(body->output(1 + k).name());
+  for (int j = 0; j < k_scan; ++j)
+    if (sact[static_cast<size_t>(j)]) scan_out[static_cast<size_t>(j)] = outs.add(body->output(1 + n + j).name());
+  sel.outputs = outs.names;
+  onnx::GraphProto g = derive_body(true, standalone_model(*body, input_facts, extra, b.opsets()), sel, node);
+
+  // g: inputs [iter, cond, state, captured, tangents of the selected inputs]; outputs [cond,
+  // state, scan outputs, tangents of the selected outputs]. The JVP body carries the captured
+  // values and their tangents as constant state.
+  const int n_cap = static_cast<int>(c.captured.size());
+  const int n_sel = static_cast<int>(sel.inputs->size());
+  const onnx::GraphProto derived = g;
+  auto out_info = [&](int i) -> const onnx::ValueInfoProto& { return derived.output(i); };
+  auto in_info = [&](int i) -> const onnx::ValueInfoProto& { return derived.input(i); };
+  NameScope& scope = b.value_scope();
+  g.clear_output();
+  for (int i = 0; i <= n; ++i) *g.add_output() = out_info(i);  // cond, state
+  for (int i = 0; i < n_cap; ++i) add_output(g, in_info(2 + n + i).name(), in_info(2 + n + i), scope);
+  for (int k = 0; k < n; ++k)
+    if (act[static_cast<size_t>(k)]) {  // the tangent of state k
+      const int o = 1 + n + k_scan + static_cast<int>(state_out[static_cast<size_t>(k)]);
+      add_output(g, out_info(o).name(), out_info(o), scope);
+    }
+  for (int i = n_sel - static_cast<int>(tcaps.size()); i < n_sel; ++i) {
+    const int input = 2 + n + n_cap + i;
+    add_output(g, in_info(input).name(), in_info(input), scope);  // a captured tangent, unchanged
+  }
+  for (int j = 0; j < k_scan; ++j) *g.add_output() = out_info(1 + n + j);
+  for (int j = 0; j < k_scan; ++j)
+    if (sact[static_cast<size_t>(j)]) {
+      const int o = 1 + n + k_scan + static_cast<int>(scan_out[static_cast<size_t>(j)]);
+      add_output(g, out_info(o).name(), out_info(o), scope);
+    }
+  rename_definitions(g, scope, b.node_scope());
+
+  Vs ins = {c.x(0), c.x(1)};
+  for (int k = 0; k < n; ++k) ins.push_back(c.x(2 + k));
+  for (const auto& cap : c.captured) ins.push_back(cap.x);
+  for (int k = 0; k < n; ++k) {
+    if (!act[static_cast<size_t>(k)]) continue;
+    V t = c.t(2 + k);
+    if (!t.valid()) {
+      // A state that becomes active inside the loop starts from a zero tangent.
+      t = zeros_like(b, c.x(2 + k));
+      b.mark_tangent(t);
+      b.set_witness(t, c.x(2 + k));
+    }
+    ins.push_back(t);
+  }
+  for (const auto* cap : tcaps) ins.push_back(cap->t);
+  const int n_out = n + n_cap + n_sel + k_scan + static_cast<int>(std::count(sact.begin(), sact.end(), 1));
+  Vs res = b.op("Loop", ins, {graph_attr("body", std::move(g))}, n_out);
+
+  // Facts and witnesses: every output has the shape of a primal value here.
+  auto known = [&](V out, V like) {
+    if (!like.valid()) return;
+    b.set_facts(out, b.facts(like));
+    b.set_witness(out, like);
+  };
+  Vs tangents(static_cast<size_t>(node.output_size()), V{});
+  int pos = 0;
+  for (int k = 0; k < n; ++k) known(res[pos++], c.y(k));
+  for (const auto& cap : c.captured) known(res[pos++], cap.x);
+  for (int k = 0; k < n; ++k)
+    if (act[static_cast<size_t>(k)]) {
+      known(res[pos], c.y(k).valid() ? c.y(k) : c.x(2 + k));
+      tangents[static_cast<size_t>(k)] = res[pos++];
+    }
+  for (const auto* cap : tcaps) known(res[pos++], cap->x);
+  for (int j = 0; j < k_scan; ++j) known(res[pos++], c.y(n + j));
+  for (int j = 0; j < k_scan; ++j)
+    if (sact[static_cast<size_t>(j)]) {
+      known(res[pos], c.y(n + j));
+      tangents[static_cast<size_t>(n + j)] = res[pos++];
+    }
+  return tangents;
+}
+
+// A loop-carried value the body passes through unchanged (directly or by an Identity).
+bool invariant_state(const onnx::GraphProto& body, int k) {
+  const std::string& in = body.input(2 + k).name();
+  const std::string& out = body.output(1 + k).name();
+  if (in == out) return true;
+  for (const auto& nd : body.node())
+    if (nd.output_size() == 1 && nd.output(0) == out)
+      return nd.op_type() == "Identity" && nd.domain().empty() && nd.input_size() == 1 && nd.input(0) == in;
+  return false;
+}
+
+onnx::ValueInfoProto scalar_info(const std::string& name, int32_t dtype) {
+  return typed_value_info(name, scalar_facts(dtype));
+}
+
+onnx::NodeProto make_node(const char* type, std::vector<std::string> inputs, const std::string& output) {
+  onnx::NodeProto nd;
+  nd.set_op_type(type);
+  for (auto& i : inputs) nd.add_input(std::move(i));
+  nd.add_output(output);
+  return nd;
+}
+
+Vs loop_transpose(TransposeCtx& c) {
+  Builder& b = c.b;
+  const onnx::GraphProto* body = subgraph(c.node, "body");
+  const int n = static_cast<int>(c.ins.size()) - 2;
+  const int k_scan = static_cast<int>(c.outs.size()) - n;
+  if (!body || n < 0 || k_scan < 0 || c.linear(0) || c.linear(1) || !graph_outer_reads(*body).empty())
+    c.unsupported("only the loops jvp writes (a closed body, linear in part of its state) can be transposed",
+                  "differentiate the model that contains the original loop instead");
+  std::vector<char> lin(static_cast<size_t>(n));
+  for (int k = 0; k < n; ++k) lin[static_cast<size_t>(k)] = c.linear(2 + k);
+  NameScope& scope = b.value_scope();
+  auto name_of = [&](V v) { return std::string(b.name(v)); };
+
+  // 1. The primal part, once more, stacking the state each iteration starts from (the state
+  //    the body passes through unchanged is read from the loop's inputs instead).
+  std::vector<int> varying;  // non-linear state that changes between iterations
+  for (int k = 0; k < n; ++k)
+    if (!lin[static_cast<size_t>(k)] && !invariant_state(*body, k)) varying.push_back(k);
+  onnx::GraphProto fwd = *body;
+  fwd.clear_output();
+  *fwd.add_output() = body->output(0);
+  int n_primal = 0;
+  for (int k = 0; k < n; ++k)
+    if (!lin[static_cast<size_t>(k)]) {
+      *fwd.add_output() = body->output(1 + k);
+      ++n_primal;
+    }
+  add_output(fwd, body->input(0).name(), scalar_info("", onnx::TensorProto::INT64), scope);
+  add_output(fwd, body->input(1).name(), scalar_info("", onnx::TensorProto::BOOL), scope);
+  for (int k : varying) add_output(fwd, body->input(2 + k).name(), body->input(2 + k), scope);
+  prune(fwd);
+  {
+    std::unordered_set<std::string> read;
+    for (const auto& nd : fwd.node())
+      for (const auto& i : nd.input()) read.insert(i);
+    for (const auto& o : fwd.output()) read.insert(o.name());
+    onnx::GraphProto inputs;
+    for (int i = 0; i < body->input_size(); ++i) {
+      const bool tangent_state = i >= 2 && lin[static_cast<size_t>(i - 2)];
+      if (tangent_state && read.count(body->input(i).name()))
+        c.unsupported("the primal part of the loop reads its tangent state",
+                      "differentiate the model that contains the original loop instead");
+      if (!tangent_state) *inputs.add_input() = body->input(i);
+    }
+    fwd.mutable_input()->Swap(inputs.mutable_input());
+  }
+  rename_definitions(fwd, scope, b.node_scope());
+  Vs fins = {c.in(0), c.in(1)};
+  for (int k = 0; k < n; ++k)
+    if (!lin[static_cast<size_t>(k)]) fins.push_back(c.in(2 + k));
+  const int f_out = n_primal + 2 + static_cast<int>(varying.size());
+  Vs f = b.op("Loop", fins, {graph_attr("body", std::move(fwd))}, f_out);
+  {
+    int pos = 0;
+    for (int k = 0; k < n; ++k)
+      if (!lin[static_cast<size_t>(k)]) b.set_facts(f[pos++], b.facts(c.in(2 + k)));
+    auto stacked = [](const Facts& per_iteration) {
+      Facts s = per_iteration;
+      if (s.has_shape)
+        for (auto& d : s.dims) d = Dim{};
+      if (s.has_shape) s.dims.insert(s.dims.begin(), Dim{});
+      return s;
+    };
+    b.set_facts(f[pos++], stacked(scalar_facts(onnx::TensorProto::INT64)));
+    b.set_facts(f[pos++], stacked(scalar_facts(onnx::TensorProto::BOOL)));
+    for (int k : varying) b.set_facts(f[pos++], stacked(b.facts(c.in(2 + k))));
+  }
+  const V iterations = b.squeeze(b.shape_of(f[n_primal], 0, 1), {0});
+  const V last = b.sub(iterations, b.i64(1));
+
+  // 2. The vjp of the body on its tangent state (and the tangent scan outputs with a
+  //    cotangent), as a model.
+  std::vector<const Facts*> input_facts;
+  const Facts iter_facts = scalar_facts(onnx::TensorProto::INT64), cond_facts = scalar_facts(onnx::TensorProto::BOOL);
+  input_facts = {&iter_facts, &cond_facts};
+  for (int k = 0; k < n; ++k) input_facts.push_back(&b.facts(c.in(2 + k)));
+  Selection sel;
+  sel.inputs.emplace();
+  std::vector<int> linear_states;
+  for (int k = 0; k < n; ++k)
+    if (lin[static_cast<size_t>(k)]) {
+      sel.inputs->push_back(body->input(2 + k).name());
+      linear_states.push_back(k);
+    }
+  Distinct outs;
+  std::vector<size_t> state_out(static_cast<size_t>(n)), scan_out(static_cast<size_t>(k_scan));
+  for (int k : linear_states) state_out[static_cast<size_t>(k)] = outs.add(body->output(1 + k).name());
+  for (int j = 0; j < k_scan; ++j)
+    if (c.ct(n + j).valid()) scan_out[static_cast<size_t>(j)] = outs.add(body->output(1 + n + j).name());
+  sel.outputs = outs.names;
+  onnx::GraphProto g = derive_body(false, standalone_model(*body, input_facts, {}, b.opsets()), sel, c.node);
+  // g: inputs [iter, cond, state, cotangents of the selected outputs]; outputs [cond, state,
+  // scan outputs, cotangents of the tangent state]. Keep the cotangents only.
+  {
+    onnx::GraphProto cts;
+    for (size_t i = 0; i < linear_states.size(); ++i)
+      *cts.add_output() = g.output(1 + n + k_scan + static_cast<int>(i));
+    g.mutable_output()->Swap(cts.mutable_output());
+  }
+  prune(g);
+  rename_definitions(g, scope, b.node_scope());
+
+  // 3. The reverse loop: iteration j of T runs the body's vjp at iteration T-1-j, the state
+  //    taken from the stacks; its state is the cotangent of the tangent state.
+  onnx::GraphProto rev;
+  rev.set_name(scope.fresh("reverse_loop"));
+  const std::string j_name = scope.fresh("reverse_iteration"), cond_name = scope.fresh("reverse_cond");
+  *rev.add_input() = scalar_info(j_name, onnx::TensorProto::INT64);
+  *rev.add_input() = scalar_info(cond_name, onnx::TensorProto::BOOL);
+  std::vector<std::string> ct_state;
+  for (int k : linear_states) {
+    ct_state.push_back(scope.fresh(std::string(b.name(c.outs[k]).empty() ? "state" : b.name(c.outs[k])) + "_ct"));
+    *rev.add_input() = typed_value_info(ct_state.back(), b.facts(c.in(2 + k)), true);
+  }
+  const std::string& i_name = g.input(0).name();
+  auto gather = [&](const std::string& stack, const std::string& out) {
+    *rev.add_node() = make_node("Gather", {stack, i_name}, out);
+  };
+  *rev.add_node() = make_node("Sub", {name_of(last), j_name}, i_name);
+  gather(name_of(f[n_primal + 1]), g.input(1).name());
+  {
+    int stack = n_primal + 2, lin_pos = 0;
+    for (int k = 0; k < n; ++k) {
+      const std::string& target = g.input(2 + k).name();
+      if (lin[static_cast<size_t>(k)])
+        *rev.add_node() = make_node("Identity", {ct_state[static_cast<size_t>(lin_pos++)]}, target);  // (shape only)
+      else if (std::find(varying.begin(), varying.end(), k) != varying.end())
+        gather(name_of(f[stack++]), target);
+      else
+        *rev.add_node() = make_node("Identity", {name_of(c.in(2 + k))}, target);
+    }
+  }
+  for (size_t u = 0; u < outs.names.size(); ++u) {
+    std::vector<std::string> parts;
+    for (size_t li = 0; li < linear_states.size(); ++li)
+      if (state_out[static_cast<size_t>(linear_states[li])] == u) parts.push_back(ct_state[li]);
+    for (int j = 0; j < k_scan; ++j)
+      if (c.ct(n + j).valid() && scan_out[static_cast<size_t>(j)] == u) {
+        const std::string slice = scope.fresh(name_of(c.ct(n + j)) + "_step");
+        gather(name_of(c.ct(n + j)), slice);
+        parts.push_back(slice);
+      }
+    const std::string& target = g.input(2 + n + static_cast<int>(u)).name();
+    std::string sum = parts[0];
+    for (size_t p = 1; p < parts.size(); ++p) {
+      const std::string next = p + 1 == parts.size() ? target : scope.fresh(target + "_part");
+      *rev.add_node() = make_node("Add", {sum, parts[p]}, next);
+      sum = next;
+    }
+    if (parts.size() == 1) *rev.add_node() = make_node("Identity", {sum}, target);
+  }
+  for (auto& nd : *g.mutable_node()) *rev.add_node() = std::move(nd);
+  for (auto& vi : *g.mutable_value_info()) *rev.add_value_info() = std::move(vi);
+  add_output(rev, cond_name, scalar_info("", onnx::TensorProto::BOOL), scope);
+  for (int i = 0; i < g.output_size(); ++i) add_output(rev, g.output(i).name(), g.output(i), scope);
+
+  Vs rins = {iterations, b.scalar(1.0, onnx::TensorProto::BOOL)};
+  for (int k : linear_states) {
+    V ct = c.ct(k);
+    if (!ct.valid()) {
+      const V w = b.witness(c.outs[k]);
+      if (!w.valid()) c.unsupported("the shape of a tangent the loop carries is unknown");
+      ct = zeros_like(b, w);
+    }
+    rins.push_back(ct);
+  }
+  Vs r = b.op("Loop", rins, {graph_attr("body", std::move(rev))}, static_cast<int>(linear_states.size()));
+  Vs res(c.ins.size(), V{});
+  for (size_t li = 0; li < linear_states.size(); ++li) {
+    const int k = linear_states[li];
+    b.set_facts(r[li], b.facts(c.in(2 + k)));
+    res[static_cast<size_t>(2 + k)] = r[li];
+  }
+  return res;
+}
+
+}  // namespace
+
+void register_control_flow_derivatives(DerivativeRules& r) {
+  r.jvp("Loop", loop_jvp);
+  r.transpose("Loop", loop_transpose);
+}
+
+}  // namespace onnax

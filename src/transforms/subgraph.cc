@@ -1,0 +1,187 @@
+#include "transforms/subgraph.h"
+
+#include <functional>
+
+namespace onnax {
+namespace {
+
+void collect_outer_reads(const onnx::GraphProto& g, std::unordered_set<std::string> defined,
+                         std::unordered_set<std::string>& seen, std::vector<std::string>& reads) {
+  for (const auto& vi : g.input()) defined.insert(vi.name());
+  for (const auto& t : g.initializer()) defined.insert(t.name());
+  auto read = [&](const std::string& n) {
+    if (!n.empty() && !defined.count(n) && seen.insert(n).second) reads.push_back(n);
+  };
+  for (const auto& n : g.node()) {
+    for (const auto& in : n.input()) read(in);
+    for (const auto& a : n.attribute()) {
+      if (a.has_g()) collect_outer_reads(a.g(), defined, seen, reads);
+      for (const auto& sg : a.graphs()) collect_outer_reads(sg, defined, seen, reads);
+    }
+    for (const auto& o : n.output()) defined.insert(o);
+  }
+  for (const auto& o : g.output()) read(o.name());
+}
+
+// Applies `fn` to every graph nested in `n`'s attributes.
+void for_each_subgraph(onnx::NodeProto& n, const std::function<void(onnx::GraphProto&)>& fn) {
+  for (auto& a : *n.mutable_attribute()) {
+    if (a.has_g()) fn(*a.mutable_g());
+    for (auto& sg : *a.mutable_graphs()) fn(sg);
+  }
+}
+
+}  // namespace
+
+std::vector<std::string> graph_outer_reads(const onnx::GraphProto& g) {
+  std::unordered_set<std::string> seen;
+  std::vector<std::string> reads;
+  collect_outer_reads(g, {}, seen, reads);
+  return reads;
+}
+
+onnx::ValueInfoProto typed_value_info(const std::string& name, const Facts& facts, bool rank_only) {
+  onnx::ValueInfoProto vi;
+  vi.set_name(name);
+  Facts f = facts;
+  if (rank_only && f.has_shape)
+    for (auto& d : f.dims) d = Dim{};
+  if (f.dtype) write_type(f, vi.mutable_type());
+  return vi;
+}
+
+onnx::ModelProto standalone_model(const onnx::GraphProto& body, const std::vector<const Facts*>& input_facts,
+                                  const std::vector<std::pair<std::string, Facts>>& extra_inputs,
+                                  const std::unordered_map<std::string, int>& opsets) {
+  onnx::ModelProto m;
+  m.set_ir_version(10);
+  for (const auto& [domain, version] : opsets) {
+    auto* o = m.add_opset_import();
+    o->set_domain(domain);
+    o->set_version(version);
+  }
+  onnx::GraphProto& g = *m.mutable_graph() = body;
+  g.set_name(body.name().empty() ? "body" : body.name());
+  for (int i = 0; i < g.input_size(); ++i) {
+    auto* vi = g.mutable_input(i);
+    const bool typed = vi->has_type() && vi->type().has_tensor_type() && vi->type().tensor_type().elem_type() != 0;
+    if (!typed && static_cast<size_t>(i) < input_facts.size() && input_facts[static_cast<size_t>(i)])
+      *vi = typed_value_info(vi->name(), *input_facts[static_cast<size_t>(i)], true);
+  }
+  for (const auto& [name, facts] : extra_inputs) *g.add_input() = typed_value_info(name, facts);
+  return m;
+}
+
+std::vector<char> outputs_depending_on(const onnx::GraphProto& g, const std::unordered_set<std::string>& active) {
+  std::unordered_set<std::string> live = active;
+  for (const auto& n : g.node()) {
+    bool hit = false;
+    for (const auto& in : n.input()) hit = hit || (!in.empty() && live.count(in));
+    if (!hit)
+      for (const auto& a : n.attribute()) {
+        for (const auto* sg : {a.has_g() ? &a.g() : nullptr})
+          if (sg)
+            for (const auto& r : graph_outer_reads(*sg)) hit = hit || live.count(r);
+        for (const auto& sg : a.graphs())
+          for (const auto& r : graph_outer_reads(sg)) hit = hit || live.count(r);
+      }
+    if (hit)
+      for (const auto& o : n.output())
+        if (!o.empty()) live.insert(o);
+  }
+  std::vector<char> out;
+  for (const auto& o : g.output()) out.push_back(live.count(o.name()) ? 1 : 0);
+  return out;
+}
+
+void prune(onnx::GraphProto& g) {
+  std::unordered_set<std::string> needed;
+  for (const auto& o : g.output()) needed.insert(o.name());
+  std::vector<char> keep(static_cast<size_t>(g.node_size()), 0);
+  for (int i = g.node_size() - 1; i >= 0; --i) {
+    const auto& n = g.node(i);
+    bool used = false;
+    for (const auto& o : n.output()) used = used || (!o.empty() && needed.count(o));
+    if (!used) continue;
+    keep[static_cast<size_t>(i)] = 1;
+    for (const auto& in : n.input()) needed.insert(in);
+    for (const auto& a : n.attribute()) {
+      if (a.has_g())
+        for (auto& r : graph_outer_reads(a.g())) needed.insert(r);
+      for (const auto& sg : a.graphs())
+        for (auto& r : graph_outer_reads(sg)) needed.insert(r);
+    }
+  }
+  onnx::GraphProto kept;
+  for (int i = 0; i < g.node_size(); ++i)
+    if (keep[static_cast<size_t>(i)]) *kept.add_node() = std::move(*g.mutable_node(i));
+  g.mutable_node()->Swap(kept.mutable_node());
+  // value_info of dropped values would describe nothing.
+  onnx::GraphProto infos;
+  std::unordered_set<std::string> defined;
+  for (const auto& n : g.node())
+    for (const auto& o : n.output()) defined.insert(o);
+  for (auto& vi : *g.mutable_value_info())
+    if (defined.count(vi.name())) *infos.add_value_info() = std::move(vi);
+  g.mutable_value_info()->Swap(infos.mutable_value_info());
+}
+
+void rename_definitions(onnx::GraphProto& g, NameScope& scope, NameScope& node_scope) {
+  std::unordered_map<std::string, std::string> map;
+  std::function<void(onnx::GraphProto&)> define = [&](onnx::GraphProto& sg) {
+    auto def = [&](const std::string& n) {
+      if (!n.empty() && !map.count(n)) map.emplace(n, scope.fresh(n));
+    };
+    for (const auto& vi : sg.input()) def(vi.name());
+    for (const auto& t : sg.initializer()) def(t.name());
+    for (auto& n : *sg.mutable_node()) {
+      for (const auto& o : n.output()) def(o);
+      for_each_subgraph(n, define);
+    }
+  };
+  define(g);
+  auto re = [&](std::string* n) {
+    if (auto it = map.find(*n); it != map.end()) *n = it->second;
+  };
+  std::function<void(onnx::GraphProto&)> apply = [&](onnx::GraphProto& sg) {
+    for (auto& vi : *sg.mutable_input()) re(vi.mutable_name());
+    for (auto& t : *sg.mutable_initializer()) re(t.mutable_name());
+    for (auto& vi : *sg.mutable_output()) re(vi.mutable_name());
+    for (auto& vi : *sg.mutable_value_info()) re(vi.mutable_name());
+    for (auto& n : *sg.mutable_node()) {
+      for (auto& in : *n.mutable_input()) re(&in);
+      for (auto& o : *n.mutable_output()) re(&o);
+      if (!n.name().empty()) n.set_name(node_scope.fresh(n.name()));
+      for_each_subgraph(n, apply);
+    }
+  };
+  apply(g);
+}
+
+const onnx::ValueInfoProto* find_value_info(const onnx::GraphProto& g, const std::string& name) {
+  for (const auto& vi : g.output())
+    if (vi.name() == name) return &vi;
+  for (const auto& vi : g.input())
+    if (vi.name() == name) return &vi;
+  return nullptr;
+}
+
+void add_output(onnx::GraphProto& g, const std::string& name, const onnx::ValueInfoProto& type_of, NameScope& scope) {
+  bool taken = false;
+  for (const auto& vi : g.output()) taken = taken || vi.name() == name;
+  for (const auto& vi : g.input()) taken = taken || vi.name() == name;
+  onnx::ValueInfoProto vi = type_of;
+  if (!taken) {
+    vi.set_name(name);
+  } else {
+    const std::string copy = scope.fresh(name + "_out");
+    auto* n = g.add_node();
+    n->set_op_type("Identity");
+    n->add_input(name);
+    n->add_output(copy);
+    vi.set_name(copy);
+  }
+  *g.add_output() = std::move(vi);
+}
+
+}  // namespace onnax

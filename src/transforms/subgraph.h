@@ -1,0 +1,54 @@
+// Subgraphs (Loop, Scan and If bodies) handled as models of their own, so the graph-level
+// transforms (jvp, vjp) differentiate a body exactly as they differentiate a model, and the
+// result is put back into a node of the enclosing graph under collision-free names.
+#pragma once
+
+#include <onnx/onnx_pb.h>
+
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "emit/names.h"
+#include "facts/facts.h"
+
+namespace onnax {
+
+// Names `g` reads from enclosing scopes (each once, in order of first use, nested subgraphs
+// included).
+std::vector<std::string> graph_outer_reads(const onnx::GraphProto& g);
+
+// A model whose graph is `body` with every input typed: an input the body leaves untyped gets
+// `input_facts[i]` (element type and rank; its dims unknown, since a loop-carried value may
+// change shape from one iteration to the next). `extra_inputs` become graph inputs after the
+// body's own (values the body reads from enclosing scopes, by the same names).
+onnx::ModelProto standalone_model(const onnx::GraphProto& body, const std::vector<const Facts*>& input_facts,
+                                  const std::vector<std::pair<std::string, Facts>>& extra_inputs,
+                                  const std::unordered_map<std::string, int>& opsets);
+
+// For each output of `g`: whether it depends on any value named in `active` (graph inputs or
+// values read from enclosing scopes), through its nodes and their subgraphs.
+std::vector<char> outputs_depending_on(const onnx::GraphProto& g, const std::unordered_set<std::string>& active);
+
+// Drops the nodes of `g` that none of its outputs needs.
+void prune(onnx::GraphProto& g);
+
+// Gives every value `g` defines (inputs, initializers, node outputs, in nested subgraphs too)
+// a fresh name in `scope`, and every node a fresh name in `node_scope`, so `g` can become a
+// subgraph of a model whose names those scopes hold. Reads of names `g` does not define
+// (enclosing scopes) are unchanged.
+void rename_definitions(onnx::GraphProto& g, NameScope& scope, NameScope& node_scope);
+
+// `name` as a new output of `g` with the type of `type_of` (an existing output or input's
+// ValueInfo): through an Identity when `name` is already an output or a graph input (a body's
+// outputs must be distinct values), under a fresh name from `scope`.
+void add_output(onnx::GraphProto& g, const std::string& name, const onnx::ValueInfoProto& type_of, NameScope& scope);
+
+// The ValueInfo of `name` among g's inputs and outputs (nullptr: none).
+const onnx::ValueInfoProto* find_value_info(const onnx::GraphProto& g, const std::string& name);
+
+// A ValueInfo named `name` with `facts`' element type and shape (rank only when `rank_only`).
+onnx::ValueInfoProto typed_value_info(const std::string& name, const Facts& facts, bool rank_only = false);
+
+}  // namespace onnax
