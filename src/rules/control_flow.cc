@@ -401,6 +401,8 @@ Vs loop_transpose(TransposeCtx& c) {
   }
   for (auto& nd : *g.mutable_node()) *rev.add_node() = std::move(nd);
   for (auto& vi : *g.mutable_value_info()) *rev.add_value_info() = std::move(vi);
+  for (auto& t : *g.mutable_initializer()) *rev.add_initializer() = std::move(t);
+  for (auto& t : *g.mutable_sparse_initializer()) *rev.add_sparse_initializer() = std::move(t);
   add_output(rev, cond_name, scalar_info("", onnx::TensorProto::BOOL), scope);
   for (int i = 0; i < g.output_size(); ++i) add_output(rev, g.output(i).name(), g.output(i), scope);
 
