@@ -73,6 +73,41 @@ bool has_rank(const onnx::TypeProto& t) {
   return t.has_tensor_type() && t.tensor_type().has_shape();
 }
 
+// The shape of loop-carried state (Loop, Scan) whose body reads and writes it with the same
+// declared static shape. ONNX's inference leaves such outputs without a shape, since in general
+// state may change shape between iterations; reverse mode needs the rank of what it
+// differentiates.
+void refine_state_shapes(const onnx::NodeProto& n, std::vector<Facts>& inferred) {
+  const bool loop = n.op_type() == "Loop", scan = n.op_type() == "Scan";
+  if (!(loop || scan) || !(n.domain().empty() || n.domain() == "ai.onnx")) return;
+  const onnx::GraphProto* body = nullptr;
+  int64_t scan_inputs = 0;
+  for (const auto& a : n.attribute()) {
+    if (a.name() == "body" && a.has_g()) body = &a.g();
+    if (a.name() == "num_scan_inputs") scan_inputs = a.i();
+  }
+  if (!body) return;
+  const int states = loop ? n.input_size() - 2 : n.input_size() - static_cast<int>(scan_inputs);
+  const int in0 = loop ? 2 : 0, out0 = loop ? 1 : 0;
+  for (int k = 0; k < states && k < n.output_size() && static_cast<size_t>(k) < inferred.size(); ++k) {
+    if (inferred[static_cast<size_t>(k)].has_shape || in0 + k >= body->input_size() ||
+        out0 + k >= body->output_size())
+      continue;
+    const onnx::TypeProto& ti = body->input(in0 + k).type();
+    const onnx::TypeProto& to = body->output(out0 + k).type();
+    if (!ti.has_tensor_type() || !to.has_tensor_type() || !ti.tensor_type().has_shape() ||
+        !to.tensor_type().has_shape())
+      continue;
+    const Facts fi = facts_from_type(ti), fo = facts_from_type(to);
+    bool same = fi.has_shape && fo.has_shape && fi.dims.size() == fo.dims.size();
+    for (size_t d = 0; same && d < fi.dims.size(); ++d) same = fi.dims[d].same_as(fo.dims[d]);
+    if (!same) continue;
+    Facts f = fi;
+    if (inferred[static_cast<size_t>(k)].dtype) f.dtype = inferred[static_cast<size_t>(k)].dtype;
+    inferred[static_cast<size_t>(k)] = std::move(f);
+  }
+}
+
 }  // namespace
 
 void infer_facts(const onnx::GraphProto& g, const std::unordered_map<std::string, int>& opsets, const NameScope& names,
@@ -176,6 +211,7 @@ void infer_facts(const onnx::GraphProto& g, const std::unordered_map<std::string
         // diagnostics cover values it cannot type.
       }
     }
+    refine_state_shapes(n, inferred);
     if (auto t = constant_tensor(n)) {
       constants.push_back(std::move(*t));
       inferred[0] = facts_of_tensor(constants.back());

@@ -32,10 +32,7 @@ FULL = os.environ.get("ONNAX_CORPUS_FULL", "") not in ("", "0")
 
 # Cases onnx refuses with a diagnostic, with the words the diagnostic must contain. A case
 # that starts passing fails here so this list (and the README) gets updated.
-_AD = [t for t in artifacts.TRANSFORMS if t != "vmap"]
-EXPECTED_UNSUPPORTED: dict[tuple[str, str], str] = {
-    **{("jax_gru_scan", t): "Loop" for t in _AD},
-}
+EXPECTED_UNSUPPORTED: dict[tuple[str, str], str] = {}
 
 
 def _entries() -> list[str]:

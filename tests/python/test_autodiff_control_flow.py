@@ -1,0 +1,339 @@
+"""Derivatives through control flow (Loop), against the independent oracles of ``ad_oracle``.
+
+Every model runs the full battery: jvp against float64 central finite differences, vjp by the
+dot-product test against the checked jvp, grad of a scalar loss against finite differences,
+Hessian-vector products (``jvp(grad(f))``) against finite differences of the gradient, and
+per-example gradients (``vmap(grad(f))``) against a loop of ``grad(f)``; a float32 variant is
+checked against the float64 oracle. The loops cover what exporters write: a recurrence over a
+sequence (weights read from the enclosing graph, or carried as constant state as jax2onnx does),
+early exit through the condition, a loop with no trip count, zero iterations, a loop nested in
+a loop body, state that becomes active only inside the loop, and an integer counter in the
+state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import onnax
+import onnx
+import pytest
+from ad_oracle import (
+    ADGen,
+    as_float,
+    check_grad,
+    check_hvp,
+    check_jvp,
+    check_per_example_grad,
+    check_vjp_dot,
+    make_ad_model,
+    scalarize,
+)
+from onnx import TensorProto, helper
+
+D = TensorProto.DOUBLE
+I64 = TensorProto.INT64
+B = TensorProto.BOOL
+T_STEPS = 4
+
+
+def vi(name: str, elem: int, shape: Sequence[Any] | None) -> onnx.ValueInfoProto:
+    return helper.make_tensor_value_info(name, elem, shape)
+
+
+def const(name: str, value: Any, elem: int) -> onnx.NodeProto:
+    arr = np.asarray(value)
+    return helper.make_node(
+        "Constant", [], [name], value=helper.make_tensor(name + "_v", elem, arr.shape, arr.flatten().tolist())
+    )
+
+
+def body(
+    nodes: list[onnx.NodeProto], inputs: list[onnx.ValueInfoProto], outputs: list[onnx.ValueInfoProto]
+) -> onnx.GraphProto:
+    return helper.make_graph(nodes, "body", inputs, outputs)
+
+
+def loss_of(*values: str) -> list[onnx.NodeProto]:
+    """loss = sum of ReduceSum(v) over `values`."""
+    nodes = [helper.make_node("ReduceSum", [v], [v + "_sum"], keepdims=0) for v in values]
+    total = values[0] + "_sum"
+    for v in values[1:]:
+        nodes.append(helper.make_node("Add", [total, v + "_sum"], [total + "_" + v]))
+        total = total + "_" + v
+    nodes.append(helper.make_node("Identity", [total], ["loss"]))
+    return nodes
+
+
+def rnn(weights_carried: bool = False) -> onnx.ModelProto:
+    """h_{t+1} = tanh(h_t W + xs[t] + b), ys[t] = h_{t+1}^2; W read from the enclosing graph
+    (or carried as constant state), xs carried and gathered by the iteration number."""
+    w_in = "W_in" if weights_carried else "W"
+    nodes = [
+        helper.make_node("Gather", ["xs_in", "it"], ["xt"], axis=0),
+        helper.make_node("MatMul", ["h_in", w_in], ["hw"]),
+        helper.make_node("Add", ["hw", "xt"], ["pre0"]),
+        helper.make_node("Add", ["pre0", "b"], ["pre"]),
+        helper.make_node("Tanh", ["pre"], ["h_out"]),
+        helper.make_node("Identity", ["xs_in"], ["xs_out"]),
+        helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+        helper.make_node("Mul", ["h_out", "h_out"], ["y_t"]),
+    ]
+    ins = [vi("it", I64, []), vi("cond_in", B, []), vi("h_in", D, [2, 3]), vi("xs_in", D, [T_STEPS, 2, 3])]
+    outs = [vi("cond_out", B, []), vi("h_out", D, [2, 3]), vi("xs_out", D, [T_STEPS, 2, 3])]
+    loop_in = ["M", "c0", "h0", "xs"]
+    loop_out = ["hT", "xsT"]
+    if weights_carried:
+        nodes.append(helper.make_node("Identity", ["W_in"], ["W_out"]))
+        ins.append(vi("W_in", D, [3, 3]))
+        outs.append(vi("W_out", D, [3, 3]))
+        loop_in.append("W")
+        loop_out.append("WT")
+    outs.append(vi("y_t", D, [2, 3]))
+    loop_out.append("ys")
+    g = [
+        const("M", T_STEPS, I64),
+        const("c0", True, B),
+        helper.make_node("Loop", loop_in, loop_out, body=body(nodes, ins, outs)),
+        *loss_of("ys", "hT"),
+    ]
+    rng = np.random.default_rng(7)
+    return make_ad_model(
+        g,
+        [("h0", D, [2, 3]), ("xs", D, [T_STEPS, 2, 3])],
+        [("loss", D, []), "hT"],
+        initializers={"W": rng.standard_normal((3, 3)) * 0.5, "b": rng.standard_normal((3,)) * 0.3},
+    )
+
+
+def early_exit() -> onnx.ModelProto:
+    """M = 10 but the body stops after 3 iterations: x <- sin(x) * w + x, cond = it + 1 < 3."""
+    nodes = [
+        helper.make_node("Sin", ["x_in"], ["s"]),
+        helper.make_node("Mul", ["s", "w"], ["sw"]),
+        helper.make_node("Add", ["sw", "x_in"], ["x_out"]),
+        const("one", 1, I64),
+        const("three", 3, I64),
+        helper.make_node("Add", ["it", "one"], ["next"]),
+        helper.make_node("Less", ["next", "three"], ["cond_out"]),
+    ]
+    g = [
+        const("M", 10, I64),
+        const("c0", True, B),
+        helper.make_node(
+            "Loop",
+            ["M", "c0", "x"],
+            ["xT"],
+            body=body(
+                nodes,
+                [vi("it", I64, []), vi("cond_in", B, []), vi("x_in", D, [4])],
+                [vi("cond_out", B, []), vi("x_out", D, [4])],
+            ),
+        ),
+        *loss_of("xT"),
+    ]
+    return make_ad_model(g, [("x", D, [4]), ("w", D, [4])], [("loss", D, []), "xT"])
+
+
+def no_trip_count() -> onnx.ModelProto:
+    """No M: runs while the carried counter n < 3; x <- x * y + y^2 (y from the enclosing graph)."""
+    nodes = [
+        helper.make_node("Mul", ["x_in", "y"], ["xy"]),
+        helper.make_node("Mul", ["y", "y"], ["yy"]),
+        helper.make_node("Add", ["xy", "yy"], ["x_out"]),
+        const("one", 1, I64),
+        const("three", 3, I64),
+        helper.make_node("Add", ["n_in", "one"], ["n_out"]),
+        helper.make_node("Less", ["n_out", "three"], ["cond_out"]),
+    ]
+    g = [
+        const("c0", True, B),
+        const("n0", 0, I64),
+        helper.make_node(
+            "Loop",
+            ["", "c0", "x", "n0"],
+            ["xT", "nT"],
+            body=body(
+                nodes,
+                [vi("it", I64, []), vi("cond_in", B, []), vi("x_in", D, [3]), vi("n_in", I64, [])],
+                [vi("cond_out", B, []), vi("x_out", D, [3]), vi("n_out", I64, [])],
+            ),
+        ),
+        *loss_of("xT"),
+    ]
+    return make_ad_model(g, [("x", D, [3]), ("y", D, [3])], [("loss", D, []), "xT"])
+
+
+def zero_trips() -> onnx.ModelProto:
+    """M = 0: the final state is the initial one and the scan output is empty."""
+    nodes = [
+        helper.make_node("Mul", ["x_in", "w"], ["x_out"]),
+        helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+        helper.make_node("Exp", ["x_out"], ["e"]),
+    ]
+    g = [
+        const("M", 0, I64),
+        const("c0", True, B),
+        helper.make_node(
+            "Loop",
+            ["M", "c0", "x"],
+            ["xT", "es"],
+            body=body(
+                nodes,
+                [vi("it", I64, []), vi("cond_in", B, []), vi("x_in", D, [3])],
+                [vi("cond_out", B, []), vi("x_out", D, [3]), vi("e", D, [3])],
+            ),
+        ),
+        helper.make_node("Mul", ["xT", "xT"], ["sq"]),
+        *loss_of("sq", "es"),
+    ]
+    return make_ad_model(g, [("x", D, [3]), ("w", D, [3])], [("loss", D, []), "xT"])
+
+
+def nested() -> onnx.ModelProto:
+    """An outer loop of 3 whose body runs an inner loop of 2 on its state (inner: z <- tanh(z *
+    a + c), a from the outer body, c from the top graph)."""
+    inner_nodes = [
+        helper.make_node("Mul", ["z_in", "a"], ["za"]),
+        helper.make_node("Add", ["za", "c"], ["zpre"]),
+        helper.make_node("Tanh", ["zpre"], ["z_out"]),
+        helper.make_node("Identity", ["icond_in"], ["icond_out"]),
+    ]
+    inner = body(
+        inner_nodes,
+        [vi("i_it", I64, []), vi("icond_in", B, []), vi("z_in", D, [3])],
+        [vi("icond_out", B, []), vi("z_out", D, [3])],
+    )
+    outer_nodes = [
+        helper.make_node("Sin", ["x_in"], ["a"]),
+        const("two", 2, I64),
+        helper.make_node("Loop", ["two", "cond_in", "x_in"], ["x_out"], body=inner),
+        helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+    ]
+    g = [
+        const("M", 3, I64),
+        const("c0", True, B),
+        helper.make_node(
+            "Loop",
+            ["M", "c0", "x"],
+            ["xT"],
+            body=body(
+                outer_nodes,
+                [vi("it", I64, []), vi("cond_in", B, []), vi("x_in", D, [3])],
+                [vi("cond_out", B, []), vi("x_out", D, [3])],
+            ),
+        ),
+        *loss_of("xT"),
+    ]
+    return make_ad_model(g, [("x", D, [3]), ("c", D, [3])], [("loss", D, []), "xT"])
+
+
+def late_active() -> onnx.ModelProto:
+    """The state starts from constant zeros (no derivative) and depends on w only inside the
+    loop: h <- h * 0.5 + sin(w); its tangent starts at zero and becomes non-zero."""
+    nodes = [
+        const("half", 0.5, D),
+        helper.make_node("Mul", ["h_in", "half"], ["hh"]),
+        helper.make_node("Sin", ["w"], ["sw"]),
+        helper.make_node("Add", ["hh", "sw"], ["h_out"]),
+        helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+        helper.make_node("Mul", ["h_out", "w"], ["y_t"]),
+    ]
+    g = [
+        const("M", 3, I64),
+        const("c0", True, B),
+        const("h0", np.zeros(3), D),
+        helper.make_node(
+            "Loop",
+            ["M", "c0", "h0"],
+            ["hT", "ys"],
+            body=body(
+                nodes,
+                [vi("it", I64, []), vi("cond_in", B, []), vi("h_in", D, [3])],
+                [vi("cond_out", B, []), vi("h_out", D, [3]), vi("y_t", D, [3])],
+            ),
+        ),
+        helper.make_node("Mul", ["hT", "hT"], ["sq"]),
+        *loss_of("sq", "ys"),
+    ]
+    return make_ad_model(g, [("w", D, [3])], [("loss", D, []), "hT"])
+
+
+@dataclass
+class Case:
+    id: str
+    model: onnx.ModelProto
+    inputs: list[str]
+    gens: Mapping[str, ADGen] = field(default_factory=dict)
+    hvp_wrt: list[str] = field(default_factory=list)
+    in_axes: tuple[int | None, ...] | None = None  # per-example grad over the runtime inputs
+
+
+CASES = [
+    Case("rnn-captured-weights", rnn(), ["h0", "xs", "W", "b"], hvp_wrt=["W"], in_axes=(0, 0)),
+    Case(
+        "rnn-carried-weights",
+        rnn(weights_carried=True),
+        ["h0", "xs", "W", "b"],
+        hvp_wrt=["W", "b"],
+        in_axes=(0, 0),
+    ),
+    Case("early-exit", early_exit(), ["x", "w"], hvp_wrt=["x"], in_axes=(0, None)),
+    Case("no-trip-count", no_trip_count(), ["x", "y"], hvp_wrt=["y"], in_axes=(0, None)),
+    Case("zero-trips", zero_trips(), ["x", "w"], hvp_wrt=["x"], in_axes=(0, None)),
+    Case("nested-loops", nested(), ["x", "c"], hvp_wrt=["x", "c"], in_axes=(0, None)),
+    Case("late-active-state", late_active(), ["w"], hvp_wrt=["w"], in_axes=(0,)),
+]
+IDS = [c.id for c in CASES]
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_jvp(case: Case) -> None:
+    check_jvp(case.model, case.inputs, gens=case.gens)
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_vjp_dot(case: Case) -> None:
+    check_vjp_dot(case.model, case.inputs, gens=case.gens)
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_grad(case: Case) -> None:
+    check_grad(case.model, case.inputs, "loss", gens=case.gens)
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_hvp(case: Case) -> None:
+    check_hvp(case.model, case.hvp_wrt, case.inputs, "loss", gens=case.gens)
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_per_example_grad(case: Case) -> None:
+    assert case.in_axes is not None
+    check_per_example_grad(case.model, case.in_axes, case.inputs, "loss", gens=case.gens)
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_f32(case: Case) -> None:
+    check_jvp(as_float(case.model), case.inputs, gens=case.gens, oracle_model=case.model)
+    check_grad(as_float(case.model), case.inputs, "loss", gens=case.gens, oracle_model=case.model)
+
+
+def test_grad_of_grad_through_a_loop() -> None:
+    # Second-order reverse mode: the gradient graph (with its stacking and reverse loops) is
+    # differentiated again in reverse mode, through a scalar of the first gradient.
+    m = rnn()
+    g1 = onnax.grad(m, inputs=["W"], output="loss")
+    gm = scalarize(g1, name="ad_loss")
+    check_grad(gm, ["W"], "ad_loss")
+
+
+def test_reverse_graph_recomputes_forward_once_per_loop() -> None:
+    # The reverse graph of one loop holds the source loop, the stacking loop and the reverse
+    # loop: three top-level Loops (not one per step or per output).
+    g = onnax.grad(rnn(), inputs=["W"], output="loss")
+    assert [n.op_type for n in g.graph.node].count("Loop") == 3
+    onnx.checker.check_model(g, full_check=True)
