@@ -90,8 +90,7 @@ void refine_state_shapes(const onnx::NodeProto& n, std::vector<Facts>& inferred)
   const int states = loop ? n.input_size() - 2 : n.input_size() - static_cast<int>(scan_inputs);
   const int in0 = loop ? 2 : 0, out0 = loop ? 1 : 0;
   for (int k = 0; k < states && k < n.output_size() && static_cast<size_t>(k) < inferred.size(); ++k) {
-    if (inferred[static_cast<size_t>(k)].has_shape || in0 + k >= body->input_size() ||
-        out0 + k >= body->output_size())
+    if (inferred[static_cast<size_t>(k)].has_shape || in0 + k >= body->input_size() || out0 + k >= body->output_size())
       continue;
     const onnx::TypeProto& ti = body->input(in0 + k).type();
     const onnx::TypeProto& to = body->output(out0 + k).type();

@@ -15,6 +15,7 @@
 #include <onnax/onnax.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -426,11 +427,142 @@ Vs loop_transpose(TransposeCtx& c) {
   return res;
 }
 
+// ------------------------------------------------------------------------------------------
+// Scan: differentiated as the Loop that computes it. Iteration `it` gathers each scan input at
+// `it` (or T-1-it when scanned backwards) along its axis and runs the Scan's body; the Loop
+// stacks the scan outputs along axis 0, and the tangents of the Scan's outputs are those stacks
+// reversed and moved to their axes. One Loop construction serves both modes: reverse mode
+// transposes it like any Loop, and nothing in its body is a Scan again.
+
+std::vector<int64_t> ints_attr(const onnx::NodeProto& node, const char* name, size_t count, int64_t fallback) {
+  std::vector<int64_t> v(count, fallback);
+  for (const auto& a : node.attribute())
+    if (a.name() == name)
+      for (int i = 0; i < a.ints_size() && static_cast<size_t>(i) < count; ++i) v[static_cast<size_t>(i)] = a.ints(i);
+  return v;
+}
+
+Vs scan_jvp(JvpCtx& c) {
+  Builder& b = c.b;
+  const onnx::NodeProto& node = c.node;
+  const onnx::GraphProto* body = subgraph(node, "body");
+  int64_t m = 0;
+  for (const auto& a : node.attribute())
+    if (a.name() == "num_scan_inputs") m = a.i();
+  const int n = node.input_size() - static_cast<int>(m);  // states
+  const int k_scan = node.output_size() - n;
+  if (!body || m < 1 || n < 0 || k_scan < 0 || body->input_size() != node.input_size() ||
+      body->output_size() != node.output_size())
+    c.unsupported("its body does not match its inputs and outputs", "check the model with onnx.checker");
+  const auto in_axes = ints_attr(node, "scan_input_axes", static_cast<size_t>(m), 0);
+  const auto in_dirs = ints_attr(node, "scan_input_directions", static_cast<size_t>(m), 0);
+  const auto out_axes = ints_attr(node, "scan_output_axes", static_cast<size_t>(k_scan), 0);
+  const auto out_dirs = ints_attr(node, "scan_output_directions", static_cast<size_t>(k_scan), 0);
+  auto axis_of = [&](int64_t axis, int64_t rank, const std::string& what) {
+    if (axis < 0 && rank < 0)
+      c.unsupported("the rank of " + what + " is unknown, so its negative scan axis cannot be resolved",
+                    "declare the shapes of the Scan's inputs (value_info), or use a non-negative axis");
+    return axis < 0 ? axis + rank : axis;
+  };
+  // The trip count: the length of the first scan input along its axis.
+  const V first = c.x(n);
+  const int64_t a0 = axis_of(in_axes[0], b.rank(first), "scan input '" + node.input(n) + "'");
+  const V trips = b.squeeze(b.shape_of(first, a0, a0 + 1), {0});
+  const V last = b.sub(trips, b.i64(1));
+  NameScope& scope = b.value_scope();
+
+  onnx::GraphProto lb;
+  lb.set_name(body->name());
+  const std::string it = scope.fresh("scan_iteration"), cond = scope.fresh("scan_cond");
+  *lb.add_input() = scalar_info(it, onnx::TensorProto::INT64);
+  *lb.add_input() = scalar_info(cond, onnx::TensorProto::BOOL);
+  for (int k = 0; k < n; ++k) *lb.add_input() = body->input(k);
+  const std::string reversed = scope.fresh("scan_reversed_iteration");
+  bool any_backward = false;
+  for (int64_t d : in_dirs) any_backward = any_backward || d != 0;
+  if (any_backward) *lb.add_node() = make_node("Sub", {std::string(b.name(last)), it}, reversed);
+  std::vector<JvpCtx::Captured> captured = c.captured;
+  for (int j = 0; j < m; ++j) {
+    const std::string& x = node.input(n + j);
+    const int64_t axis = axis_of(in_axes[static_cast<size_t>(j)], b.rank(c.x(n + j)), "scan input '" + x + "'");
+    onnx::NodeProto g =
+        make_node("Gather", {x, in_dirs[static_cast<size_t>(j)] ? reversed : it}, body->input(n + j).name());
+    auto* a = g.add_attribute();
+    a->set_name("axis");
+    a->set_type(onnx::AttributeProto::INT);
+    a->set_i(axis);
+    *lb.add_node() = std::move(g);
+    captured.push_back(JvpCtx::Captured{x, c.x(n + j), c.t(n + j)});
+  }
+  if (any_backward) captured.push_back(JvpCtx::Captured{std::string(b.name(last)), last, V{}});
+  for (const auto& nd : body->node()) *lb.add_node() = nd;
+  for (const auto& t : body->initializer()) *lb.add_initializer() = t;
+  for (const auto& vi : body->value_info()) *lb.add_value_info() = vi;
+  add_output(lb, cond, scalar_info("", onnx::TensorProto::BOOL), scope);
+  for (int i = 0; i < body->output_size(); ++i) add_output(lb, body->output(i).name(), body->output(i), scope);
+
+  onnx::NodeProto loop;
+  loop.set_op_type("Loop");
+  loop.set_name(node.name());
+  *loop.add_attribute() = graph_attr("body", std::move(lb)).proto;
+  loop.add_input();
+  loop.add_input();
+  for (int k = 0; k < n; ++k) loop.add_input(node.input(k));
+  for (int o = 0; o < node.output_size(); ++o) loop.add_output(node.output(o));
+  Vs xs = {trips, b.scalar(1.0, onnx::TensorProto::BOOL)}, ts = {V{}, V{}}, ys;
+  for (int k = 0; k < n; ++k) {
+    xs.push_back(c.x(k));
+    ts.push_back(c.t(k));
+    ys.push_back(c.y(k));
+  }
+  for (int j = 0; j < k_scan; ++j) ys.push_back(V{});  // (stacked on axis 0 here, not the Scan's layout)
+  JvpCtx lc{b, loop, c.opset, xs, ys, ts, std::move(captured)};
+  Vs t = loop_jvp(lc);
+  for (int j = 0; j < k_scan; ++j) {
+    V& tj = t[static_cast<size_t>(n + j)];
+    if (!tj.valid()) continue;
+    const V y = c.y(n + j);
+    const int64_t rank = b.rank(y);
+    const int64_t axis = axis_of(out_axes[static_cast<size_t>(j)], rank, "scan output '" + node.output(n + j) + "'");
+    if (axis != 0 && rank < 0)
+      c.unsupported("the rank of scan output '" + node.output(n + j) + "' is unknown",
+                    "declare the Scan's output shapes (value_info)");
+    // The stack's layout: the Scan's output with its scan axis moved to the front.
+    std::vector<int64_t> to_front = {axis}, to_axis;
+    for (int64_t i = 0; i < rank; ++i)
+      if (i != axis) to_front.push_back(i);
+    for (int64_t i = 1; i <= axis; ++i) to_axis.push_back(i);
+    to_axis.push_back(0);
+    for (int64_t i = axis + 1; i < rank; ++i) to_axis.push_back(i);
+    if (y.valid() && rank >= 0) {
+      Facts f = b.facts(y);
+      for (size_t i = 0; i < to_front.size(); ++i) f.dims[i] = b.facts(y).dims[static_cast<size_t>(to_front[i])];
+      b.set_facts(tj, f);
+      bool all_static = true;
+      for (const Dim& d : f.dims) all_static = all_static && d.known();
+      // Reverse mode transposes the reversal below by the stack's run-time shape: a primal
+      // value of that shape, unless the facts give it.
+      if (!all_static && b.has_tape() && out_dirs[static_cast<size_t>(j)]) b.set_witness(tj, b.transpose(y, to_front));
+    }
+    if (out_dirs[static_cast<size_t>(j)]) {
+      const V w = b.witness(tj);
+      const Facts f = b.facts(tj);
+      tj = b.op1("Slice", {tj, b.i64s({-1}), b.i64s({INT64_MIN}), b.i64s({0}), b.i64s({-1})});
+      b.set_facts(tj, f);
+      if (w.valid()) b.set_witness(tj, w);
+    }
+    if (axis != 0) tj = b.transpose(tj, to_axis);
+    if (y.valid()) b.set_facts(tj, b.facts(y));
+  }
+  return t;
+}
+
 }  // namespace
 
 void register_control_flow_derivatives(DerivativeRules& r) {
   r.jvp("Loop", loop_jvp);
   r.transpose("Loop", loop_transpose);
+  r.jvp("Scan", scan_jvp);
 }
 
 }  // namespace onnax

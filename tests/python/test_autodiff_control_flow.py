@@ -30,6 +30,7 @@ from ad_oracle import (
     check_per_example_grad,
     check_vjp_dot,
     make_ad_model,
+    normal,
     scalarize,
 )
 from onnx import TensorProto, helper
@@ -262,6 +263,47 @@ def late_active() -> onnx.ModelProto:
     return make_ad_model(g, [("w", D, [3])], [("loss", D, []), "hT"])
 
 
+def scan_rnn(steps: int | str = T_STEPS) -> onnx.ModelProto:
+    """Scan: state h [2, 3]; scan inputs xs [T, 2, 3] (axis 0, forward) and zs [2, T, 3] (axis 1,
+    backward); W from the enclosing graph; scan outputs y (axis 0) and y2 (axis 1, backward):
+    h <- tanh(h W + x) * z, y = h, y2 = h * x."""
+    nodes = [
+        helper.make_node("MatMul", ["h_in", "W"], ["hw"]),
+        helper.make_node("Add", ["hw", "x_t"], ["pre"]),
+        helper.make_node("Tanh", ["pre"], ["th"]),
+        helper.make_node("Mul", ["th", "z_t"], ["h_out"]),
+        helper.make_node("Identity", ["h_out"], ["y_t"]),
+        helper.make_node("Mul", ["h_out", "x_t"], ["y2_t"]),
+    ]
+    scan_body = body(
+        nodes,
+        [vi("h_in", D, [2, 3]), vi("x_t", D, [2, 3]), vi("z_t", D, [2, 3])],
+        [vi("h_out", D, [2, 3]), vi("y_t", D, [2, 3]), vi("y2_t", D, [2, 3])],
+    )
+    g = [
+        helper.make_node(
+            "Scan",
+            ["h0", "xs", "zs"],
+            ["hT", "ys", "y2s"],
+            body=scan_body,
+            num_scan_inputs=2,
+            scan_input_axes=[0, 1],
+            scan_input_directions=[0, 1],
+            scan_output_axes=[0, 1],
+            scan_output_directions=[0, 1],
+        ),
+        helper.make_node("Mul", ["y2s", "y2s"], ["y2sq"]),
+        *loss_of("hT", "ys", "y2sq"),
+    ]
+    rng = np.random.default_rng(11)
+    return make_ad_model(
+        g,
+        [("h0", D, [2, 3]), ("xs", D, [steps, 2, 3]), ("zs", D, [2, steps, 3])],
+        [("loss", D, []), "hT", "y2s"],
+        initializers={"W": rng.standard_normal((3, 3)) * 0.5},
+    )
+
+
 @dataclass
 class Case:
     id: str
@@ -286,6 +328,15 @@ CASES = [
     Case("zero-trips", zero_trips(), ["x", "w"], hvp_wrt=["x"], in_axes=(0, None)),
     Case("nested-loops", nested(), ["x", "c"], hvp_wrt=["x", "c"], in_axes=(0, None)),
     Case("late-active-state", late_active(), ["w"], hvp_wrt=["w"], in_axes=(0,)),
+    Case("scan-rnn", scan_rnn(), ["h0", "xs", "zs", "W"], hvp_wrt=["W"], in_axes=(0, 0, 0)),
+    Case(
+        "scan-rnn-symbolic-length",
+        scan_rnn("T"),
+        ["h0", "xs", "zs", "W"],
+        gens={"xs": normal((T_STEPS + 1, 2, 3)), "zs": normal((2, T_STEPS + 1, 3))},
+        hvp_wrt=["W"],
+        in_axes=(0, 0, 0),
+    ),
 ]
 IDS = [c.id for c in CASES]
 
