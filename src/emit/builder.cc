@@ -177,8 +177,9 @@ void Builder::infer(onnx::NodeProto& node, const Vs& inputs, const Vs& outputs) 
   }
 }
 
-void Builder::finish(onnx::NodeProto& node, const Vs& inputs, const Vs& outputs) {
-  const bool linear = reads_tangent(inputs);
+void Builder::finish(onnx::NodeProto& node, const Vs& inputs, const Vs& outputs, const Vs* recorded) {
+  const Vs& reads = recorded ? *recorded : inputs;
+  const bool linear = reads_tangent(reads);
   if (linear && forbid_tangents_)
     throw std::logic_error("onnax internal error: a transpose rule read a tangent value while emitting " +
                            node.op_type());
@@ -194,7 +195,7 @@ void Builder::finish(onnx::NodeProto& node, const Vs& inputs, const Vs& outputs)
   if (inference_) infer(node, inputs, outputs);
   if (linear) propagate_witness(node, inputs, outputs);
   // (new_node made a tape-bound node on the tape's arena, outside the graph)
-  if (to_tape) tape_->push_back(TapeNode{NodePtr(&node), inputs, outputs, origin_});
+  if (to_tape) tape_->push_back(TapeNode{NodePtr(&node), reads, outputs, origin_});
 }
 
 void Builder::propagate_witness(const onnx::NodeProto& node, const Vs& inputs, const Vs& outputs) {
@@ -387,6 +388,29 @@ Vs Builder::emit(std::string_view type, const Vs& inputs, const Attrs& attrs, in
   }
   finish(*n, inputs, outs);
   return outs;
+}
+
+Vs Builder::op_reading(std::string_view type, const Vs& inputs, const Vs& reads, const Attrs& attrs, int num_outputs) {
+  Vs all = inputs;
+  for (V r : reads) all.push_back(r);
+  const bool for_tape = bound_for_tape(all);
+  auto* n = new_node(type, for_tape);
+  if (!for_tape) add_inputs(n, inputs);
+  for (const auto& a : attrs) *n->add_attribute() = a.proto;
+  Vs outs;
+  for (int i = 0; i < num_outputs; ++i) {
+    const std::string_view nm = for_tape ? std::string_view() : value_names_.fresh_view(name_base('_', type, true));
+    if (!for_tape) n->add_output(nm.data(), nm.size());
+    outs.push_back(add_value(nm, Facts{}));
+  }
+  finish(*n, inputs, outs, &all);
+  return outs;
+}
+
+std::string_view Builder::name_for_read(V v) {
+  Value& value = values_[static_cast<size_t>(v.id)];
+  if (value.name.empty()) value.name = value_names_.fresh_view(name_base('_', "read", false));
+  return value.name;
 }
 
 V Builder::op_named(std::string_view type, const Vs& inputs, const Attrs& attrs, const std::string& output_name) {

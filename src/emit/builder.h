@@ -143,6 +143,13 @@ class Builder {
   // emitted before is not emitted again: its outputs are returned.
   Vs op(std::string_view type, const Vs& inputs, const Attrs& attrs = {}, int num_outputs = 1);
   V op1(std::string_view type, const Vs& inputs, const Attrs& attrs = {}) { return op(type, inputs, attrs, 1)[0]; }
+  // Emits a node whose subgraphs read `reads` from this graph by name (If branches). They count
+  // as inputs where the tape is concerned: reading a tangent sends the node to the tape, whose
+  // record lists them after `inputs` (the transpose rule gets them as inputs). Never reused.
+  Vs op_reading(std::string_view type, const Vs& inputs, const Vs& reads, const Attrs& attrs, int num_outputs);
+  // The name a subgraph uses to read `v`: tape values are unnamed, so one gets a fresh name
+  // (it never appears in the result; the transpose rule maps it to a value that does).
+  std::string_view name_for_read(V v);
   // Emits a copy of `node` (type, domain, attributes) with new inputs; attributes in
   // `overrides` replace or add, names in `drop` are removed.
   // num_outputs >= 0 emits that many outputs instead of the node's own count.
@@ -222,7 +229,9 @@ class Builder {
   bool same_input_names(const onnx::NodeProto& node, const Vs& inputs) const;
   void add_inputs(onnx::NodeProto* node, const Vs& inputs) const;
   // Bookkeeping after a node is complete: tangent flags, inferred facts, tape routing.
-  void finish(onnx::NodeProto& node, const Vs& inputs, const Vs& outputs);
+  // `recorded` (default: `inputs`) is what the node reads, subgraph reads included: whether it
+  // is linear (bound for the tape) and what its tape record lists as inputs.
+  void finish(onnx::NodeProto& node, const Vs& inputs, const Vs& outputs, const Vs* recorded = nullptr);
   void infer(onnx::NodeProto& node, const Vs& inputs, const Vs& outputs);
   void propagate_witness(const onnx::NodeProto& node, const Vs& inputs, const Vs& outputs);
 

@@ -557,9 +557,253 @@ Vs scan_jvp(JvpCtx& c) {
   return t;
 }
 
+// ------------------------------------------------------------------------------------------
+// If: each branch is differentiated as a model of its own. The JVP If reads the tangents of the
+// values its branches read from this graph by name; in reverse mode those are tape values, so
+// they get names for the branches and go on the tape as the node's reads (op_reading), and the
+// transpose is an If whose branches are the vjps of the JVP branches.
+
+// Appends zeros shaped like `of` to `g`; returns their name.
+std::string append_zeros_like(onnx::GraphProto& g, const std::string& of, int32_t dtype, NameScope& scope) {
+  const std::string zero = scope.fresh(of + "_zero"), shape = scope.fresh(of + "_shape"),
+                    out = scope.fresh(of + "_zeros");
+  onnx::NodeProto k;
+  k.set_op_type("Constant");
+  k.add_output(zero);
+  auto* a = k.add_attribute();
+  a->set_name("value");
+  a->set_type(onnx::AttributeProto::TENSOR);
+  a->mutable_t()->set_data_type(dtype);
+  if (dtype == onnx::TensorProto::DOUBLE)
+    a->mutable_t()->add_double_data(0.0);
+  else
+    a->mutable_t()->add_float_data(0.0f);
+  *g.add_node() = std::move(k);
+  *g.add_node() = make_node("Shape", {of}, shape);
+  *g.add_node() = make_node("Expand", {zero, shape}, out);
+  return out;
+}
+
+// `name`, read from an enclosing scope, as a new output of `g` (through an Identity).
+void add_outer_output(onnx::GraphProto& g, const std::string& name, const onnx::ValueInfoProto& type_of,
+                      NameScope& scope) {
+  const std::string copy = scope.fresh(name + "_out");
+  *g.add_node() = make_node("Identity", {name}, copy);
+  onnx::ValueInfoProto vi = type_of;
+  vi.set_name(copy);
+  *g.add_output() = std::move(vi);
+}
+
+Vs if_jvp(JvpCtx& c) {
+  Builder& b = c.b;
+  const onnx::NodeProto& node = c.node;
+  const onnx::GraphProto* branches[2] = {subgraph(node, "then_branch"), subgraph(node, "else_branch")};
+  const int n_out = node.output_size();
+  if (!branches[0] || !branches[1] || branches[0]->output_size() != n_out || branches[1]->output_size() != n_out)
+    c.unsupported("its branches do not match its outputs", "check the model with onnx.checker");
+  std::unordered_set<std::string> active;
+  std::unordered_map<std::string, const JvpCtx::Captured*> by_name;
+  for (const auto& cap : c.captured) {
+    by_name.emplace(cap.name, &cap);
+    if (cap.t.valid()) active.insert(cap.name);
+  }
+  if (active.empty()) return Vs(static_cast<size_t>(n_out), V{});
+  std::vector<char> out_active(static_cast<size_t>(n_out), 0);
+  for (const auto* br : branches) {
+    const auto dep = outputs_depending_on(*br, active);
+    for (int j = 0; j < n_out; ++j) {
+      const int32_t dt = c.y(j).valid() ? b.facts(c.y(j)).dtype : 0;
+      if (dep[static_cast<size_t>(j)] && maybe_differentiable(dt)) out_active[static_cast<size_t>(j)] = 1;
+    }
+  }
+  std::vector<int> outs_active;
+  for (int j = 0; j < n_out; ++j)
+    if (out_active[static_cast<size_t>(j)]) outs_active.push_back(j);
+  if (outs_active.empty()) return Vs(static_cast<size_t>(n_out), V{});
+
+  NameScope& scope = b.value_scope();
+  Vs reads;  // the captured values, then the tangents the branches read
+  for (const auto& cap : c.captured) reads.push_back(cap.x);
+  std::unordered_map<std::string, std::string> tangent_name;  // captured name -> its tangent's name
+  for (const auto& cap : c.captured)
+    if (cap.t.valid()) {
+      tangent_name[cap.name] = std::string(b.name_for_read(cap.t));
+      reads.push_back(cap.t);
+    }
+  Attrs attrs;
+  const char* attr_names[2] = {"then_branch", "else_branch"};
+  for (int bi = 0; bi < 2; ++bi) {
+    const onnx::GraphProto& br = *branches[bi];
+    const auto outer = graph_outer_reads(br);
+    std::vector<std::pair<std::string, Facts>> extra;
+    Selection sel;
+    sel.inputs.emplace();
+    for (const auto& r : outer) {
+      auto it = by_name.find(r);
+      if (it == by_name.end())
+        c.unsupported("its branch reads '" + r + "', which is not defined before it",
+                      "check the model with onnx.checker");
+      extra.emplace_back(r, b.facts(it->second->x));
+      if (it->second->t.valid()) sel.inputs->push_back(r);
+    }
+    onnx::GraphProto g;
+    std::vector<std::string> tangent_outs;  // per active output
+    if (sel.inputs->empty()) {
+      g = br;
+      for (int j : outs_active) {
+        const int32_t dt = b.facts(c.y(j)).dtype;
+        tangent_outs.push_back(append_zeros_like(g, br.output(j).name(), dt ? dt : onnx::TensorProto::FLOAT, scope));
+      }
+    } else {
+      Distinct outs;
+      std::vector<size_t> index;
+      for (int j : outs_active) index.push_back(outs.add(br.output(j).name()));
+      sel.outputs = outs.names;
+      g = derive_body(true, standalone_model(br, {}, extra, b.opsets()), sel, node);
+      // g: inputs [reads, tangents of the selected]; outputs [branch outputs, tangents].
+      const int n_reads = static_cast<int>(outer.size());
+      for (size_t i = 0; i < sel.inputs->size(); ++i)
+        rename_reads(g, g.input(n_reads + static_cast<int>(i)).name(), tangent_name.at((*sel.inputs)[i]));
+      for (size_t a = 0; a < outs_active.size(); ++a)
+        tangent_outs.push_back(g.output(n_out + static_cast<int>(index[a])).name());
+      g.clear_input();
+    }
+    const onnx::GraphProto derived = g;
+    g.clear_output();
+    for (int j = 0; j < n_out; ++j) *g.add_output() = br.output(j);
+    for (size_t a = 0; a < outs_active.size(); ++a) {
+      const onnx::ValueInfoProto* info = find_value_info(derived, tangent_outs[a]);
+      add_output(g, tangent_outs[a], info ? *info : br.output(outs_active[a]), scope);
+    }
+    rename_definitions(g, scope, b.node_scope());
+    attrs.push_back(graph_attr(attr_names[bi], std::move(g)));
+  }
+  Vs res = b.op_reading("If", {c.x(0)}, reads, attrs, n_out + static_cast<int>(outs_active.size()));
+  Vs tangents(static_cast<size_t>(n_out), V{});
+  for (size_t a = 0; a < outs_active.size(); ++a) {
+    const int j = outs_active[a];
+    V t = res[static_cast<size_t>(n_out) + a];
+    if (c.y(j).valid()) {
+      b.set_facts(t, b.facts(c.y(j)));
+      b.set_witness(t, c.y(j));
+    }
+    tangents[static_cast<size_t>(j)] = t;
+  }
+  return tangents;
+}
+
+Vs if_transpose(TransposeCtx& c) {
+  Builder& b = c.b;
+  const onnx::GraphProto* branches[2] = {subgraph(c.node, "then_branch"), subgraph(c.node, "else_branch")};
+  if (!branches[0] || !branches[1] || c.linear(0))
+    c.unsupported("only the Ifs jvp writes can be transposed", "differentiate the model that contains the original If");
+  const int n_out = static_cast<int>(c.outs.size());
+  NameScope& scope = b.value_scope();
+  std::unordered_map<std::string, int> read_index;  // name -> position in c.ins
+  for (int i = 1; i < static_cast<int>(c.ins.size()); ++i) read_index.emplace(std::string(b.name(c.in(i))), i);
+  std::vector<int> lin_reads;
+  for (int i = 1; i < static_cast<int>(c.ins.size()); ++i)
+    if (c.linear(i)) lin_reads.push_back(i);
+  Vs res(c.ins.size(), V{});
+  bool any_ct = false;
+  for (int j = 0; j < n_out; ++j) any_ct = any_ct || c.ct(j).valid();
+  if (!any_ct || lin_reads.empty()) return res;
+  // Zeros for a tangent a branch does not read, made before the If from its primal twin.
+  std::unordered_map<int, std::string> zeros;
+  auto zeros_for = [&](int i) -> const std::string& {
+    auto it = zeros.find(i);
+    if (it != zeros.end()) return it->second;
+    const V w = b.witness(c.in(i));
+    if (!w.valid()) c.unsupported("the shape of a tangent the If reads is unknown");
+    return zeros.emplace(i, std::string(b.name(zeros_like(b, w)))).first->second;
+  };
+  Attrs attrs;
+  const char* attr_names[2] = {"then_branch", "else_branch"};
+  for (int bi = 0; bi < 2; ++bi) {
+    const onnx::GraphProto& br = *branches[bi];
+    const auto outer = graph_outer_reads(br);
+    std::vector<std::pair<std::string, Facts>> extra;
+    Selection sel;
+    sel.inputs.emplace();
+    std::vector<int> selected;  // positions in c.ins of the selected tangents
+    for (const auto& r : outer) {
+      auto it = read_index.find(r);
+      if (it == read_index.end())
+        c.unsupported("its branch reads '" + r + "', which it does not list",
+                      "differentiate the model that contains the original If");
+      extra.emplace_back(r, b.facts(c.in(it->second)));
+      if (c.linear(it->second)) {
+        sel.inputs->push_back(r);
+        selected.push_back(it->second);
+      }
+    }
+    Distinct outs;
+    std::vector<std::vector<int>> positions;
+    for (int j = 0; j < n_out; ++j)
+      if (c.ct(j).valid()) {
+        const size_t u = outs.add(br.output(j).name());
+        if (u == positions.size()) positions.emplace_back();
+        positions[u].push_back(j);
+      }
+    onnx::GraphProto g;
+    std::unordered_map<int, std::string> ct_out;  // position in c.ins -> output name in g
+    if (!sel.inputs->empty()) {
+      sel.outputs = outs.names;
+      g = derive_body(false, standalone_model(br, {}, extra, b.opsets()), sel, c.node);
+      // g: inputs [reads, cotangents of the selected outputs]; outputs [branch outputs,
+      // cotangents of the selected tangents].
+      const int n_reads = static_cast<int>(outer.size());
+      for (size_t u = 0; u < outs.names.size(); ++u) {
+        V sum;
+        for (int j : positions[u]) sum = b.add(sum, c.ct(j));
+        rename_reads(g, g.input(n_reads + static_cast<int>(u)).name(), std::string(b.name(sum)));
+      }
+      for (size_t i = 0; i < selected.size(); ++i) ct_out[selected[i]] = g.output(n_out + static_cast<int>(i)).name();
+      onnx::GraphProto kept;
+      for (size_t i = 0; i < selected.size(); ++i) *kept.add_output() = g.output(n_out + static_cast<int>(i));
+      g.mutable_output()->Swap(kept.mutable_output());
+      prune(g);
+      // A linear map's transpose needs its input's shape at most: read it from the primal twin.
+      for (size_t i = 0; i < selected.size(); ++i) {
+        const std::string& tname = (*sel.inputs)[i];
+        const V w = b.witness(c.in(selected[i]));
+        bool read = false;
+        for (const auto& r : graph_outer_reads(g)) read = read || r == tname;
+        if (!read) continue;
+        if (!w.valid()) c.unsupported("the transpose of a branch reads the shape of a tangent with no primal twin");
+        rename_reads(g, tname, std::string(b.name(w)));
+      }
+      g.clear_input();
+    }
+    const onnx::GraphProto derived = g;
+    g.clear_output();
+    g.set_name(br.name());
+    for (int i : lin_reads) {
+      auto it = ct_out.find(i);
+      const onnx::ValueInfoProto type_of = typed_value_info("", b.facts(c.in(i)), true);
+      if (it != ct_out.end()) {
+        const onnx::ValueInfoProto* info = find_value_info(derived, it->second);
+        add_output(g, it->second, info ? *info : type_of, scope);
+      } else {
+        add_outer_output(g, zeros_for(i), type_of, scope);
+      }
+    }
+    rename_definitions(g, scope, b.node_scope());
+    attrs.push_back(graph_attr(attr_names[bi], std::move(g)));
+  }
+  Vs r = b.op("If", {c.in(0)}, attrs, static_cast<int>(lin_reads.size()));
+  for (size_t a = 0; a < lin_reads.size(); ++a) {
+    b.set_facts(r[a], b.facts(c.in(lin_reads[a])));
+    res[static_cast<size_t>(lin_reads[a])] = r[a];
+  }
+  return res;
+}
+
 }  // namespace
 
 void register_control_flow_derivatives(DerivativeRules& r) {
+  r.jvp("If", if_jvp);
+  r.transpose("If", if_transpose);
   r.jvp("Loop", loop_jvp);
   r.transpose("Loop", loop_transpose);
   r.jvp("Scan", scan_jvp);

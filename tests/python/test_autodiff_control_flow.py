@@ -29,6 +29,7 @@ from ad_oracle import (
     check_jvp,
     check_per_example_grad,
     check_vjp_dot,
+    fixed,
     make_ad_model,
     normal,
     scalarize,
@@ -304,6 +305,71 @@ def scan_rnn(steps: int | str = T_STEPS) -> onnx.ModelProto:
     )
 
 
+def branching(then_reads_w: bool = True) -> onnx.ModelProto:
+    """y = If(p, then: x * sin(w) (or x * x), else: exp(x) + w); loss = sum(y * y)."""
+    then_nodes = (
+        [helper.make_node("Sin", ["w"], ["sw"]), helper.make_node("Mul", ["x", "sw"], ["ty"])]
+        if then_reads_w
+        else [helper.make_node("Mul", ["x", "x"], ["ty"])]
+    )
+    else_nodes = [helper.make_node("Exp", ["x"], ["ex"]), helper.make_node("Add", ["ex", "w"], ["ey"])]
+    g = [
+        helper.make_node(
+            "If",
+            ["p"],
+            ["y"],
+            then_branch=body(then_nodes, [], [vi("ty", D, [3])]),
+            else_branch=body(else_nodes, [], [vi("ey", D, [3])]),
+        ),
+        helper.make_node("Mul", ["y", "y"], ["sq"]),
+        *loss_of("sq"),
+    ]
+    return make_ad_model(g, [("p", B, []), ("x", D, [3]), ("w", D, [3])], [("loss", D, []), "y"])
+
+
+def branch_in_loop() -> onnx.ModelProto:
+    """A loop of 4 whose body branches on the iteration's parity: even steps h <- tanh(h * w),
+    odd steps h <- h + sin(h) * w."""
+    even = body(
+        [helper.make_node("Mul", ["h_in", "w"], ["hw"]), helper.make_node("Tanh", ["hw"], ["e_out"])],
+        [],
+        [vi("e_out", D, [3])],
+    )
+    odd = body(
+        [
+            helper.make_node("Sin", ["h_in"], ["sh"]),
+            helper.make_node("Mul", ["sh", "w"], ["shw"]),
+            helper.make_node("Add", ["h_in", "shw"], ["o_out"]),
+        ],
+        [],
+        [vi("o_out", D, [3])],
+    )
+    nodes = [
+        const("two", 2, I64),
+        const("zero", 0, I64),
+        helper.make_node("Mod", ["it", "two"], ["parity"]),
+        helper.make_node("Equal", ["parity", "zero"], ["is_even"]),
+        helper.make_node("If", ["is_even"], ["h_out"], then_branch=even, else_branch=odd),
+        helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+    ]
+    g = [
+        const("M", T_STEPS, I64),
+        const("c0", True, B),
+        helper.make_node(
+            "Loop",
+            ["M", "c0", "h0"],
+            ["hT"],
+            body=body(
+                nodes,
+                [vi("it", I64, []), vi("cond_in", B, []), vi("h_in", D, [3])],
+                [vi("cond_out", B, []), vi("h_out", D, [3])],
+            ),
+        ),
+        *loss_of("hT"),
+    ]
+    return make_ad_model(g, [("h0", D, [3]), ("w", D, [3])], [("loss", D, []), "hT"])
+
+
 @dataclass
 class Case:
     id: str
@@ -328,6 +394,17 @@ CASES = [
     Case("zero-trips", zero_trips(), ["x", "w"], hvp_wrt=["x"], in_axes=(0, None)),
     Case("nested-loops", nested(), ["x", "c"], hvp_wrt=["x", "c"], in_axes=(0, None)),
     Case("late-active-state", late_active(), ["w"], hvp_wrt=["w"], in_axes=(0,)),
+    Case("if-then", branching(), ["x", "w"], {"p": fixed(True)}, hvp_wrt=["x", "w"], in_axes=(None, 0, None)),
+    Case("if-else", branching(), ["x", "w"], {"p": fixed(False)}, hvp_wrt=["w"], in_axes=(None, 0, None)),
+    Case(
+        "if-branch-reads-no-w",
+        branching(then_reads_w=False),
+        ["x", "w"],
+        {"p": fixed(True)},
+        hvp_wrt=["w"],
+        in_axes=(None, 0, 0),
+    ),
+    Case("if-in-loop", branch_in_loop(), ["h0", "w"], hvp_wrt=["h0", "w"], in_axes=(0, None)),
     Case("scan-rnn", scan_rnn(), ["h0", "xs", "zs", "W"], hvp_wrt=["W"], in_axes=(0, 0, 0)),
     Case(
         "scan-rnn-symbolic-length",
