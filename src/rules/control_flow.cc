@@ -41,21 +41,31 @@ Attr graph_attr(const char* name, onnx::GraphProto g) {
   return a;
 }
 
+// "Loop 'name'" or "Loop producing 'output'" (a node differentiated as another, as a Scan is as
+// a Loop, keeps its own op type in doc_string).
 std::string node_label(const onnx::NodeProto& node) {
-  return node.op_type() + " " +
-         (node.name().empty() ? "producing '" + (node.output_size() ? node.output(0) : std::string()) + "'"
-                              : "'" + node.name() + "'");
+  std::string produced;
+  for (const auto& o : node.output())
+    if (produced.empty()) produced = o;
+  const std::string& type = node.doc_string().empty() ? node.op_type() : node.doc_string();
+  return type + " " + (node.name().empty() ? "producing '" + produced + "'" : "'" + node.name() + "'");
 }
 
 // jvp or vjp of a body as a model of its own; failures name the node whose body it is.
+// (`where` names the node whose body it is.)
 onnx::GraphProto derive_body(bool forward, onnx::ModelProto model, const Selection& selection,
-                             const onnx::NodeProto& node) {
+                             const std::string& where) {
   try {
     onnx::ModelProto r = forward ? jvp(std::move(model), selection) : vjp(std::move(model), selection);
     return std::move(*r.mutable_graph());
   } catch (const Error& e) {
-    diag::fail(e.kind(), "in the body of " + node_label(node) + ": " + e.what());
+    diag::fail(e.kind(), "in the body of " + where + ": " + e.what());
   }
+}
+
+// A tape node has no names: transposes name the tangent it computed.
+std::string tape_label(const TransposeCtx& c) {
+  return "the " + c.node.op_type() + " emitted for the tangent '" + std::string(c.origin) + "'";
 }
 
 // The distinct names in `names`, and for each name its position in that list.
@@ -152,7 +162,8 @@ Vs loop_jvp(JvpCtx& c) {
   for (int j = 0; j < k_scan; ++j)
     if (sact[static_cast<size_t>(j)]) scan_out[static_cast<size_t>(j)] = outs.add(body->output(1 + n + j).name());
   sel.outputs = outs.names;
-  onnx::GraphProto g = derive_body(true, standalone_model(*body, input_facts, extra, b.opsets()), sel, node);
+  onnx::GraphProto g =
+      derive_body(true, standalone_model(*body, input_facts, extra, b.opsets()), sel, node_label(node));
 
   // g: inputs [iter, cond, state, captured, tangents of the selected inputs]; outputs [cond,
   // state, scan outputs, tangents of the selected outputs]. The JVP body carries the captured
@@ -339,7 +350,7 @@ Vs loop_transpose(TransposeCtx& c) {
   for (int j = 0; j < k_scan; ++j)
     if (c.ct(n + j).valid()) scan_out[static_cast<size_t>(j)] = outs.add(body->output(1 + n + j).name());
   sel.outputs = outs.names;
-  onnx::GraphProto g = derive_body(false, standalone_model(*body, input_facts, {}, b.opsets()), sel, c.node);
+  onnx::GraphProto g = derive_body(false, standalone_model(*body, input_facts, {}, b.opsets()), sel, tape_label(c));
   // g: inputs [iter, cond, state, cotangents of the selected outputs]; outputs [cond, state,
   // scan outputs, cotangents of the tangent state]. Keep the cotangents only.
   {
@@ -504,6 +515,7 @@ Vs scan_jvp(JvpCtx& c) {
   onnx::NodeProto loop;
   loop.set_op_type("Loop");
   loop.set_name(node.name());
+  loop.set_doc_string(node.op_type());  // (diagnostics name the Scan)
   *loop.add_attribute() = graph_attr("body", std::move(lb)).proto;
   loop.add_input();
   loop.add_input();
@@ -659,7 +671,7 @@ Vs if_jvp(JvpCtx& c) {
       std::vector<size_t> index;
       for (int j : outs_active) index.push_back(outs.add(br.output(j).name()));
       sel.outputs = outs.names;
-      g = derive_body(true, standalone_model(br, {}, extra, b.opsets()), sel, node);
+      g = derive_body(true, standalone_model(br, {}, extra, b.opsets()), sel, node_label(node));
       // g: inputs [reads, tangents of the selected]; outputs [branch outputs, tangents].
       const int n_reads = static_cast<int>(outer.size());
       for (size_t i = 0; i < sel.inputs->size(); ++i)
@@ -749,7 +761,7 @@ Vs if_transpose(TransposeCtx& c) {
     std::unordered_map<int, std::string> ct_out;  // position in c.ins -> output name in g
     if (!sel.inputs->empty()) {
       sel.outputs = outs.names;
-      g = derive_body(false, standalone_model(br, {}, extra, b.opsets()), sel, c.node);
+      g = derive_body(false, standalone_model(br, {}, extra, b.opsets()), sel, tape_label(c));
       // g: inputs [reads, cotangents of the selected outputs]; outputs [branch outputs,
       // cotangents of the selected tangents].
       const int n_reads = static_cast<int>(outer.size());

@@ -82,13 +82,17 @@ Resolved resolve(const Prepared& p, Mode mode, const Selection& sel) {
   } else {
     r.inputs = float_runtime;
   }
+  if (r.inputs.empty() && sel.inputs)
+    diag::fail(Error::Kind::kSelection, m + ": inputs=[] selects nothing to differentiate with respect to. Fix: " +
+                                            "select at least one of the float inputs " + quoted_names(float_runtime) +
+                                            " or initializers " + quoted_names(float_inits) +
+                                            ", or leave inputs unset for the float inputs");
   if (r.inputs.empty())
     diag::fail(Error::Kind::kSelection,
-               m +
-                   ": no input to differentiate with respect to: the model has no float32/"
-                   "float64 runtime inputs " +
-                   quoted_names(runtime) +
-                   ". Fix: select initializers explicitly, e.g. inputs=" + quoted_names(float_inits));
+               m + ": no input to differentiate with respect to: the model has no float32/float64 runtime inputs " +
+                   "(inputs: " + quoted_names(runtime) + "). Fix: " +
+                   (float_inits.empty() ? std::string("add a float32/float64 input")
+                                        : "select initializers explicitly, e.g. inputs=" + quoted_names(float_inits)));
   if (sel.outputs) {
     std::set<std::string> seen;
     for (const auto& name : *sel.outputs) {
@@ -115,6 +119,10 @@ Resolved resolve(const Prepared& p, Mode mode, const Selection& sel) {
         if (std::find(float_outputs.begin(), float_outputs.end(), n) != float_outputs.end()) r.outputs.push_back(n);
     if (r.outputs.empty()) r.outputs = float_outputs;
   }
+  if (r.outputs.empty() && sel.outputs)
+    diag::fail(Error::Kind::kSelection, m + ": outputs=[] selects nothing to differentiate. Fix: select at least " +
+                                            "one of the float outputs " + quoted_names(float_outputs) +
+                                            ", or leave outputs unset for all of them");
   if (r.outputs.empty())
     diag::fail(Error::Kind::kSelection, m + ": the model has no float32/float64 output to differentiate; outputs: " +
                                             quoted_names(outputs) + ". Fix: add a float output");
@@ -309,11 +317,8 @@ void differentiate(Prepared& p, Mode mode, const Selection& sel) {
                                 " (opset " + std::to_string(p.opset) + ") at " + where;
       std::string why = node.op_type().rfind("Random", 0) == 0 || node.op_type() == "Bernoulli"
                             ? "random operators have no derivative"
-                        : node.attribute_size() && !outer_scope_reads(node).empty()
-                            ? "control flow is not differentiable yet"
-                        : node.op_type() == "If" || node.op_type() == "Loop" || node.op_type() == "Scan"
-                            ? "control flow is not differentiable yet"
-                            : "no derivative rule for this operator yet";
+                        : has_subgraphs(node) ? "no derivative rule for this operator (with subgraphs) yet"
+                                              : "no derivative rule for this operator yet";
       diag::fail(Error::Kind::kUnsupported,
                  m + ": cannot differentiate " + label + ": " + why + "; it lies on the path from input '" +
                      std::string(p.value_names.name(from)) + "' to the selected outputs " + quoted_names(r.outputs) +

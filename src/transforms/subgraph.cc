@@ -64,9 +64,17 @@ onnx::ModelProto standalone_model(const onnx::GraphProto& body, const std::vecto
   g.set_name(body.name().empty() ? "body" : body.name());
   for (int i = 0; i < g.input_size(); ++i) {
     auto* vi = g.mutable_input(i);
-    const bool typed = vi->has_type() && vi->type().has_tensor_type() && vi->type().tensor_type().elem_type() != 0;
-    if (!typed && static_cast<size_t>(i) < input_facts.size() && input_facts[static_cast<size_t>(i)])
-      *vi = typed_value_info(vi->name(), *input_facts[static_cast<size_t>(i)], true);
+    // A type with a rank is kept; otherwise the enclosing graph's facts give the element type
+    // and rank (reverse mode needs ranks to undo broadcasting).
+    const bool ranked = vi->has_type() && vi->type().has_tensor_type() && vi->type().tensor_type().elem_type() != 0 &&
+                        vi->type().tensor_type().has_shape();
+    const Facts* outer = static_cast<size_t>(i) < input_facts.size() ? input_facts[static_cast<size_t>(i)] : nullptr;
+    if (!ranked && outer && (outer->dtype || outer->has_shape)) {
+      Facts f = *outer;
+      if (vi->has_type() && vi->type().has_tensor_type() && vi->type().tensor_type().elem_type() != 0)
+        f.dtype = vi->type().tensor_type().elem_type();
+      *vi = typed_value_info(vi->name(), f, true);
+    }
   }
   for (const auto& [name, facts] : extra_inputs) *g.add_input() = typed_value_info(name, facts);
   return m;

@@ -366,6 +366,17 @@ def test_duplicate_selection() -> None:
     assert "'x'" in msg
 
 
+@pytest.mark.parametrize("mode", ["jvp", "vjp"])
+def test_empty_selection_lists_the_choices(mode: str) -> None:
+    # An explicit empty list is a selection of nothing, not "no float inputs in the model".
+    msg = ad_error(getattr(onnax, mode), two_output_model(), inputs=[])
+    _assert_fix(msg, mode)
+    assert "inputs=[] selects nothing" in msg and "'x'" in msg, msg
+    msg = ad_error(getattr(onnax, mode), two_output_model(), outputs=[])
+    _assert_fix(msg, mode)
+    assert "outputs=[] selects nothing" in msg and "'s'" in msg, msg
+
+
 def test_string_instead_of_sequence_is_a_type_error() -> None:
     with pytest.raises(TypeError):
         onnax.jvp(two_output_model(), inputs="x")
