@@ -175,6 +175,11 @@ void Builder::infer(onnx::NodeProto& node, const Vs& inputs, const Vs& outputs) 
   } catch (const std::exception&) {
     // Facts stay unknown; rules that need them report it.
   }
+  // Data propagation records what it learns by output name: a stand-in's entry would make the
+  // next tape node's inference fail ("data for input already exists") and mean nothing after.
+  if (named)
+    for (const auto& o : named->output())
+      if (!o.empty()) inf.generated.erase(o);
 }
 
 void Builder::finish(onnx::NodeProto& node, const Vs& inputs, const Vs& outputs, const Vs* recorded) {

@@ -619,6 +619,21 @@ add(
 # --------------------------------------------------------------------------------------------
 # Gather / Scatter
 
+# OneHot's JVP gathers both entries of the values' tangent: two tape Gathers in a row, whose
+# inference once failed on the second (data propagation left an entry under a stand-in name)
+# and left reverse mode without ranks. depth is a run-time input, so ONNX cannot size axis 1.
+add(
+    "OneHot-runtime-depth-values",
+    build(
+        [node("OneHot", ["i", "depth", "values"], ["y"], axis=1)],
+        [In("values", (2,)), In("depth", (), TensorProto.INT64)],
+        [("y", D, [2, 5, 3])],
+        inits={"i": i64([[1, 4, 0], [2, -1, 3]])},
+    ),
+    {"depth": fixed(np.array(5, dtype=np.int64))},
+    inputs=["values"],
+)
+
 add(
     "Gather-axis0-repeats",
     build([node("Gather", ["x", "i"], ["y"], axis=0)], [In("x", (3, 4))], inits={"i": i64([2, 0, 2, -1])}),
