@@ -21,11 +21,10 @@ F = TensorProto.FLOAT
 # Ops that never need a rule of their own in generated graphs: constants and shape-only
 # integer computations that no batched or active value flows into are copied unchanged.
 NEEDS_NO_RULE = {"Constant"}
-# vmap maps any op with an ONNX schema by a per-example Scan, so Scan (which vmap emits for
-# Conv with per-example weights) is batchable; it has no JVP rule yet, so jvp of such a
-# graph is a known gap (the transform raises a diagnostic naming Scan).
-BATCHABLE_BY_FALLBACK = {"Scan"}
-KNOWN_GAPS = {"vmap(grad): Scan has no JVP rule (nor a zero-derivative entry)"}
+# vmap maps any op with an ONNX schema by a per-example Scan or Loop, so those (which vmap
+# emits, and reverse mode emits for loops) are batchable without a rule of their own.
+BATCHABLE_BY_FALLBACK = {"Scan", "Loop", "If"}
+KNOWN_GAPS: set[str] = set()
 
 
 def _model(nodes, inputs, outputs, inits=(), opset=18, value_info=()):
@@ -49,7 +48,40 @@ def _loss(out):
     return [helper.make_node("ReduceSumSquare", [out], ["loss"], keepdims=0)]
 
 
+def _recurrence() -> list[onnx.NodeProto]:
+    """h <- tanh(h @ w) three times from h = x, in a Loop reading w from the graph; each step
+    also emits h * h as a scan output."""
+    body = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["h_in", "w"], ["hw"]),
+            helper.make_node("Tanh", ["hw"], ["h_out"]),
+            helper.make_node("Mul", ["h_out", "h_out"], ["sq"]),
+            helper.make_node("Identity", ["c_in"], ["c_out"]),
+        ],
+        "body",
+        [
+            helper.make_tensor_value_info("it", TensorProto.INT64, []),
+            helper.make_tensor_value_info("c_in", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("h_in", F, [2, 4]),
+        ],
+        [
+            helper.make_tensor_value_info("c_out", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("h_out", F, [2, 4]),
+            helper.make_tensor_value_info("sq", F, [2, 4]),
+        ],
+    )
+    return [
+        helper.make_node("Constant", [], ["m"], value=numpy_helper.from_array(np.array(3, np.int64))),
+        helper.make_node("Constant", [], ["t"], value=numpy_helper.from_array(np.array(True))),
+        helper.make_node("Loop", ["m", "t", "x"], ["hT", "sqs"], body=body),
+        helper.make_node("ReduceSum", ["sqs"], ["s"], keepdims=0),
+        helper.make_node("ReduceSumSquare", ["hT"], ["r"], keepdims=0),
+        helper.make_node("Add", ["s", "r"], ["loss"]),
+    ]
+
+
 CORPUS = {
+    "loop": _model(_recurrence(), [("x", [2, 4])], [("loss", [])], [_w("w", (4, 4))]),
     "mlp": _model(
         [
             helper.make_node("MatMul", ["x", "w1"], ["h"]),
