@@ -95,6 +95,13 @@ bool maybe_differentiable(int32_t dtype) {
 // ------------------------------------------------------------------------------------------
 // Loop
 
+// The element type of loop-carried value k: its initial value's, else the body's declaration.
+int32_t state_dtype(const JvpCtx& c, const onnx::GraphProto& body, int k) {
+  if (const int32_t dt = c.b.facts(c.x(2 + k)).dtype) return dt;
+  const auto& t = body.input(2 + k).type();
+  return t.has_tensor_type() ? t.tensor_type().elem_type() : 0;
+}
+
 Vs loop_jvp(JvpCtx& c) {
   Builder& b = c.b;
   const onnx::NodeProto& node = c.node;
@@ -120,12 +127,18 @@ Vs loop_jvp(JvpCtx& c) {
     for (int k = 0; k < n; ++k)
       if (act[static_cast<size_t>(k)]) live.insert(body->input(2 + k).name());
     dep = outputs_depending_on(*body, live);
-    for (int k = 0; k < n; ++k)
-      if (!act[static_cast<size_t>(k)] && dep[static_cast<size_t>(1 + k)] &&
-          differentiable_dtype(b.facts(c.x(2 + k)).dtype)) {
-        act[static_cast<size_t>(k)] = 1;
-        changed = true;
-      }
+    for (int k = 0; k < n; ++k) {
+      if (act[static_cast<size_t>(k)] || !dep[static_cast<size_t>(1 + k)]) continue;
+      const int32_t dt = state_dtype(c, *body, k);
+      if (dt == 0)
+        c.unsupported("the element type of loop-carried value " + std::to_string(k) + " ('" + node.input(2 + k) +
+                          "') is unknown, and it depends on a differentiated value",
+                      "declare the type of '" + node.input(2 + k) + "' or of the body's input '" +
+                          body->input(2 + k).name() + "'");
+      if (!differentiable_dtype(dt)) continue;
+      act[static_cast<size_t>(k)] = 1;
+      changed = true;
+    }
   }
   auto scan_dtype = [&](int j) {
     const auto& t = body->output(1 + n + j).type();
@@ -202,7 +215,7 @@ Vs loop_jvp(JvpCtx& c) {
     V t = c.t(2 + k);
     if (!t.valid()) {
       // A state that becomes active inside the loop starts from a zero tangent.
-      t = zeros_like(b, c.x(2 + k));
+      t = b.expand(b.scalar(0.0, state_dtype(c, *body, k)), b.shape_of(c.x(2 + k)));
       b.mark_tangent(t);
       b.set_witness(t, c.x(2 + k));
     }
@@ -453,6 +466,13 @@ std::vector<int64_t> ints_attr(const onnx::NodeProto& node, const char* name, si
   return v;
 }
 
+// Adds `cap` unless a value of that name is captured already (a body may also read a scan input).
+void add_captured(std::vector<JvpCtx::Captured>& captured, JvpCtx::Captured cap) {
+  for (const auto& k : captured)
+    if (k.name == cap.name) return;
+  captured.push_back(std::move(cap));
+}
+
 Vs scan_jvp(JvpCtx& c) {
   Builder& b = c.b;
   const onnx::NodeProto& node = c.node;
@@ -503,9 +523,9 @@ Vs scan_jvp(JvpCtx& c) {
     a->set_type(onnx::AttributeProto::INT);
     a->set_i(axis);
     *lb.add_node() = std::move(g);
-    captured.push_back(JvpCtx::Captured{x, c.x(n + j), c.t(n + j)});
+    add_captured(captured, JvpCtx::Captured{x, c.x(n + j), c.t(n + j)});
   }
-  if (any_backward) captured.push_back(JvpCtx::Captured{std::string(b.name(last)), last, V{}});
+  if (any_backward) add_captured(captured, JvpCtx::Captured{std::string(b.name(last)), last, V{}});
   for (const auto& nd : body->node()) *lb.add_node() = nd;
   for (const auto& t : body->initializer()) *lb.add_initializer() = t;
   for (const auto& vi : body->value_info()) *lb.add_value_info() = vi;

@@ -80,3 +80,27 @@ def test_unknown_selection_lists_available_names(model_path: Path, tmp_path: Pat
     assert "'bias'" in result.stderr and "'x'" in result.stderr and "'weight'" in result.stderr
     assert "Fix:" in result.stderr
     assert not (tmp_path / "g.onnx").exists()
+
+
+def test_grad_through_a_loop_matches_jax(tmp_path: Path) -> None:
+    # The corpus GRU over jax.lax.scan (an ONNX Loop whose weights are loop-carried constants):
+    # `onnax grad` on the command line against jax.grad in float64.
+    root = Path(__file__).resolve().parents[2] / "conformance" / "corpus" / "models"
+    ref = np.load(root / "jax_gru_scan.npz")
+    params = ["const_2", "const_1", "const_0"]
+    out = tmp_path / "gru_grad.onnx"
+    result = run_cli(
+        "grad",
+        str(root / "jax_gru_scan.onnx"),
+        "-o",
+        str(out),
+        "--inputs",
+        ",".join(params),
+        "--output",
+        "loss",
+    )
+    assert result.returncode == 0, result.stderr
+    values = run_model(out, {k: ref[f"grad/feed/{k}"] for k in ("xs", "h0")})
+    assert list(values)[2:] == [f"{p}_grad" for p in params]
+    for i, p in enumerate(params):
+        np.testing.assert_allclose(values[f"{p}_grad"], ref[f"grad/out/{2 + i}"], rtol=1e-4, atol=1e-6)
