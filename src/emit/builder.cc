@@ -75,13 +75,9 @@ V Builder::add_value(std::string_view name, Facts facts) {
 void Builder::enable_inference(const std::unordered_map<std::string, int>& opsets) {
   inference_ = std::make_unique<Inference>();
   inference_->opsets = opsets;
+  opsets_ = opsets;
   auto def = opsets.find("");
   inference_->default_opset = def == opsets.end() ? 0 : def->second;
-}
-
-const std::unordered_map<std::string, int>& Builder::opsets() const {
-  static const std::unordered_map<std::string, int> kNone;
-  return inference_ ? inference_->opsets : kNone;
 }
 
 const Facts& Builder::facts(V v) const {

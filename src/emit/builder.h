@@ -101,8 +101,10 @@ class Builder {
   // The model's name scopes, for subgraphs built outside the builder and then emitted by it.
   NameScope& value_scope() { return value_names_; }
   NameScope& node_scope() { return node_names_; }
-  // The model's opset imports by domain ("" for ai.onnx); empty without enable_inference.
-  const std::unordered_map<std::string, int>& opsets() const;
+  // The model's opset imports by domain ("" for ai.onnx), for subgraphs made into models of
+  // their own (set_opsets or enable_inference gives them).
+  const std::unordered_map<std::string, int>& opsets() const { return opsets_; }
+  void set_opsets(std::unordered_map<std::string, int> opsets) { opsets_ = std::move(opsets); }
   onnx::NodeProto& last_node() { return *out_.mutable_node(out_.node_size() - 1); }
   // Names generated next derive from `base` (e.g. the source value being transformed).
   void set_origin(std::string_view base) { origin_ = base; }
@@ -290,6 +292,7 @@ class Builder {
   const int32_t* source_output_ids_ = nullptr;
   struct Inference;
   std::unique_ptr<Inference> inference_;
+  std::unordered_map<std::string, int> opsets_;
 };
 
 }  // namespace onnax

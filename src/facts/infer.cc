@@ -73,10 +73,9 @@ bool has_rank(const onnx::TypeProto& t) {
   return t.has_tensor_type() && t.tensor_type().has_shape();
 }
 
-// The shape of loop-carried state (Loop, Scan) whose body reads and writes it with the same
-// declared static shape. ONNX's inference leaves such outputs without a shape, since in general
-// state may change shape between iterations; reverse mode needs the rank of what it
-// differentiates.
+// The shape of loop-carried state (Loop, Scan) whose body reads and writes it with declared
+// shapes of the same rank (dims they disagree on are unknown). ONNX's inference leaves such outputs without a shape,
+// since in general state may change shape between iterations; reverse mode needs the rank of what it differentiates.
 void refine_state_shapes(const onnx::NodeProto& n, std::vector<Facts>& inferred) {
   const bool loop = n.op_type() == "Loop", scan = n.op_type() == "Scan";
   if (!(loop || scan) || !(n.domain().empty() || n.domain() == "ai.onnx")) return;
@@ -98,10 +97,11 @@ void refine_state_shapes(const onnx::NodeProto& n, std::vector<Facts>& inferred)
         !to.tensor_type().has_shape())
       continue;
     const Facts fi = facts_from_type(ti), fo = facts_from_type(to);
-    bool same = fi.has_shape && fo.has_shape && fi.dims.size() == fo.dims.size();
-    for (size_t d = 0; same && d < fi.dims.size(); ++d) same = fi.dims[d].same_as(fo.dims[d]);
-    if (!same) continue;
+    if (!fi.has_shape || !fo.has_shape || fi.dims.size() != fo.dims.size()) continue;
+    // Dims the two declarations agree on are known; others are unknown (the rank is certain).
     Facts f = fi;
+    for (size_t d = 0; d < fi.dims.size(); ++d)
+      if (!fi.dims[d].same_as(fo.dims[d])) f.dims[d] = Dim{};
     if (inferred[static_cast<size_t>(k)].dtype) f.dtype = inferred[static_cast<size_t>(k)].dtype;
     inferred[static_cast<size_t>(k)] = std::move(f);
   }

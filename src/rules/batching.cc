@@ -278,6 +278,7 @@ const BatchRules& BatchRules::instance() {
     register_nn_rules(r);
     register_attention_rules(r);
     register_refusals(r);
+    register_control_flow_rules(r);
     return r;
   }();
   return rules;

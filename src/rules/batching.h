@@ -33,6 +33,17 @@ class BatchCtx {
   // Set when the rule fell back to a per-example Scan (the driver reports it).
   bool used_scan = false;
   const onnx::OpSchema* schema = nullptr;  // the node's schema at the model's opset
+  // Every value the node's subgraphs read from enclosing scopes (batched or shared), with its
+  // per-example facts: the control-flow rules make bodies models of their own from them.
+  struct Read {
+    std::string name;
+    V v;
+    bool batched = false;
+    const Facts* facts = nullptr;
+  };
+  std::vector<Read> reads;
+  // The batch dimension (for the types of batched subgraph inputs).
+  Dim batch_dim;
 
   int num_inputs() const { return static_cast<int>(in.size()); }
   bool has(int i) const { return i < num_inputs() && in[i].valid(); }
@@ -103,6 +114,8 @@ void register_index_rules(BatchRules& r);
 void register_nn_rules(BatchRules& r);
 void register_attention_rules(BatchRules& r);
 void register_refusals(BatchRules& r);
+// Loop and If with a shared trip count and condition: their bodies batched by vmap itself.
+void register_control_flow_rules(BatchRules& r);
 
 // Refusals with the diagnostic contract's message, for ops no batch can represent.
 [[noreturn]] void refuse_ragged(BatchCtx& c);

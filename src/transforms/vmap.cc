@@ -156,6 +156,13 @@ void vmap_prepared(Prepared& p, const VmapOptions& opt) {
   out_graph.set_name(src_graph->name());
   out_graph.set_doc_string(src_graph->doc_string());
   Builder b(out_graph, p.value_names, p.node_names, p.opset);
+  {
+    std::unordered_map<std::string, int> opsets;
+    for (const auto& o : p.model->opset_import())
+      opsets[o.domain() == "ai.onnx" ? std::string() : o.domain()] = static_cast<int>(o.version());
+    opsets[""] = static_cast<int>(p.opset);
+    b.set_opsets(std::move(opsets));
+  }
   // What each source value became, indexed by its id in p.value_names: the nodes' value ids
   // come precomputed from prepare, so the loop below never hashes a name.
   std::vector<Mapped> env(static_cast<size_t>(p.value_names.size()));
@@ -281,11 +288,14 @@ void vmap_prepared(Prepared& p, const VmapOptions& opt) {
     }
     // Batched values that the node's subgraphs (If/Loop/Scan bodies) read from this scope.
     std::vector<std::pair<std::string, V>> captured;
+    std::vector<BatchCtx::Read> reads;
     if (has_subgraphs(node)) {
       std::set<std::string> seen;
       for (const auto& r : outer_scope_reads(node)) {
         const Mapped* m = mapped(r);
-        if (m && m->batched && seen.insert(r).second) captured.emplace_back(r, m->v);
+        if (!m || !seen.insert(r).second) continue;
+        if (m->batched) captured.emplace_back(r, m->v);
+        reads.push_back(BatchCtx::Read{r, m->v, m->batched, &src_facts(r)});
       }
     }
     if (!any_batched && captured.empty()) {
@@ -336,7 +346,9 @@ void vmap_prepared(Prepared& p, const VmapOptions& opt) {
     // Nodes with subgraphs that read batched values, and ops without a vectorized rule, are
     // batched by a per-example Scan.
     const BatchRule* rule = nullptr;
-    if (captured.empty()) {
+    // (Loop and If have rules that batch what their bodies capture.)
+    const bool captures_handled = node.op_type() == "Loop" || node.op_type() == "If";
+    if (captured.empty() || (captures_handled && domain.empty())) {
       auto [cached, added] = rule_of_schema.try_emplace(schema, nullptr);
       if (added) cached->second = rules.find(domain, node.op_type(), schema->since_version());
       rule = cached->second;
@@ -351,8 +363,10 @@ void vmap_prepared(Prepared& p, const VmapOptions& opt) {
                  std::move(spare.out_facts),
                  batch_size_fn,
                  std::move(captured),
-                 false};
-    ctx.schema = schema;
+                 false,
+                 schema,
+                 std::move(reads),
+                 batch_dim};
     for (int o = 0; o < node.output_size(); ++o) ctx.out_facts.push_back(&p.facts.at(output_ids[o]));
     for (int i = 0; i < node.input_size(); ++i) {
       const std::string& in = node.input(i);

@@ -108,9 +108,9 @@ g (float[2, 3] x) => (float[2] y) { y = ReduceMean<axes = [1], keepdims = 0>(x) 
   EXPECT_TRUE(found);
 }
 
-// A subgraph that reads a batched value is mapped by a per-example Scan whose body gives the
-// subgraph that example's slice under a new name.
-TEST(VmapStructure, ControlFlowCapturingBatchedValueRunsPerExample) {
+// An If whose condition is shared runs once for the batch: its branches are batched in place
+// and read the batched value itself.
+TEST(VmapStructure, IfWithSharedConditionIsBatchedInPlace) {
   auto m = parse(R"(
 <ir_version: 10, opset_import: ["" : 18]>
 g (float[3] x, bool c) => (float[3] y) {
@@ -122,18 +122,50 @@ g (float[3] x, bool c) => (float[3] y) {
   opt.in_axes_form = VmapOptions::InAxesForm::kPerInput;
   opt.in_axes = {Axis{0}, std::nullopt};
   auto out = vmap(m, opt);
+  const onnx::NodeProto* if_node = nullptr;
+  for (const auto& n : out.graph().node()) {
+    EXPECT_NE(n.op_type(), "Scan");
+    EXPECT_NE(n.op_type(), "Loop");
+    if (n.op_type() == "If") if_node = &n;
+  }
+  ASSERT_NE(if_node, nullptr);
+  EXPECT_EQ(if_node->input(0), "c");
+  for (const auto& a : if_node->attribute()) {
+    bool reads_x = false;
+    for (const auto& n : a.g().node())
+      for (const auto& i : n.input()) reads_x = reads_x || i == "x";
+    EXPECT_TRUE(reads_x) << a.name();
+  }
+}
+
+// With a batched condition, examples take different branches: a per-example Scan whose body
+// gives the subgraph that example's slice under a new name.
+TEST(VmapStructure, IfWithBatchedConditionRunsPerExample) {
+  auto m = parse(R"(
+<ir_version: 10, opset_import: ["" : 18]>
+g (float[3] x, bool c) => (float[3] y) {
+  y = If(c) <then_branch = t () => (float[3] a) { a = Relu(x) },
+             else_branch = e () => (float[3] b) { b = Neg(x) }>
+}
+)");
+  VmapOptions opt;
+  opt.in_axes_form = VmapOptions::InAxesForm::kPerInput;
+  opt.in_axes = {Axis{0}, Axis{0}};
+  auto out = vmap(m, opt);
   const onnx::NodeProto* scan = nullptr;
   for (const auto& n : out.graph().node())
     if (n.op_type() == "Scan") scan = &n;
   ASSERT_NE(scan, nullptr);
-  EXPECT_EQ(scan->input(0), "x");
   const auto& body = scan->attribute(0).g();
   ASSERT_EQ(body.node_size(), 1);
   const auto& if_node = body.node(0);
   EXPECT_EQ(if_node.op_type(), "If");
-  const std::string slice = body.input(0).name();
-  EXPECT_NE(slice, "x");
-  for (const auto& a : if_node.attribute()) EXPECT_EQ(a.g().node(0).input(0), slice);
+  std::string slice_x;
+  for (int i = 0; i < scan->input_size(); ++i)
+    if (scan->input(i) == "x") slice_x = body.input(i).name();
+  ASSERT_FALSE(slice_x.empty());
+  EXPECT_NE(slice_x, "x");
+  for (const auto& a : if_node.attribute()) EXPECT_EQ(a.g().node(0).input(0), slice_x);
 }
 
 TEST(VmapStructure, NodesThatBatchInPlaceKeepTheirNodeAndValueNames) {

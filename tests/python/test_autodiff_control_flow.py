@@ -13,6 +13,7 @@ state.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,6 +36,7 @@ from ad_oracle import (
     scalarize,
 )
 from onnx import TensorProto, helper
+from vmap_oracle import assert_vmap_matches
 
 D = TensorProto.DOUBLE
 I64 = TensorProto.INT64
@@ -465,3 +467,31 @@ def test_reverse_graph_recomputes_forward_once_per_loop() -> None:
     g = onnax.grad(rnn(), inputs=["W"], output="loss")
     assert [n.op_type for n in g.graph.node].count("Loop") == 3
     onnx.checker.check_model(g, full_check=True)
+
+
+def _top_level_ops(model: onnx.ModelProto) -> list[str]:
+    return [n.op_type for n in model.graph.node]
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_vmap_runs_control_flow_once_for_the_batch(case: Case) -> None:
+    # A shared trip count and condition: the Loop/If runs once with its body batched (no
+    # per-example Scan around it, so no fallback warning), and matches a per-example loop.
+    gens = {k: (lambda rng, g=g: g(rng, np.dtype(np.float64))) for k, g in case.gens.items()}
+    source_ops = _top_level_ops(case.model)
+    with warnings.catch_warnings():
+        if "Scan" not in source_ops:
+            warnings.simplefilter("error")
+        vm = assert_vmap_matches(case.model, case.in_axes, 0, gens=gens, rtol=1e-9, atol=1e-9)
+    ops = _top_level_ops(vm)
+    for op in ("Loop", "If"):
+        assert ops.count(op) == source_ops.count(op), (op, ops)
+    # Scan is differentiated as a Loop but batched per example by vmap (no vectorized rule yet).
+    if "Scan" not in source_ops:
+        assert "Scan" not in ops, ops
+
+
+def test_vmap_with_batched_condition_runs_per_example() -> None:
+    # Examples take different branches: the per-example map, with its notice.
+    with pytest.warns(UserWarning, match="per-example"):
+        assert_vmap_matches(branching(), (0, 0, None), 0, rtol=1e-9, atol=1e-9)

@@ -1,0 +1,234 @@
+// vmap of Loop and If whose trip count and condition are shared: the body is batched by vmap
+// itself, as a model of its own (transforms/subgraph.h), so the loop runs once for the whole
+// batch instead of once per example. A batched trip count or condition means examples take
+// different paths: those nodes keep the per-example map (scan_fallback).
+#include <onnax/onnax.h>
+
+#include <unordered_map>
+#include <unordered_set>
+
+#include "diagnostics/error.h"
+#include "rules/batching.h"
+#include "transforms/prepare.h"
+#include "transforms/subgraph.h"
+
+namespace onnax {
+namespace {
+
+const onnx::GraphProto* graph_attr_of(const onnx::NodeProto& node, const char* name) {
+  for (const auto& a : node.attribute())
+    if (a.name() == name && a.has_g()) return &a.g();
+  return nullptr;
+}
+
+Attr graph_attr(const char* name, onnx::GraphProto g) {
+  Attr a;
+  a.proto.set_name(name);
+  a.proto.set_type(onnx::AttributeProto::GRAPH);
+  *a.proto.mutable_g() = std::move(g);
+  return a;
+}
+
+// The outer values a body reads, as extra inputs of its model (per-example facts), and the
+// names of the batched ones.
+struct BodyReads {
+  std::vector<std::pair<std::string, Facts>> extra;
+  std::unordered_set<std::string> batched;
+};
+
+BodyReads body_reads(const BatchCtx& c, const onnx::GraphProto& body) {
+  std::unordered_map<std::string, const BatchCtx::Read*> by_name;
+  for (const auto& r : c.reads) by_name.emplace(r.name, &r);
+  BodyReads out;
+  for (const auto& name : graph_outer_reads(body)) {
+    auto it = by_name.find(name);
+    if (it == by_name.end())
+      c.unsupported("its body reads '" + name + "', which is not defined before it",
+                    "check the model with onnx.checker");
+    out.extra.emplace_back(name, it->second->facts ? *it->second->facts : Facts{});
+    if (it->second->batched) out.batched.insert(name);
+  }
+  return out;
+}
+
+// vmap of `model` with the named inputs batched at axis 0 (the rest shared); the graph.
+onnx::GraphProto batched_body(const BatchCtx& c, onnx::ModelProto model,
+                              const std::unordered_set<std::string>& batched) {
+  VmapOptions opt;
+  opt.in_axes_form = VmapOptions::InAxesForm::kByName;
+  for (const auto& n : batched) opt.in_axes_by_name[n] = 0;
+  if (c.batch_dim.symbolic()) opt.axis_name = std::string(c.batch_dim.param());
+  try {
+    onnx::ModelProto r = vmap(std::move(model), opt);
+    return std::move(*r.mutable_graph());
+  } catch (const Error& e) {
+    c.unsupported(std::string("its body could not be batched: ") + e.what(),
+                  "pass None in in_axes for the inputs that reach it");
+  }
+}
+
+// Puts a batched body back under this graph: the values it reads from enclosing scopes are no
+// longer its inputs (batched ones read the batched values' names), every value it defines gets
+// a fresh name in the model.
+void embed(BatchCtx& c, onnx::GraphProto& g, const BodyReads& reads, int own_inputs) {
+  onnx::GraphProto kept;
+  for (int i = 0; i < own_inputs; ++i) *kept.add_input() = g.input(i);
+  g.mutable_input()->Swap(kept.mutable_input());
+  for (const auto& r : c.reads)
+    if (std::string(c.b.name(r.v)) != r.name) rename_reads(g, r.name, std::string(c.b.name(r.v)));
+  rename_definitions(g, c.b.value_scope(), c.b.node_scope());
+  (void)reads;
+}
+
+BatchResult loop_batch(BatchCtx& c) {
+  const onnx::GraphProto* body = graph_attr_of(c.node, "body");
+  const int n = c.num_inputs() - 2;
+  const int k_scan = c.node.output_size() - n;
+  if (!body || n < 0 || k_scan < 0 || body->input_size() != n + 2 || body->output_size() != 1 + n + k_scan)
+    return scan_fallback(c);
+  if ((c.has(0) && c.batched[0]) || (c.has(1) && c.batched[1])) return scan_fallback(c);
+  const BodyReads reads = body_reads(c, *body);
+  // Batched state: batched at entry, or made to depend on a batched value by the body (a
+  // fixed point). A condition that depends on one ends examples at different iterations.
+  std::vector<char> bat(static_cast<size_t>(n), 0);
+  for (int k = 0; k < n; ++k) bat[static_cast<size_t>(k)] = c.batched[static_cast<size_t>(2 + k)];
+  std::vector<char> dep;
+  for (bool changed = true; changed;) {
+    changed = false;
+    std::unordered_set<std::string> live = reads.batched;
+    for (int k = 0; k < n; ++k)
+      if (bat[static_cast<size_t>(k)]) live.insert(body->input(2 + k).name());
+    dep = outputs_depending_on(*body, live);
+    for (int k = 0; k < n; ++k)
+      if (!bat[static_cast<size_t>(k)] && dep[static_cast<size_t>(1 + k)]) {
+        bat[static_cast<size_t>(k)] = 1;
+        changed = true;
+      }
+  }
+  if (dep[0]) return scan_fallback(c);
+  for (int j = 0; j < k_scan; ++j)
+    if (dep[static_cast<size_t>(1 + n + j)] && !c.node.output(n + j).empty() && c.out_facts[n + j]->rank() < 0)
+      return scan_fallback(c);  // (its stack must be transposed to put the batch first)
+
+  // The body as a model whose outputs are the batched values only: vmap would broadcast a shared
+  // output to the batch, and the condition and shared state must stay shared.
+  std::vector<const Facts*> input_facts;
+  const Facts iter_facts = Facts::of(onnx::TensorProto::INT64, {}), cond_facts = Facts::of(onnx::TensorProto::BOOL, {});
+  input_facts = {&iter_facts, &cond_facts};
+  for (int k = 0; k < n; ++k) input_facts.push_back(c.facts[static_cast<size_t>(2 + k)]);
+  onnx::ModelProto model = standalone_model(*body, input_facts, reads.extra, c.b.opsets());
+  onnx::GraphProto& sg = *model.mutable_graph();
+  std::vector<char> out_batched(static_cast<size_t>(body->output_size()), 0);
+  for (int k = 0; k < n; ++k) out_batched[static_cast<size_t>(1 + k)] = bat[static_cast<size_t>(k)];
+  for (int j = 0; j < k_scan; ++j) out_batched[static_cast<size_t>(1 + n + j)] = dep[static_cast<size_t>(1 + n + j)];
+  onnx::GraphProto outs;
+  for (int i = 0; i < body->output_size(); ++i)
+    if (out_batched[static_cast<size_t>(i)]) *outs.add_output() = body->output(i);
+  sg.mutable_output()->Swap(outs.mutable_output());
+  std::unordered_set<std::string> batched_inputs = reads.batched;
+  for (int k = 0; k < n; ++k)
+    if (bat[static_cast<size_t>(k)]) batched_inputs.insert(body->input(2 + k).name());
+  onnx::GraphProto g = batched_body(c, std::move(model), batched_inputs);
+  // Outputs in the loop's order: batched ones from vmap, shared ones by their (kept) names.
+  {
+    const onnx::GraphProto vm = g;
+    g.clear_output();
+    int next = 0;
+    for (int i = 0; i < body->output_size(); ++i)
+      *g.add_output() = out_batched[static_cast<size_t>(i)] ? vm.output(next++) : body->output(i);
+  }
+  embed(c, g, reads, 2 + n);
+
+  Vs ins = {c.in[0], c.in[1]};
+  for (int k = 0; k < n; ++k)
+    ins.push_back(bat[static_cast<size_t>(k)] ? c.materialize(2 + k) : c.in[static_cast<size_t>(2 + k)]);
+  Vs res = c.b.op("Loop", ins, {graph_attr("body", std::move(g))}, n + k_scan);
+  BatchResult r;
+  for (int k = 0; k < n; ++k) {
+    r.out.push_back(res[k]);
+    r.batched.push_back(bat[static_cast<size_t>(k)] != 0);
+  }
+  for (int j = 0; j < k_scan; ++j) {
+    V o = res[n + j];
+    const bool b = dep[static_cast<size_t>(1 + n + j)] != 0;
+    if (b && !c.node.output(n + j).empty()) {
+      // The loop stacks [batch, ...] per iteration into [iterations, batch, ...]. After zero
+      // iterations a runtime cannot know the per-iteration shape (it contains the batch size):
+      // the static per-example dims and the batch size restore it.
+      const Facts& f = *c.out_facts[n + j];  // per example: [iterations, per-iteration dims...]
+      bool all_static = f.has_shape && !f.dims.empty();
+      std::vector<int64_t> dims;
+      for (size_t d = 1; d < f.dims.size(); ++d) {
+        all_static = all_static && f.dims[d].known();
+        dims.push_back(f.dims[d].value());
+      }
+      if (all_static) {
+        V shape = c.b.concat({c.b.shape_of(o, 0, 1), c.batch_size(), c.b.i64s(dims)}, 0);
+        o = c.b.reshape(o, shape);
+      }
+      const int64_t rank = c.out_facts[n + j]->rank() + 1;
+      std::vector<int64_t> perm = {1, 0};
+      for (int64_t i = 2; i < rank; ++i) perm.push_back(i);
+      o = c.b.transpose(o, perm);
+    }
+    r.out.push_back(o);
+    r.batched.push_back(b);
+  }
+  return r;
+}
+
+BatchResult if_batch(BatchCtx& c) {
+  if (c.has(0) && c.batched[0]) return scan_fallback(c);  // examples take different branches
+  const char* names[2] = {"then_branch", "else_branch"};
+  Attrs attrs;
+  for (const char* name : names) {
+    const onnx::GraphProto* br = graph_attr_of(c.node, name);
+    if (!br || br->output_size() != c.node.output_size()) return scan_fallback(c);
+    const BodyReads reads = body_reads(c, *br);
+    onnx::GraphProto g;
+    if (reads.batched.empty()) {
+      // Nothing batched in this branch: its results are broadcast to the batch.
+      g = *br;
+      g.clear_output();
+      const std::string size = std::string(c.b.name(c.batch_size()));
+      for (int o = 0; o < br->output_size(); ++o) {
+        const std::string& out = br->output(o).name();
+        NameScope& scope = c.b.value_scope();
+        const std::string shape = scope.fresh(out + "_shape"), full = scope.fresh(out + "_batched_shape"),
+                          lead = scope.fresh(out + "_lead"), wide = scope.fresh(out + "_batched");
+        auto add = [&](const char* type, std::vector<std::string> in, const std::string& o2) {
+          auto* nd = g.add_node();
+          nd->set_op_type(type);
+          for (auto& i : in) nd->add_input(i);
+          nd->add_output(o2);
+          return nd;
+        };
+        add("Shape", {out}, shape);
+        add("Concat", {size, shape}, full)->add_attribute()->CopyFrom(Attr::i("axis", 0).proto);
+        add("Unsqueeze", {out, std::string(c.b.name(c.b.i64s({0})))}, lead);
+        add("Expand", {lead, full}, wide);
+        onnx::ValueInfoProto vi;
+        vi.set_name(wide);
+        if (o < static_cast<int>(c.out_facts.size()) && c.out_facts[o]->dtype)
+          write_type(c.out_facts[o]->has_shape ? c.out_facts[o]->with_dim(0, c.batch_dim) : *c.out_facts[o],
+                     vi.mutable_type());
+        *g.add_output() = vi;
+      }
+      rename_definitions(g, c.b.value_scope(), c.b.node_scope());
+    } else {
+      g = batched_body(c, standalone_model(*br, {}, reads.extra, c.b.opsets()), reads.batched);
+      embed(c, g, reads, 0);
+    }
+    attrs.push_back(graph_attr(name, std::move(g)));
+  }
+  return all_batched(c.b.op("If", {c.in[0]}, attrs, c.node.output_size()));
+}
+
+}  // namespace
+
+void register_control_flow_rules(BatchRules& r) {
+  r.add("", "Loop", 16, loop_batch);
+  r.add("", "If", 16, if_batch);
+}
+
+}  // namespace onnax
