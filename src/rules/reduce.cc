@@ -67,6 +67,8 @@ BatchResult axis_attr_rule(BatchCtx& c) {
 }
 
 BatchResult cumsum_rule(BatchCtx& c) {
+  // A per-example axis still gives every example its input's shape: the per-example map.
+  if (c.batched[1]) return scan_fallback(c);
   Vs ins = c.in;
   ins[1] = c.shifted_axes(1);
   return all_batched(c.b.clone(c.node, ins));
