@@ -132,6 +132,11 @@ void prune(onnx::GraphProto& g) {
   for (auto& vi : *g.mutable_value_info())
     if (defined.count(vi.name())) *infos.add_value_info() = std::move(vi);
   g.mutable_value_info()->Swap(infos.mutable_value_info());
+  // Initializers nothing reads any more (runtimes warn about them).
+  onnx::GraphProto inits;
+  for (auto& t : *g.mutable_initializer())
+    if (needed.count(t.name())) *inits.add_initializer() = std::move(t);
+  g.mutable_initializer()->Swap(inits.mutable_initializer());
 }
 
 void rename_definitions(onnx::GraphProto& g, NameScope& scope, NameScope& node_scope) {
