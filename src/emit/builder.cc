@@ -43,6 +43,14 @@ Attr Attr::ints(std::string_view name, const std::vector<int64_t>& v) {
   return a;
 }
 
+Attr Attr::graph(std::string_view name, onnx::GraphProto g) {
+  Attr a;
+  a.proto.set_name(std::string(name));
+  a.proto.set_type(onnx::AttributeProto::GRAPH);
+  *a.proto.mutable_g() = std::move(g);
+  return a;
+}
+
 struct Builder::Inference {
   std::unordered_map<std::string, int> opsets;
   int default_opset = 0;

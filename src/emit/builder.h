@@ -37,6 +37,7 @@ struct Attr {
   static Attr f(std::string_view name, float v);
   static Attr s(std::string_view name, std::string_view v);
   static Attr ints(std::string_view name, const std::vector<int64_t>& v);
+  static Attr graph(std::string_view name, onnx::GraphProto g);  // a subgraph (Loop/Scan/If body)
 };
 using Attrs = std::vector<Attr>;
 

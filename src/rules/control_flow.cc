@@ -27,20 +27,6 @@
 namespace onnax {
 namespace {
 
-const onnx::GraphProto* subgraph(const onnx::NodeProto& node, const char* name) {
-  for (const auto& a : node.attribute())
-    if (a.name() == name && a.has_g()) return &a.g();
-  return nullptr;
-}
-
-Attr graph_attr(const char* name, onnx::GraphProto g) {
-  Attr a;
-  a.proto.set_name(name);
-  a.proto.set_type(onnx::AttributeProto::GRAPH);
-  *a.proto.mutable_g() = std::move(g);
-  return a;
-}
-
 // "Loop 'name'" or "Loop producing 'output'" (a node differentiated as another, as a Scan is as
 // a Loop, keeps its own op type in doc_string).
 std::string node_label(const onnx::NodeProto& node) {
@@ -105,7 +91,7 @@ int32_t state_dtype(const JvpCtx& c, const onnx::GraphProto& body, int k) {
 Vs loop_jvp(JvpCtx& c) {
   Builder& b = c.b;
   const onnx::NodeProto& node = c.node;
-  const onnx::GraphProto* body = subgraph(node, "body");
+  const onnx::GraphProto* body = graph_attribute(node, "body");
   const int n = node.input_size() - 2;  // loop-carried values
   const int k_scan = node.output_size() - n;
   if (!body || n < 0 || k_scan < 0 || body->input_size() != n + 2 || body->output_size() != 1 + n + k_scan)
@@ -223,7 +209,7 @@ Vs loop_jvp(JvpCtx& c) {
   }
   for (const auto* cap : tcaps) ins.push_back(cap->t);
   const int n_out = n + n_cap + n_sel + k_scan + static_cast<int>(std::count(sact.begin(), sact.end(), 1));
-  Vs res = b.op("Loop", ins, {graph_attr("body", std::move(g))}, n_out);
+  Vs res = b.op("Loop", ins, {Attr::graph("body", std::move(g))}, n_out);
 
   // Facts and witnesses: every output has the shape of a primal value here.
   auto known = [&](V out, V like) {
@@ -275,7 +261,7 @@ onnx::NodeProto make_node(const char* type, std::vector<std::string> inputs, con
 
 Vs loop_transpose(TransposeCtx& c) {
   Builder& b = c.b;
-  const onnx::GraphProto* body = subgraph(c.node, "body");
+  const onnx::GraphProto* body = graph_attribute(c.node, "body");
   const int n = static_cast<int>(c.ins.size()) - 2;
   const int k_scan = static_cast<int>(c.outs.size()) - n;
   if (!body || n < 0 || k_scan < 0 || c.linear(0) || c.linear(1) || !graph_outer_reads(*body).empty())
@@ -324,7 +310,7 @@ Vs loop_transpose(TransposeCtx& c) {
   for (int k = 0; k < n; ++k)
     if (!lin[static_cast<size_t>(k)]) fins.push_back(c.in(2 + k));
   const int f_out = n_primal + 2 + static_cast<int>(varying.size());
-  Vs f = b.op("Loop", fins, {graph_attr("body", std::move(fwd))}, f_out);
+  Vs f = b.op("Loop", fins, {Attr::graph("body", std::move(fwd))}, f_out);
   {
     int pos = 0;
     for (int k = 0; k < n; ++k)
@@ -441,7 +427,7 @@ Vs loop_transpose(TransposeCtx& c) {
     }
     rins.push_back(ct);
   }
-  Vs r = b.op("Loop", rins, {graph_attr("body", std::move(rev))}, static_cast<int>(linear_states.size()));
+  Vs r = b.op("Loop", rins, {Attr::graph("body", std::move(rev))}, static_cast<int>(linear_states.size()));
   Vs res(c.ins.size(), V{});
   for (size_t li = 0; li < linear_states.size(); ++li) {
     const int k = linear_states[li];
@@ -476,7 +462,7 @@ void add_captured(std::vector<JvpCtx::Captured>& captured, JvpCtx::Captured cap)
 Vs scan_jvp(JvpCtx& c) {
   Builder& b = c.b;
   const onnx::NodeProto& node = c.node;
-  const onnx::GraphProto* body = subgraph(node, "body");
+  const onnx::GraphProto* body = graph_attribute(node, "body");
   int64_t m = 0;
   for (const auto& a : node.attribute())
     if (a.name() == "num_scan_inputs") m = a.i();
@@ -536,7 +522,7 @@ Vs scan_jvp(JvpCtx& c) {
   loop.set_op_type("Loop");
   loop.set_name(node.name());
   loop.set_doc_string(node.op_type());  // (diagnostics name the Scan)
-  *loop.add_attribute() = graph_attr("body", std::move(lb)).proto;
+  *loop.add_attribute() = Attr::graph("body", std::move(lb)).proto;
   loop.add_input();
   loop.add_input();
   for (int k = 0; k < n; ++k) loop.add_input(node.input(k));
@@ -629,7 +615,7 @@ void add_outer_output(onnx::GraphProto& g, const std::string& name, const onnx::
 Vs if_jvp(JvpCtx& c) {
   Builder& b = c.b;
   const onnx::NodeProto& node = c.node;
-  const onnx::GraphProto* branches[2] = {subgraph(node, "then_branch"), subgraph(node, "else_branch")};
+  const onnx::GraphProto* branches[2] = {graph_attribute(node, "then_branch"), graph_attribute(node, "else_branch")};
   const int n_out = node.output_size();
   if (!branches[0] || !branches[1] || branches[0]->output_size() != n_out || branches[1]->output_size() != n_out)
     c.unsupported("its branches do not match its outputs", "check the model with onnx.checker");
@@ -708,7 +694,7 @@ Vs if_jvp(JvpCtx& c) {
       add_output(g, tangent_outs[a], info ? *info : br.output(outs_active[a]), scope);
     }
     rename_definitions(g, scope, b.node_scope());
-    attrs.push_back(graph_attr(attr_names[bi], std::move(g)));
+    attrs.push_back(Attr::graph(attr_names[bi], std::move(g)));
   }
   Vs res = b.op_reading("If", {c.x(0)}, reads, attrs, n_out + static_cast<int>(outs_active.size()));
   Vs tangents(static_cast<size_t>(n_out), V{});
@@ -726,7 +712,8 @@ Vs if_jvp(JvpCtx& c) {
 
 Vs if_transpose(TransposeCtx& c) {
   Builder& b = c.b;
-  const onnx::GraphProto* branches[2] = {subgraph(c.node, "then_branch"), subgraph(c.node, "else_branch")};
+  const onnx::GraphProto* branches[2] = {graph_attribute(c.node, "then_branch"),
+                                         graph_attribute(c.node, "else_branch")};
   if (!branches[0] || !branches[1] || c.linear(0))
     c.unsupported("only the Ifs jvp writes can be transposed", "differentiate the model that contains the original If");
   const int n_out = static_cast<int>(c.outs.size());
@@ -821,7 +808,7 @@ Vs if_transpose(TransposeCtx& c) {
       }
     }
     rename_definitions(g, scope, b.node_scope());
-    attrs.push_back(graph_attr(attr_names[bi], std::move(g)));
+    attrs.push_back(Attr::graph(attr_names[bi], std::move(g)));
   }
   Vs r = b.op("If", {c.in(0)}, attrs, static_cast<int>(lin_reads.size()));
   for (size_t a = 0; a < lin_reads.size(); ++a) {

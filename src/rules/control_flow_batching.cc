@@ -15,20 +15,6 @@
 namespace onnax {
 namespace {
 
-const onnx::GraphProto* graph_attr_of(const onnx::NodeProto& node, const char* name) {
-  for (const auto& a : node.attribute())
-    if (a.name() == name && a.has_g()) return &a.g();
-  return nullptr;
-}
-
-Attr graph_attr(const char* name, onnx::GraphProto g) {
-  Attr a;
-  a.proto.set_name(name);
-  a.proto.set_type(onnx::AttributeProto::GRAPH);
-  *a.proto.mutable_g() = std::move(g);
-  return a;
-}
-
 // The outer values a body reads, as extra inputs of its model (per-example facts), and the
 // names of the batched ones.
 struct BodyReads {
@@ -81,7 +67,7 @@ void embed(BatchCtx& c, onnx::GraphProto& g, const BodyReads& reads, int own_inp
 }
 
 BatchResult loop_batch(BatchCtx& c) {
-  const onnx::GraphProto* body = graph_attr_of(c.node, "body");
+  const onnx::GraphProto* body = graph_attribute(c.node, "body");
   const int n = c.num_inputs() - 2;
   const int k_scan = c.node.output_size() - n;
   if (!body || n < 0 || k_scan < 0 || body->input_size() != n + 2 || body->output_size() != 1 + n + k_scan)
@@ -142,7 +128,7 @@ BatchResult loop_batch(BatchCtx& c) {
   Vs ins = {c.in[0], c.in[1]};
   for (int k = 0; k < n; ++k)
     ins.push_back(bat[static_cast<size_t>(k)] ? c.materialize(2 + k) : c.in[static_cast<size_t>(2 + k)]);
-  Vs res = c.b.op("Loop", ins, {graph_attr("body", std::move(g))}, n + k_scan);
+  Vs res = c.b.op("Loop", ins, {Attr::graph("body", std::move(g))}, n + k_scan);
   BatchResult r;
   for (int k = 0; k < n; ++k) {
     r.out.push_back(res[k]);
@@ -182,7 +168,7 @@ BatchResult if_batch(BatchCtx& c) {
   const char* names[2] = {"then_branch", "else_branch"};
   Attrs attrs;
   for (const char* name : names) {
-    const onnx::GraphProto* br = graph_attr_of(c.node, name);
+    const onnx::GraphProto* br = graph_attribute(c.node, name);
     if (!br || br->output_size() != c.node.output_size()) return scan_fallback(c);
     const BodyReads reads = body_reads(c, *br);
     onnx::GraphProto g;
@@ -219,7 +205,7 @@ BatchResult if_batch(BatchCtx& c) {
       g = batched_body(c, standalone_model(*br, {}, reads.extra, c.b.opsets()), reads.batched);
       embed(c, g, reads, 0);
     }
-    attrs.push_back(graph_attr(name, std::move(g)));
+    attrs.push_back(Attr::graph(name, std::move(g)));
   }
   return all_batched(c.b.op("If", {c.in[0]}, attrs, c.node.output_size()));
 }

@@ -33,6 +33,12 @@ void for_each_subgraph(onnx::NodeProto& n, const std::function<void(onnx::GraphP
 
 }  // namespace
 
+const onnx::GraphProto* graph_attribute(const onnx::NodeProto& node, const char* name) {
+  for (const auto& a : node.attribute())
+    if (a.name() == name && a.has_g()) return &a.g();
+  return nullptr;
+}
+
 std::vector<std::string> graph_outer_reads(const onnx::GraphProto& g) {
   std::unordered_set<std::string> seen;
   std::vector<std::string> reads;

@@ -15,6 +15,9 @@
 
 namespace onnax {
 
+// The graph attribute `name` of `node` (nullptr: none).
+const onnx::GraphProto* graph_attribute(const onnx::NodeProto& node, const char* name);
+
 // Names `g` reads from enclosing scopes (each once, in order of first use, nested subgraphs
 // included).
 std::vector<std::string> graph_outer_reads(const onnx::GraphProto& g);

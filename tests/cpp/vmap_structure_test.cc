@@ -108,16 +108,19 @@ g (float[2, 3] x) => (float[2] y) { y = ReduceMean<axes = [1], keepdims = 0>(x) 
   EXPECT_TRUE(found);
 }
 
-// An If whose condition is shared runs once for the batch: its branches are batched in place
-// and read the batched value itself.
-TEST(VmapStructure, IfWithSharedConditionIsBatchedInPlace) {
-  auto m = parse(R"(
+// y = If(c) of Relu(x) or Neg(x): both branches read x from the graph.
+constexpr const char* kIfOnCapturedX = R"(
 <ir_version: 10, opset_import: ["" : 18]>
 g (float[3] x, bool c) => (float[3] y) {
   y = If(c) <then_branch = t () => (float[3] a) { a = Relu(x) },
              else_branch = e () => (float[3] b) { b = Neg(x) }>
 }
-)");
+)";
+
+// An If whose condition is shared runs once for the batch: its branches are batched in place
+// and read the batched value itself.
+TEST(VmapStructure, IfWithSharedConditionIsBatchedInPlace) {
+  auto m = parse(kIfOnCapturedX);
   VmapOptions opt;
   opt.in_axes_form = VmapOptions::InAxesForm::kPerInput;
   opt.in_axes = {Axis{0}, std::nullopt};
@@ -141,13 +144,7 @@ g (float[3] x, bool c) => (float[3] y) {
 // With a batched condition, examples take different branches: a per-example Scan whose body
 // gives the subgraph that example's slice under a new name.
 TEST(VmapStructure, IfWithBatchedConditionRunsPerExample) {
-  auto m = parse(R"(
-<ir_version: 10, opset_import: ["" : 18]>
-g (float[3] x, bool c) => (float[3] y) {
-  y = If(c) <then_branch = t () => (float[3] a) { a = Relu(x) },
-             else_branch = e () => (float[3] b) { b = Neg(x) }>
-}
-)");
+  auto m = parse(kIfOnCapturedX);
   VmapOptions opt;
   opt.in_axes_form = VmapOptions::InAxesForm::kPerInput;
   opt.in_axes = {Axis{0}, Axis{0}};

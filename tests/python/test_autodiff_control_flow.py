@@ -72,6 +72,28 @@ def loss_of(*values: str) -> list[onnx.NodeProto]:
     return nodes
 
 
+def loop_over(
+    trips: int,
+    init: str,
+    final: str,
+    nodes: list[onnx.NodeProto],
+    state: tuple[str, str, list[int]],
+    scans: Sequence[tuple[str, str, list[int]]] = (),
+) -> list[onnx.NodeProto]:
+    """A Loop of `trips` iterations over one float state (body names state[0] -> state[1], of
+    shape state[2]) from `init` to `final`; each (body name, outer name, shape) in `scans` is a
+    scan output. The body defines `cond_out` (from `cond_in`, or its own condition)."""
+    body_in = [vi("it", I64, []), vi("cond_in", B, []), vi(state[0], D, state[2])]
+    body_out = [vi("cond_out", B, []), vi(state[1], D, state[2]), *(vi(b, D, sh) for b, _, sh in scans)]
+    return [
+        const("M", trips, I64),
+        const("c0", True, B),
+        helper.make_node(
+            "Loop", ["M", "c0", init], [final, *(o for _, o, _ in scans)], body=body(nodes, body_in, body_out)
+        ),
+    ]
+
+
 def rnn(weights_carried: bool = False) -> onnx.ModelProto:
     """h_{t+1} = tanh(h_t W + xs[t] + b), ys[t] = h_{t+1}^2; W read from the enclosing graph
     (or carried as constant state), xs carried and gathered by the iteration number."""
@@ -124,21 +146,7 @@ def early_exit() -> onnx.ModelProto:
         helper.make_node("Add", ["it", "one"], ["next"]),
         helper.make_node("Less", ["next", "three"], ["cond_out"]),
     ]
-    g = [
-        const("M", 10, I64),
-        const("c0", True, B),
-        helper.make_node(
-            "Loop",
-            ["M", "c0", "x"],
-            ["xT"],
-            body=body(
-                nodes,
-                [vi("it", I64, []), vi("cond_in", B, []), vi("x_in", D, [4])],
-                [vi("cond_out", B, []), vi("x_out", D, [4])],
-            ),
-        ),
-        *loss_of("xT"),
-    ]
+    g = [*loop_over(10, "x", "xT", nodes, ("x_in", "x_out", [4])), *loss_of("xT")]
     return make_ad_model(g, [("x", D, [4]), ("w", D, [4])], [("loss", D, []), "xT"])
 
 
@@ -179,18 +187,7 @@ def zero_trips() -> onnx.ModelProto:
         helper.make_node("Exp", ["x_out"], ["e"]),
     ]
     g = [
-        const("M", 0, I64),
-        const("c0", True, B),
-        helper.make_node(
-            "Loop",
-            ["M", "c0", "x"],
-            ["xT", "es"],
-            body=body(
-                nodes,
-                [vi("it", I64, []), vi("cond_in", B, []), vi("x_in", D, [3])],
-                [vi("cond_out", B, []), vi("x_out", D, [3]), vi("e", D, [3])],
-            ),
-        ),
+        *loop_over(0, "x", "xT", nodes, ("x_in", "x_out", [3]), [("e", "es", [3])]),
         helper.make_node("Mul", ["xT", "xT"], ["sq"]),
         *loss_of("sq", "es"),
     ]
@@ -217,21 +214,7 @@ def nested() -> onnx.ModelProto:
         helper.make_node("Loop", ["two", "cond_in", "x_in"], ["x_out"], body=inner),
         helper.make_node("Identity", ["cond_in"], ["cond_out"]),
     ]
-    g = [
-        const("M", 3, I64),
-        const("c0", True, B),
-        helper.make_node(
-            "Loop",
-            ["M", "c0", "x"],
-            ["xT"],
-            body=body(
-                outer_nodes,
-                [vi("it", I64, []), vi("cond_in", B, []), vi("x_in", D, [3])],
-                [vi("cond_out", B, []), vi("x_out", D, [3])],
-            ),
-        ),
-        *loss_of("xT"),
-    ]
+    g = [*loop_over(3, "x", "xT", outer_nodes, ("x_in", "x_out", [3])), *loss_of("xT")]
     return make_ad_model(g, [("x", D, [3]), ("c", D, [3])], [("loss", D, []), "xT"])
 
 
@@ -247,19 +230,8 @@ def late_active() -> onnx.ModelProto:
         helper.make_node("Mul", ["h_out", "w"], ["y_t"]),
     ]
     g = [
-        const("M", 3, I64),
-        const("c0", True, B),
         const("h0", np.zeros(3), D),
-        helper.make_node(
-            "Loop",
-            ["M", "c0", "h0"],
-            ["hT", "ys"],
-            body=body(
-                nodes,
-                [vi("it", I64, []), vi("cond_in", B, []), vi("h_in", D, [3])],
-                [vi("cond_out", B, []), vi("h_out", D, [3]), vi("y_t", D, [3])],
-            ),
-        ),
+        *loop_over(3, "h0", "hT", nodes, ("h_in", "h_out", [3]), [("y_t", "ys", [3])]),
         helper.make_node("Mul", ["hT", "hT"], ["sq"]),
         *loss_of("sq", "ys"),
     ]
@@ -354,21 +326,7 @@ def branch_in_loop() -> onnx.ModelProto:
         helper.make_node("If", ["is_even"], ["h_out"], then_branch=even, else_branch=odd),
         helper.make_node("Identity", ["cond_in"], ["cond_out"]),
     ]
-    g = [
-        const("M", T_STEPS, I64),
-        const("c0", True, B),
-        helper.make_node(
-            "Loop",
-            ["M", "c0", "h0"],
-            ["hT"],
-            body=body(
-                nodes,
-                [vi("it", I64, []), vi("cond_in", B, []), vi("h_in", D, [3])],
-                [vi("cond_out", B, []), vi("h_out", D, [3])],
-            ),
-        ),
-        *loss_of("hT"),
-    ]
+    g = [*loop_over(T_STEPS, "h0", "hT", nodes, ("h_in", "h_out", [3])), *loss_of("hT")]
     return make_ad_model(g, [("h0", D, [3]), ("w", D, [3])], [("loss", D, []), "hT"])
 
 
