@@ -1,9 +1,10 @@
-// vmap of Loop and If whose trip count and condition are shared: the body is batched by vmap
+// vmap of Loop, Scan and If whose trip count and condition are shared: the body is batched by vmap
 // itself, as a model of its own (transforms/subgraph.h), so the loop runs once for the whole
 // batch instead of once per example. A batched trip count or condition means examples take
 // different paths: those nodes keep the per-example map (scan_fallback).
 #include <onnax/onnax.h>
 
+#include <optional>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -37,9 +38,11 @@ BodyReads body_reads(const BatchCtx& c, const onnx::GraphProto& body) {
   return out;
 }
 
-// vmap of `model` with the named inputs batched at axis 0 (the rest shared); the graph.
-onnx::GraphProto batched_body(const BatchCtx& c, onnx::ModelProto model,
-                              const std::unordered_set<std::string>& batched) {
+// vmap of `model` with the named inputs batched at axis 0 (the rest shared); the graph, or
+// nothing when vmap cannot batch the body as a whole (e.g. a rank it needs is unknown there):
+// the per-example map, which needs no rule for what the body does, still can.
+std::optional<onnx::GraphProto> batched_body(const BatchCtx& c, onnx::ModelProto model,
+                                             const std::unordered_set<std::string>& batched) {
   VmapOptions opt;
   opt.in_axes_form = VmapOptions::InAxesForm::kByName;
   for (const auto& n : batched) opt.in_axes_by_name[n] = 0;
@@ -47,9 +50,8 @@ onnx::GraphProto batched_body(const BatchCtx& c, onnx::ModelProto model,
   try {
     onnx::ModelProto r = vmap(std::move(model), opt);
     return std::move(*r.mutable_graph());
-  } catch (const Error& e) {
-    c.unsupported(std::string("its body could not be batched: ") + e.what(),
-                  "pass None in in_axes for the inputs that reach it");
+  } catch (const Error&) {
+    return std::nullopt;
   }
 }
 
@@ -114,7 +116,9 @@ BatchResult loop_batch(BatchCtx& c) {
   std::unordered_set<std::string> batched_inputs = reads.batched;
   for (int k = 0; k < n; ++k)
     if (bat[static_cast<size_t>(k)]) batched_inputs.insert(body->input(2 + k).name());
-  onnx::GraphProto g = batched_body(c, std::move(model), batched_inputs);
+  std::optional<onnx::GraphProto> batched_g = batched_body(c, std::move(model), batched_inputs);
+  if (!batched_g) return scan_fallback(c);
+  onnx::GraphProto& g = *batched_g;
   // Outputs in the loop's order: batched ones from vmap, shared ones by their (kept) names.
   {
     const onnx::GraphProto vm = g;
@@ -163,6 +167,118 @@ BatchResult loop_batch(BatchCtx& c) {
   return r;
 }
 
+std::vector<int64_t> ints_of(const BatchCtx& c, const char* name, size_t count) {
+  std::vector<int64_t> v = c.attr_ints(name);
+  v.resize(count, 0);
+  return v;
+}
+
+// Scan: state and scan inputs batched at 0 (scan inputs scanned along their per-example axis,
+// one further in), the body batched by vmap; batched scan outputs are stacked one axis further
+// in, behind the batch.
+BatchResult scan_batch(BatchCtx& c) {
+  const onnx::GraphProto* body = graph_attribute(c.node, "body");
+  const int m = static_cast<int>(c.attr_i("num_scan_inputs", 0));
+  const int n = c.num_inputs() - m;
+  const int k_scan = c.node.output_size() - n;
+  if (!body || m < 1 || n < 0 || k_scan < 0 || body->input_size() != n + m || body->output_size() != n + k_scan)
+    return scan_fallback(c);
+  const BodyReads reads = body_reads(c, *body);
+  std::vector<char> bat(static_cast<size_t>(n), 0);
+  for (int k = 0; k < n; ++k) bat[static_cast<size_t>(k)] = c.batched[static_cast<size_t>(k)];
+  std::vector<char> dep;
+  for (bool changed = true; changed;) {
+    changed = false;
+    std::unordered_set<std::string> live = reads.batched;
+    for (int k = 0; k < n; ++k)
+      if (bat[static_cast<size_t>(k)]) live.insert(body->input(k).name());
+    for (int j = 0; j < m; ++j)
+      if (c.batched[static_cast<size_t>(n + j)]) live.insert(body->input(n + j).name());
+    dep = outputs_depending_on(*body, live);
+    for (int k = 0; k < n; ++k)
+      if (!bat[static_cast<size_t>(k)] && dep[static_cast<size_t>(k)]) {
+        bat[static_cast<size_t>(k)] = 1;
+        changed = true;
+      }
+  }
+  // Axes: per-example scan input/output axes, non-negative (the ranks must be known).
+  auto in_axes = ints_of(c, "scan_input_axes", static_cast<size_t>(m));
+  auto out_axes = ints_of(c, "scan_output_axes", static_cast<size_t>(k_scan));
+  std::vector<Facts> elem_facts(static_cast<size_t>(m));
+  for (int j = 0; j < m; ++j) {
+    const Facts* f = c.facts[static_cast<size_t>(n + j)];
+    const int64_t rank = f ? f->rank() : -1;
+    int64_t& a = in_axes[static_cast<size_t>(j)];
+    if (a < 0 && rank < 0) return scan_fallback(c);
+    if (a < 0) a += rank;
+    if (f && f->has_shape && a < rank) {
+      elem_facts[static_cast<size_t>(j)] = *f;
+      elem_facts[static_cast<size_t>(j)].dims.erase(elem_facts[static_cast<size_t>(j)].dims.begin() + a);
+    } else if (f) {
+      elem_facts[static_cast<size_t>(j)].dtype = f->dtype;
+    }
+  }
+  for (int j = 0; j < k_scan; ++j) {
+    int64_t& a = out_axes[static_cast<size_t>(j)];
+    const int64_t rank = c.out_facts[static_cast<size_t>(n + j)]->rank();
+    if (a < 0 && rank < 0) return scan_fallback(c);
+    if (a < 0) a += rank;
+  }
+
+  std::vector<const Facts*> input_facts;
+  for (int k = 0; k < n; ++k) input_facts.push_back(c.facts[static_cast<size_t>(k)]);
+  for (int j = 0; j < m; ++j) input_facts.push_back(&elem_facts[static_cast<size_t>(j)]);
+  onnx::ModelProto model = standalone_model(*body, input_facts, reads.extra, c.b.opsets());
+  std::vector<char> out_batched(static_cast<size_t>(body->output_size()), 0);
+  for (int k = 0; k < n; ++k) out_batched[static_cast<size_t>(k)] = bat[static_cast<size_t>(k)];
+  for (int j = 0; j < k_scan; ++j) out_batched[static_cast<size_t>(n + j)] = dep[static_cast<size_t>(n + j)];
+  onnx::GraphProto outs;
+  for (int i = 0; i < body->output_size(); ++i)
+    if (out_batched[static_cast<size_t>(i)]) *outs.add_output() = body->output(i);
+  model.mutable_graph()->mutable_output()->Swap(outs.mutable_output());
+  std::unordered_set<std::string> batched_inputs = reads.batched;
+  for (int k = 0; k < n; ++k)
+    if (bat[static_cast<size_t>(k)]) batched_inputs.insert(body->input(k).name());
+  for (int j = 0; j < m; ++j)
+    if (c.batched[static_cast<size_t>(n + j)]) batched_inputs.insert(body->input(n + j).name());
+  std::optional<onnx::GraphProto> batched_g = batched_body(c, std::move(model), batched_inputs);
+  if (!batched_g) return scan_fallback(c);
+  onnx::GraphProto& g = *batched_g;
+  {
+    const onnx::GraphProto vm = g;
+    g.clear_output();
+    int next = 0;
+    for (int i = 0; i < body->output_size(); ++i)
+      *g.add_output() = out_batched[static_cast<size_t>(i)] ? vm.output(next++) : body->output(i);
+  }
+  embed(c, g, reads, n + m);
+
+  Vs ins;
+  for (int k = 0; k < n; ++k)
+    ins.push_back(bat[static_cast<size_t>(k)] ? c.materialize(k) : c.in[static_cast<size_t>(k)]);
+  for (int j = 0; j < m; ++j) {
+    ins.push_back(c.in[static_cast<size_t>(n + j)]);
+    if (c.batched[static_cast<size_t>(n + j)]) ++in_axes[static_cast<size_t>(j)];
+  }
+  for (int j = 0; j < k_scan; ++j)
+    if (dep[static_cast<size_t>(n + j)]) ++out_axes[static_cast<size_t>(j)];
+  Attrs attrs = {Attr::graph("body", std::move(g)), Attr::i("num_scan_inputs", m),
+                 Attr::ints("scan_input_axes", in_axes), Attr::ints("scan_output_axes", out_axes)};
+  for (const char* dirs : {"scan_input_directions", "scan_output_directions"})
+    if (const auto* a = c.attr(dirs)) attrs.push_back(Attr{*a});
+  Vs res = c.b.op("Scan", ins, attrs, n + k_scan);
+  BatchResult r;
+  for (int k = 0; k < n; ++k) {
+    r.out.push_back(res[k]);
+    r.batched.push_back(bat[static_cast<size_t>(k)] != 0);
+  }
+  for (int j = 0; j < k_scan; ++j) {
+    r.out.push_back(res[n + j]);
+    r.batched.push_back(dep[static_cast<size_t>(n + j)] != 0);
+  }
+  return r;
+}
+
 BatchResult if_batch(BatchCtx& c) {
   if (c.has(0) && c.batched[0]) return scan_fallback(c);  // examples take different branches
   const char* names[2] = {"then_branch", "else_branch"};
@@ -202,7 +318,10 @@ BatchResult if_batch(BatchCtx& c) {
       }
       rename_definitions(g, c.b.value_scope(), c.b.node_scope());
     } else {
-      g = batched_body(c, standalone_model(*br, {}, reads.extra, c.b.opsets()), reads.batched);
+      std::optional<onnx::GraphProto> batched_g =
+          batched_body(c, standalone_model(*br, {}, reads.extra, c.b.opsets()), reads.batched);
+      if (!batched_g) return scan_fallback(c);
+      g = std::move(*batched_g);
       embed(c, g, reads, 0);
     }
     attrs.push_back(Attr::graph(name, std::move(g)));
@@ -215,6 +334,7 @@ BatchResult if_batch(BatchCtx& c) {
 void register_control_flow_rules(BatchRules& r) {
   r.add("", "Loop", 16, loop_batch);
   r.add("", "If", 16, if_batch);
+  r.add("", "Scan", 16, scan_batch);
 }
 
 }  // namespace onnax

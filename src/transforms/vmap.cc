@@ -346,8 +346,8 @@ void vmap_prepared(Prepared& p, const VmapOptions& opt) {
     // Nodes with subgraphs that read batched values, and ops without a vectorized rule, are
     // batched by a per-example Scan.
     const BatchRule* rule = nullptr;
-    // (Loop and If have rules that batch what their bodies capture.)
-    const bool captures_handled = node.op_type() == "Loop" || node.op_type() == "If";
+    // (Loop, Scan and If have rules that batch what their bodies capture.)
+    const bool captures_handled = node.op_type() == "Loop" || node.op_type() == "If" || node.op_type() == "Scan";
     if (captured.empty() || (captures_handled && domain.empty())) {
       auto [cached, added] = rule_of_schema.try_emplace(schema, nullptr);
       if (added) cached->second = rules.find(domain, node.op_type(), schema->since_version());

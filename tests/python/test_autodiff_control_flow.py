@@ -433,20 +433,16 @@ def _top_level_ops(model: onnx.ModelProto) -> list[str]:
 
 @pytest.mark.parametrize("case", CASES, ids=IDS)
 def test_vmap_runs_control_flow_once_for_the_batch(case: Case) -> None:
-    # A shared trip count and condition: the Loop/If runs once with its body batched (no
+    # A shared trip count and condition: the Loop/Scan/If runs once with its body batched (no
     # per-example Scan around it, so no fallback warning), and matches a per-example loop.
     gens = {k: (lambda rng, g=g: g(rng, np.dtype(np.float64))) for k, g in case.gens.items()}
     source_ops = _top_level_ops(case.model)
     with warnings.catch_warnings():
-        if "Scan" not in source_ops:
-            warnings.simplefilter("error")
+        warnings.simplefilter("error")
         vm = assert_vmap_matches(case.model, case.in_axes, 0, gens=gens, rtol=1e-9, atol=1e-9)
     ops = _top_level_ops(vm)
-    for op in ("Loop", "If"):
+    for op in ("Loop", "If", "Scan"):
         assert ops.count(op) == source_ops.count(op), (op, ops)
-    # Scan is differentiated as a Loop but batched per example by vmap (no vectorized rule yet).
-    if "Scan" not in source_ops:
-        assert "Scan" not in ops, ops
 
 
 def test_vmap_with_batched_condition_runs_per_example() -> None:
