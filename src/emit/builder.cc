@@ -52,7 +52,6 @@ Attr Attr::graph(std::string_view name, onnx::GraphProto g) {
 }
 
 struct Builder::Inference {
-  std::unordered_map<std::string, int> opsets;
   int default_opset = 0;
   // ONNX's inference functions read input types from a name-keyed map of TypeProtos; it is
   // filled per node from the builder's facts, only for the nodes the fast shape functions
@@ -82,7 +81,6 @@ V Builder::add_value(std::string_view name, Facts facts) {
 
 void Builder::enable_inference(const std::unordered_map<std::string, int>& opsets) {
   inference_ = std::make_unique<Inference>();
-  inference_->opsets = opsets;
   opsets_ = opsets;
   auto def = opsets.find("");
   inference_->default_opset = def == opsets.end() ? 0 : def->second;
@@ -135,9 +133,8 @@ void Builder::infer(onnx::NodeProto& node, const Vs& inputs, const Vs& outputs) 
     }
   }
   const std::string domain = node.domain() == "ai.onnx" ? "" : node.domain();
-  auto op = inf.opsets.find(domain);
-  const onnx::OpSchema* schema =
-      op == inf.opsets.end() ? nullptr : inf.schemas.find(node.op_type(), domain, op->second);
+  auto op = opsets_.find(domain);
+  const onnx::OpSchema* schema = op == opsets_.end() ? nullptr : inf.schemas.find(node.op_type(), domain, op->second);
   if (!schema || !schema->has_type_and_shape_inference_function()) return;
   // ONNX's inference reads inputs by name: a tape node has none (and its tangent values have
   // none), so it is inferred on a copy with stand-in names.
@@ -278,6 +275,9 @@ V Builder::div(V a, V b) {
   if (!a.valid()) return V{};
   return op1("Div", {a, b});
 }
+V Builder::zeros_like(V like, int32_t dtype) {
+  return expand(scalar(0.0, dtype ? dtype : facts(like).dtype), shape_of(like));
+}
 V Builder::neg(V a) {
   if (!a.valid()) return V{};
   return op1("Neg", {a});
@@ -380,8 +380,8 @@ Vs Builder::op(std::string_view type, const Vs& inputs, const Attrs& attrs, int 
   return outs;
 }
 
-Vs Builder::emit(std::string_view type, const Vs& inputs, const Attrs& attrs, int num_outputs) {
-  const bool for_tape = bound_for_tape(inputs);
+Vs Builder::emit(std::string_view type, const Vs& inputs, const Attrs& attrs, int num_outputs, const Vs* recorded) {
+  const bool for_tape = bound_for_tape(recorded ? *recorded : inputs);
   auto* n = new_node(type, for_tape);
   if (!for_tape) add_inputs(n, inputs);
   for (const auto& a : attrs) *n->add_attribute() = a.proto;
@@ -395,25 +395,14 @@ Vs Builder::emit(std::string_view type, const Vs& inputs, const Attrs& attrs, in
     n->add_output(nm.data(), nm.size());
     outs.push_back(add_value(nm, Facts{}));
   }
-  finish(*n, inputs, outs);
+  finish(*n, inputs, outs, recorded);
   return outs;
 }
 
 Vs Builder::op_reading(std::string_view type, const Vs& inputs, const Vs& reads, const Attrs& attrs, int num_outputs) {
   Vs all = inputs;
   for (V r : reads) all.push_back(r);
-  const bool for_tape = bound_for_tape(all);
-  auto* n = new_node(type, for_tape);
-  if (!for_tape) add_inputs(n, inputs);
-  for (const auto& a : attrs) *n->add_attribute() = a.proto;
-  Vs outs;
-  for (int i = 0; i < num_outputs; ++i) {
-    const std::string_view nm = for_tape ? std::string_view() : value_names_.fresh_view(name_base('_', type, true));
-    if (!for_tape) n->add_output(nm.data(), nm.size());
-    outs.push_back(add_value(nm, Facts{}));
-  }
-  finish(*n, inputs, outs, &all);
-  return outs;
+  return emit(type, inputs, attrs, num_outputs, &all);
 }
 
 std::string_view Builder::name_for_read(V v) {

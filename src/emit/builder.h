@@ -89,6 +89,8 @@ class Builder {
   V mul(V a, V b);
   V div(V a, V b);
   V neg(V a);
+  // Zeros with the run-time shape of `like` (its element type unless `dtype` is given).
+  V zeros_like(V like, int32_t dtype = 0);
 
   // Reuse of nodes computed from leaves (see op()). Only for transforms that never move or drop
   // emitted nodes afterwards (autodiff; vmap relocates some), since a reused value must stay
@@ -217,7 +219,8 @@ class Builder {
     bool leaf = false;         // not computed by this builder: existing() or a constant
     int32_t producer = -1;     // index in the graph of the node that made it (-1: existing, or on the tape)
   };
-  Vs emit(std::string_view type, const Vs& inputs, const Attrs& attrs, int num_outputs);
+  // (`recorded`: see finish.)
+  Vs emit(std::string_view type, const Vs& inputs, const Attrs& attrs, int num_outputs, const Vs* recorded = nullptr);
   // `name` must be a view of value_names_'s own copy (from fresh_view or interned()).
   V add_value(std::string_view name, Facts facts);
   std::string_view interned(std::string_view name) { return value_names_.name(value_names_.intern(name)); }

@@ -150,7 +150,10 @@ BatchResult scan_fallback(BatchCtx& c) {
       ins.push_back(slice_of(c.in[i], c.facts[i], c.node.input(i)));
   }
   std::vector<std::pair<std::string, std::string>> renames;
-  for (const auto& [name, v] : c.captured) {
+  for (const auto& read : c.reads) {
+    if (!read.batched) continue;
+    const std::string& name = read.name;
+    const V v = read.v;
     Facts f = c.b.facts(v);
     if (f.has_shape && !f.dims.empty()) f.dims.erase(f.dims.begin());
     renames.emplace_back(name, std::string(bb.name(slice_of(v, &f, name))));

@@ -28,13 +28,12 @@ class BatchCtx {
   std::vector<const Facts*> facts;       // per-example facts of each input (nullptr if absent)
   std::vector<const Facts*> out_facts;   // per-example facts of each output (as the source knows them)
   const std::function<V()>& batch_size;  // 1-D int64 tensor [B]
-  // Batched values the node's subgraphs read from enclosing scopes, by name.
-  std::vector<std::pair<std::string, V>> captured;
   // Set when the rule fell back to a per-example Scan (the driver reports it).
   bool used_scan = false;
   const onnx::OpSchema* schema = nullptr;  // the node's schema at the model's opset
   // Every value the node's subgraphs read from enclosing scopes (batched or shared), with its
-  // per-example facts: the control-flow rules make bodies models of their own from them.
+  // per-example facts: the per-example map slices the batched ones, the control-flow rules make
+  // bodies models of their own from them.
   struct Read {
     std::string name;
     V v;

@@ -69,11 +69,6 @@ Facts scalar_facts(int32_t dtype) {
   return Facts::of(dtype, {});
 }
 
-// Zeros with the run-time shape of `like`.
-V zeros_like(Builder& b, V like) {
-  return b.expand(b.scalar(0.0, b.facts(like).dtype), b.shape_of(like));
-}
-
 bool maybe_differentiable(int32_t dtype) {
   return dtype == 0 || differentiable_dtype(dtype);  // unknown: could be float
 }
@@ -201,7 +196,7 @@ Vs loop_jvp(JvpCtx& c) {
     V t = c.t(2 + k);
     if (!t.valid()) {
       // A state that becomes active inside the loop starts from a zero tangent.
-      t = b.expand(b.scalar(0.0, state_dtype(c, *body, k)), b.shape_of(c.x(2 + k)));
+      t = b.zeros_like(c.x(2 + k), state_dtype(c, *body, k));
       b.mark_tangent(t);
       b.set_witness(t, c.x(2 + k));
     }
@@ -249,14 +244,6 @@ bool invariant_state(const onnx::GraphProto& body, int k) {
 
 onnx::ValueInfoProto scalar_info(const std::string& name, int32_t dtype) {
   return typed_value_info(name, scalar_facts(dtype));
-}
-
-onnx::NodeProto make_node(const char* type, std::vector<std::string> inputs, const std::string& output) {
-  onnx::NodeProto nd;
-  nd.set_op_type(type);
-  for (auto& i : inputs) nd.add_input(std::move(i));
-  nd.add_output(output);
-  return nd;
 }
 
 Vs loop_transpose(TransposeCtx& c) {
@@ -423,7 +410,7 @@ Vs loop_transpose(TransposeCtx& c) {
     if (!ct.valid()) {
       const V w = b.witness(c.outs[k]);
       if (!w.valid()) c.unsupported("the shape of a tangent the loop carries is unknown");
-      ct = zeros_like(b, w);
+      ct = b.zeros_like(w);
     }
     rins.push_back(ct);
   }
@@ -602,16 +589,6 @@ std::string append_zeros_like(onnx::GraphProto& g, const std::string& of, int32_
   return out;
 }
 
-// `name`, read from an enclosing scope, as a new output of `g` (through an Identity).
-void add_outer_output(onnx::GraphProto& g, const std::string& name, const onnx::ValueInfoProto& type_of,
-                      NameScope& scope) {
-  const std::string copy = scope.fresh(name + "_out");
-  *g.add_node() = make_node("Identity", {name}, copy);
-  onnx::ValueInfoProto vi = type_of;
-  vi.set_name(copy);
-  *g.add_output() = std::move(vi);
-}
-
 Vs if_jvp(JvpCtx& c) {
   Builder& b = c.b;
   const onnx::NodeProto& node = c.node;
@@ -734,7 +711,7 @@ Vs if_transpose(TransposeCtx& c) {
     if (it != zeros.end()) return it->second;
     const V w = b.witness(c.in(i));
     if (!w.valid()) c.unsupported("the shape of a tangent the If reads is unknown");
-    return zeros.emplace(i, std::string(b.name(zeros_like(b, w)))).first->second;
+    return zeros.emplace(i, std::string(b.name(b.zeros_like(w)))).first->second;
   };
   Attrs attrs;
   const char* attr_names[2] = {"then_branch", "else_branch"};
@@ -804,7 +781,7 @@ Vs if_transpose(TransposeCtx& c) {
         const onnx::ValueInfoProto* info = find_value_info(derived, it->second);
         add_output(g, it->second, info ? *info : type_of, scope);
       } else {
-        add_outer_output(g, zeros_for(i), type_of, scope);
+        add_output(g, zeros_for(i), type_of, scope);
       }
     }
     rename_definitions(g, scope, b.node_scope());

@@ -55,17 +55,34 @@ std::optional<onnx::GraphProto> batched_body(const BatchCtx& c, onnx::ModelProto
   }
 }
 
-// Puts a batched body back under this graph: the values it reads from enclosing scopes are no
-// longer its inputs (batched ones read the batched values' names), every value it defines gets
-// a fresh name in the model.
-void embed(BatchCtx& c, onnx::GraphProto& g, const BodyReads& reads, int own_inputs) {
-  onnx::GraphProto kept;
-  for (int i = 0; i < own_inputs; ++i) *kept.add_input() = g.input(i);
-  g.mutable_input()->Swap(kept.mutable_input());
+// A body batched in place: made a model (`input_facts` type its own inputs, the outer values it
+// reads are extra inputs), vmapped with the `batched` inputs at axis 0 and only the outputs
+// marked in `out_batched` batched (vmap would broadcast a shared output, and a condition or
+// shared state must stay shared: those keep their names), then put back under this graph (reads
+// of batched outer values renamed to the batched values, every definition a fresh name).
+// Nothing when vmap cannot batch it as a whole.
+std::optional<onnx::GraphProto> batch_in_place(BatchCtx& c, const onnx::GraphProto& body, const BodyReads& reads,
+                                               const std::vector<const Facts*>& input_facts,
+                                               const std::unordered_set<std::string>& batched,
+                                               const std::vector<char>& out_batched) {
+  onnx::ModelProto model = standalone_model(body, input_facts, reads.extra, c.b.opsets());
+  onnx::GraphProto outs;
+  for (int i = 0; i < body.output_size(); ++i)
+    if (out_batched[static_cast<size_t>(i)]) *outs.add_output() = body.output(i);
+  model.mutable_graph()->mutable_output()->Swap(outs.mutable_output());
+  std::optional<onnx::GraphProto> g = batched_body(c, std::move(model), batched);
+  if (!g) return g;
+  const onnx::GraphProto vm = *g;
+  g->clear_output();
+  for (int i = 0, next = 0; i < body.output_size(); ++i)
+    *g->add_output() = out_batched[static_cast<size_t>(i)] ? vm.output(next++) : body.output(i);
+  onnx::GraphProto own;
+  for (int i = 0; i < body.input_size(); ++i) *own.add_input() = g->input(i);
+  g->mutable_input()->Swap(own.mutable_input());
   for (const auto& r : c.reads)
-    if (std::string(c.b.name(r.v)) != r.name) rename_reads(g, r.name, std::string(c.b.name(r.v)));
-  rename_definitions(g, c.b.value_scope(), c.b.node_scope());
-  (void)reads;
+    if (std::string(c.b.name(r.v)) != r.name) rename_reads(*g, r.name, std::string(c.b.name(r.v)));
+  rename_definitions(*g, c.b.value_scope(), c.b.node_scope());
+  return g;
 }
 
 BatchResult loop_batch(BatchCtx& c) {
@@ -98,41 +115,23 @@ BatchResult loop_batch(BatchCtx& c) {
     if (dep[static_cast<size_t>(1 + n + j)] && !c.node.output(n + j).empty() && c.out_facts[n + j]->rank() < 0)
       return scan_fallback(c);  // (its stack must be transposed to put the batch first)
 
-  // The body as a model whose outputs are the batched values only: vmap would broadcast a shared
-  // output to the batch, and the condition and shared state must stay shared.
   std::vector<const Facts*> input_facts;
   const Facts iter_facts = Facts::of(onnx::TensorProto::INT64, {}), cond_facts = Facts::of(onnx::TensorProto::BOOL, {});
   input_facts = {&iter_facts, &cond_facts};
   for (int k = 0; k < n; ++k) input_facts.push_back(c.facts[static_cast<size_t>(2 + k)]);
-  onnx::ModelProto model = standalone_model(*body, input_facts, reads.extra, c.b.opsets());
-  onnx::GraphProto& sg = *model.mutable_graph();
   std::vector<char> out_batched(static_cast<size_t>(body->output_size()), 0);
   for (int k = 0; k < n; ++k) out_batched[static_cast<size_t>(1 + k)] = bat[static_cast<size_t>(k)];
   for (int j = 0; j < k_scan; ++j) out_batched[static_cast<size_t>(1 + n + j)] = dep[static_cast<size_t>(1 + n + j)];
-  onnx::GraphProto outs;
-  for (int i = 0; i < body->output_size(); ++i)
-    if (out_batched[static_cast<size_t>(i)]) *outs.add_output() = body->output(i);
-  sg.mutable_output()->Swap(outs.mutable_output());
   std::unordered_set<std::string> batched_inputs = reads.batched;
   for (int k = 0; k < n; ++k)
     if (bat[static_cast<size_t>(k)]) batched_inputs.insert(body->input(2 + k).name());
-  std::optional<onnx::GraphProto> batched_g = batched_body(c, std::move(model), batched_inputs);
-  if (!batched_g) return scan_fallback(c);
-  onnx::GraphProto& g = *batched_g;
-  // Outputs in the loop's order: batched ones from vmap, shared ones by their (kept) names.
-  {
-    const onnx::GraphProto vm = g;
-    g.clear_output();
-    int next = 0;
-    for (int i = 0; i < body->output_size(); ++i)
-      *g.add_output() = out_batched[static_cast<size_t>(i)] ? vm.output(next++) : body->output(i);
-  }
-  embed(c, g, reads, 2 + n);
+  std::optional<onnx::GraphProto> g = batch_in_place(c, *body, reads, input_facts, batched_inputs, out_batched);
+  if (!g) return scan_fallback(c);
 
   Vs ins = {c.in[0], c.in[1]};
   for (int k = 0; k < n; ++k)
     ins.push_back(bat[static_cast<size_t>(k)] ? c.materialize(2 + k) : c.in[static_cast<size_t>(2 + k)]);
-  Vs res = c.b.op("Loop", ins, {Attr::graph("body", std::move(g))}, n + k_scan);
+  Vs res = c.b.op("Loop", ins, {Attr::graph("body", std::move(*g))}, n + k_scan);
   BatchResult r;
   for (int k = 0; k < n; ++k) {
     r.out.push_back(res[k]);
@@ -228,30 +227,16 @@ BatchResult scan_batch(BatchCtx& c) {
   std::vector<const Facts*> input_facts;
   for (int k = 0; k < n; ++k) input_facts.push_back(c.facts[static_cast<size_t>(k)]);
   for (int j = 0; j < m; ++j) input_facts.push_back(&elem_facts[static_cast<size_t>(j)]);
-  onnx::ModelProto model = standalone_model(*body, input_facts, reads.extra, c.b.opsets());
   std::vector<char> out_batched(static_cast<size_t>(body->output_size()), 0);
   for (int k = 0; k < n; ++k) out_batched[static_cast<size_t>(k)] = bat[static_cast<size_t>(k)];
   for (int j = 0; j < k_scan; ++j) out_batched[static_cast<size_t>(n + j)] = dep[static_cast<size_t>(n + j)];
-  onnx::GraphProto outs;
-  for (int i = 0; i < body->output_size(); ++i)
-    if (out_batched[static_cast<size_t>(i)]) *outs.add_output() = body->output(i);
-  model.mutable_graph()->mutable_output()->Swap(outs.mutable_output());
   std::unordered_set<std::string> batched_inputs = reads.batched;
   for (int k = 0; k < n; ++k)
     if (bat[static_cast<size_t>(k)]) batched_inputs.insert(body->input(k).name());
   for (int j = 0; j < m; ++j)
     if (c.batched[static_cast<size_t>(n + j)]) batched_inputs.insert(body->input(n + j).name());
-  std::optional<onnx::GraphProto> batched_g = batched_body(c, std::move(model), batched_inputs);
-  if (!batched_g) return scan_fallback(c);
-  onnx::GraphProto& g = *batched_g;
-  {
-    const onnx::GraphProto vm = g;
-    g.clear_output();
-    int next = 0;
-    for (int i = 0; i < body->output_size(); ++i)
-      *g.add_output() = out_batched[static_cast<size_t>(i)] ? vm.output(next++) : body->output(i);
-  }
-  embed(c, g, reads, n + m);
+  std::optional<onnx::GraphProto> g = batch_in_place(c, *body, reads, input_facts, batched_inputs, out_batched);
+  if (!g) return scan_fallback(c);
 
   Vs ins;
   for (int k = 0; k < n; ++k)
@@ -262,7 +247,7 @@ BatchResult scan_batch(BatchCtx& c) {
   }
   for (int j = 0; j < k_scan; ++j)
     if (dep[static_cast<size_t>(n + j)]) ++out_axes[static_cast<size_t>(j)];
-  Attrs attrs = {Attr::graph("body", std::move(g)), Attr::i("num_scan_inputs", m),
+  Attrs attrs = {Attr::graph("body", std::move(*g)), Attr::i("num_scan_inputs", m),
                  Attr::ints("scan_input_axes", in_axes), Attr::ints("scan_output_axes", out_axes)};
   for (const char* dirs : {"scan_input_directions", "scan_output_directions"})
     if (const auto* a = c.attr(dirs)) attrs.push_back(Attr{*a});
@@ -298,17 +283,11 @@ BatchResult if_batch(BatchCtx& c) {
         NameScope& scope = c.b.value_scope();
         const std::string shape = scope.fresh(out + "_shape"), full = scope.fresh(out + "_batched_shape"),
                           lead = scope.fresh(out + "_lead"), wide = scope.fresh(out + "_batched");
-        auto add = [&](const char* type, std::vector<std::string> in, const std::string& o2) {
-          auto* nd = g.add_node();
-          nd->set_op_type(type);
-          for (auto& i : in) nd->add_input(i);
-          nd->add_output(o2);
-          return nd;
-        };
-        add("Shape", {out}, shape);
-        add("Concat", {size, shape}, full)->add_attribute()->CopyFrom(Attr::i("axis", 0).proto);
-        add("Unsqueeze", {out, std::string(c.b.name(c.b.i64s({0})))}, lead);
-        add("Expand", {lead, full}, wide);
+        *g.add_node() = make_node("Shape", {out}, shape);
+        *g.add_node() = make_node("Concat", {size, shape}, full);
+        *g.mutable_node(g.node_size() - 1)->add_attribute() = Attr::i("axis", 0).proto;
+        *g.add_node() = make_node("Unsqueeze", {out, std::string(c.b.name(c.b.i64s({0})))}, lead);
+        *g.add_node() = make_node("Expand", {lead, full}, wide);
         onnx::ValueInfoProto vi;
         vi.set_name(wide);
         if (o < static_cast<int>(c.out_facts.size()) && c.out_facts[o]->dtype)
@@ -318,11 +297,10 @@ BatchResult if_batch(BatchCtx& c) {
       }
       rename_definitions(g, c.b.value_scope(), c.b.node_scope());
     } else {
-      std::optional<onnx::GraphProto> batched_g =
-          batched_body(c, standalone_model(*br, {}, reads.extra, c.b.opsets()), reads.batched);
+      std::optional<onnx::GraphProto> batched_g = batch_in_place(
+          c, *br, reads, {}, reads.batched, std::vector<char>(static_cast<size_t>(br->output_size()), 1));
       if (!batched_g) return scan_fallback(c);
       g = std::move(*batched_g);
-      embed(c, g, reads, 0);
     }
     attrs.push_back(Attr::graph(name, std::move(g)));
   }

@@ -385,9 +385,6 @@ void register_shape_derivatives(DerivativeRules& r) {
     const int32_t dt = b.facts(c.x(2)).dtype;
     V unit = b.op1("Cast", {b.i64s({0, 1})}, {Attr::i("to", dt)});
     V mask = c.same_op({c.x(0), c.x(1), unit});
-    // The mask has the output's shape, which ONNX cannot infer for it when depth is a run-time
-    // value (the source output's facts may know it); reverse mode needs its rank.
-    if (const Facts& yf = b.facts(c.y(0)); yf.has_shape) b.set_facts(mask, Facts::of(dt, yf.dims));
     V off = b.op1("Gather", {c.t(2), b.i64(0)}, {Attr::i("axis", 0)});
     V on = b.op1("Gather", {c.t(2), b.i64(1)}, {Attr::i("axis", 0)});
     return {c.like_out(b.op1("Add", {off, b.op1("Mul", {b.op1("Sub", {on, off}), mask})}))};

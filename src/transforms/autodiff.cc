@@ -196,10 +196,6 @@ onnx::ValueInfoProto value_info_like(const std::string& name, const Facts& f) {
 void differentiate(Prepared& p, Mode mode, const Selection& sel) {
   const std::string m = mode_name(mode);
   const Resolved r = resolve(p, mode, sel);
-  std::unordered_map<std::string, int> opsets;
-  for (const auto& o : p.model->opset_import())
-    opsets[o.domain() == "ai.onnx" ? std::string() : o.domain()] = static_cast<int>(o.version());
-  opsets[""] = static_cast<int>(p.opset);
 
   const onnx::GraphProto* src = p.graph;
   // On the model's arena when it has one, so moving the result into it is a swap.
@@ -208,7 +204,7 @@ void differentiate(Prepared& p, Mode mode, const Selection& sel) {
   out.set_name(src->name());
   out.set_doc_string(src->doc_string());
   Builder b(out, p.value_names, p.node_names, p.opset);
-  b.enable_inference(opsets);
+  b.enable_inference(model_opsets(p));
   // Reverse mode transposes a weight shared by many nodes (an unrolled recurrence) once, not
   // once per use.
   b.enable_reuse();
@@ -375,10 +371,7 @@ void differentiate(Prepared& p, Mode mode, const Selection& sel) {
     }
     b.op_named("Identity", {v}, {}, name);
   };
-  auto zeros_like = [&](const std::string& name) {
-    V x = at(primal, id_of(name));
-    return b.expand(b.scalar(0.0, facts(name).dtype), b.shape_of(x));
-  };
+  auto zeros_like = [&](const std::string& name) { return b.zeros_like(at(primal, id_of(name)), facts(name).dtype); };
 
   if (mode == Mode::kJvp) {
     for (const auto& o : r.outputs) {

@@ -249,6 +249,14 @@ void rename_reads(onnx::GraphProto& g, const std::string& from, const std::strin
     if (o.name() == from) o.set_name(to);
 }
 
+std::unordered_map<std::string, int> model_opsets(const Prepared& p) {
+  std::unordered_map<std::string, int> opsets;
+  for (const auto& o : p.model->opset_import())
+    opsets[o.domain() == "ai.onnx" ? std::string() : o.domain()] = static_cast<int>(o.version());
+  opsets[""] = static_cast<int>(p.opset);
+  return opsets;
+}
+
 std::vector<std::string> outer_scope_reads(const onnx::NodeProto& node) {
   std::vector<std::string> reads;
   for (const auto& a : node.attribute()) {
@@ -448,11 +456,7 @@ void prepare_graph(Prepared& p, const std::string& mode) {
   for (const auto& s : g.sparse_initializer()) p.initializer_names.insert(s.values().name());
 
   // Facts: ONNX's per-node inference over the sorted graph plus the model's annotations.
-  std::unordered_map<std::string, int> opsets;
-  for (const auto& o : p.model->opset_import())
-    opsets[o.domain() == "ai.onnx" ? std::string() : o.domain()] = static_cast<int>(o.version());
-  opsets[""] = static_cast<int>(opset);
-  infer_facts(g, opsets, p.value_names, p.node_ids, p.facts);
+  infer_facts(g, model_opsets(p), p.value_names, p.node_ids, p.facts);
   collect_runtime_inputs(p);
 }
 

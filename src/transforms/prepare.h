@@ -7,6 +7,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
@@ -67,6 +68,9 @@ std::vector<NodePtr> take_nodes(Prepared& p);
 
 // The initializers of p's graph for the output graph: moved when private, else copied.
 void take_initializers(Prepared& p, onnx::GraphProto& out);
+
+// The model's opset imports by domain ("" for ai.onnx, at the effective opset p.opset).
+std::unordered_map<std::string, int> model_opsets(const Prepared& p);
 
 // True when a node has graph attributes (If/Loop/Scan bodies); only those read outer scopes.
 inline bool has_subgraphs(const onnx::NodeProto& node) {

@@ -177,6 +177,14 @@ void rename_definitions(onnx::GraphProto& g, NameScope& scope, NameScope& node_s
   apply(g);
 }
 
+onnx::NodeProto make_node(const char* type, std::vector<std::string> inputs, const std::string& output) {
+  onnx::NodeProto nd;
+  nd.set_op_type(type);
+  for (auto& i : inputs) nd.add_input(std::move(i));
+  nd.add_output(output);
+  return nd;
+}
+
 const onnx::ValueInfoProto* find_value_info(const onnx::GraphProto& g, const std::string& name) {
   for (const auto& vi : g.output())
     if (vi.name() == name) return &vi;
@@ -186,19 +194,17 @@ const onnx::ValueInfoProto* find_value_info(const onnx::GraphProto& g, const std
 }
 
 void add_output(onnx::GraphProto& g, const std::string& name, const onnx::ValueInfoProto& type_of, NameScope& scope) {
-  bool taken = false;
+  bool taken = false, defined = false;
   for (const auto& vi : g.output()) taken = taken || vi.name() == name;
   for (const auto& vi : g.input()) taken = taken || vi.name() == name;
+  for (const auto& t : g.initializer()) defined = defined || t.name() == name;
+  for (const auto& n : g.node())
+    for (const auto& o : n.output()) defined = defined || o == name;
   onnx::ValueInfoProto vi = type_of;
-  if (!taken) {
-    vi.set_name(name);
-  } else {
-    const std::string copy = scope.fresh(name + "_out");
-    auto* n = g.add_node();
-    n->set_op_type("Identity");
-    n->add_input(name);
-    n->add_output(copy);
-    vi.set_name(copy);
+  vi.set_name(name);
+  if (taken || !defined) {
+    vi.set_name(scope.fresh(name + "_out"));
+    *g.add_node() = make_node("Identity", {name}, vi.name());
   }
   *g.add_output() = std::move(vi);
 }

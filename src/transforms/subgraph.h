@@ -43,10 +43,13 @@ void prune(onnx::GraphProto& g);
 // (enclosing scopes) are unchanged.
 void rename_definitions(onnx::GraphProto& g, NameScope& scope, NameScope& node_scope);
 
-// `name` as a new output of `g` with the type of `type_of` (an existing output or input's
-// ValueInfo): through an Identity when `name` is already an output or a graph input (a body's
-// outputs must be distinct values), under a fresh name from `scope`.
+// `name` as a new output of `g` with the type of `type_of`: through an Identity (its output
+// named fresh in `scope`) when `name` is already an output or a graph input (a body's outputs
+// must be distinct values) or is read from an enclosing scope.
 void add_output(onnx::GraphProto& g, const std::string& name, const onnx::ValueInfoProto& type_of, NameScope& scope);
+
+// A default-domain node of `type` on `inputs` with one output, for graphs built by name.
+onnx::NodeProto make_node(const char* type, std::vector<std::string> inputs, const std::string& output);
 
 // The ValueInfo of `name` among g's inputs and outputs (nullptr: none).
 const onnx::ValueInfoProto* find_value_info(const onnx::GraphProto& g, const std::string& name);

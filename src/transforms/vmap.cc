@@ -156,13 +156,7 @@ void vmap_prepared(Prepared& p, const VmapOptions& opt) {
   out_graph.set_name(src_graph->name());
   out_graph.set_doc_string(src_graph->doc_string());
   Builder b(out_graph, p.value_names, p.node_names, p.opset);
-  {
-    std::unordered_map<std::string, int> opsets;
-    for (const auto& o : p.model->opset_import())
-      opsets[o.domain() == "ai.onnx" ? std::string() : o.domain()] = static_cast<int>(o.version());
-    opsets[""] = static_cast<int>(p.opset);
-    b.set_opsets(std::move(opsets));
-  }
+  b.set_opsets(model_opsets(p));  // (control-flow rules make bodies models of their own)
   // What each source value became, indexed by its id in p.value_names: the nodes' value ids
   // come precomputed from prepare, so the loop below never hashes a name.
   std::vector<Mapped> env(static_cast<size_t>(p.value_names.size()));
@@ -287,18 +281,18 @@ void vmap_prepared(Prepared& p, const VmapOptions& opt) {
       if (m && m->batched) any_batched = true;
     }
     // Batched values that the node's subgraphs (If/Loop/Scan bodies) read from this scope.
-    std::vector<std::pair<std::string, V>> captured;
     std::vector<BatchCtx::Read> reads;
+    bool reads_batched = false;
     if (has_subgraphs(node)) {
       std::set<std::string> seen;
       for (const auto& r : outer_scope_reads(node)) {
         const Mapped* m = mapped(r);
         if (!m || !seen.insert(r).second) continue;
-        if (m->batched) captured.emplace_back(r, m->v);
+        reads_batched = reads_batched || m->batched;
         reads.push_back(BatchCtx::Read{r, m->v, m->batched, &src_facts(r)});
       }
     }
-    if (!any_batched && captured.empty()) {
+    if (!any_batched && !reads_batched) {
       // Shared computation: copy the node unchanged. Graph outputs get a private name so the
       // broadcast to the batch can take the output's own name at the end.
       std::vector<std::pair<int, V>> outs;
@@ -345,10 +339,10 @@ void vmap_prepared(Prepared& p, const VmapOptions& opt) {
     }
     // Nodes with subgraphs that read batched values, and ops without a vectorized rule, are
     // batched by a per-example Scan.
+    // (Rules of ops with subgraphs batch what the subgraphs capture; ops without a rule take
+    // the per-example map, which gives each example its slice of every captured value.)
     const BatchRule* rule = nullptr;
-    // (Loop, Scan and If have rules that batch what their bodies capture.)
-    const bool captures_handled = node.op_type() == "Loop" || node.op_type() == "If" || node.op_type() == "Scan";
-    if (captured.empty() || (captures_handled && domain.empty())) {
+    {
       auto [cached, added] = rule_of_schema.try_emplace(schema, nullptr);
       if (added) cached->second = rules.find(domain, node.op_type(), schema->since_version());
       rule = cached->second;
@@ -362,7 +356,6 @@ void vmap_prepared(Prepared& p, const VmapOptions& opt) {
                  std::move(spare.facts),
                  std::move(spare.out_facts),
                  batch_size_fn,
-                 std::move(captured),
                  false,
                  schema,
                  std::move(reads),
