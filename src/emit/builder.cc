@@ -176,6 +176,15 @@ void Builder::infer(onnx::NodeProto& node, const Vs& inputs, const Vs& outputs) 
   } catch (const std::exception&) {
     // Facts stay unknown; rules that need them report it.
   }
+  if (node.op_type() == "Loop" || node.op_type() == "Scan") {
+    // Inference here has no subgraph support: the body's declarations say what it can.
+    std::vector<Facts> inferred;
+    for (V o : outputs) inferred.push_back(o.valid() ? facts(o) : Facts{});
+    refine_state_shapes(node, inferred);
+    for (size_t i = 0; i < outputs.size(); ++i)
+      if (outputs[i].valid() && inferred[i].has_shape && !facts(outputs[i]).has_shape)
+        set_facts(outputs[i], std::move(inferred[i]));
+  }
   // Data propagation records what it learns by output name: a stand-in's entry would make the
   // next tape node's inference fail ("data for input already exists") and mean nothing after.
   if (named)

@@ -33,6 +33,9 @@ struct Facts {
 bool same_static_shape(const Facts& a, const Facts& b);
 
 Facts facts_from_type(const onnx::TypeProto& type);
+// Refines the inferred facts of a Loop's or Scan's outputs from its body's declarations
+// (state keeps its rank; a Loop's scan outputs are the body's type with a leading dim).
+void refine_state_shapes(const onnx::NodeProto& node, std::vector<Facts>& inferred);
 void write_type(const Facts& facts, onnx::TypeProto* type);
 
 // The facts of every value of a graph, as ONNX's per-operator inference (with data

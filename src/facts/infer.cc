@@ -73,9 +73,13 @@ bool has_rank(const onnx::TypeProto& t) {
   return t.has_tensor_type() && t.tensor_type().has_shape();
 }
 
+}  // namespace
+
 // The shape of loop-carried state (Loop, Scan) whose body reads and writes it with declared
 // shapes of the same rank (dims they disagree on are unknown). ONNX's inference leaves such outputs without a shape,
 // since in general state may change shape between iterations; reverse mode needs the rank of what it differentiates.
+// A Loop's scan outputs left untyped (inference without subgraph support, as in the builder)
+// get the body's declared type with a leading unknown dim.
 void refine_state_shapes(const onnx::NodeProto& n, std::vector<Facts>& inferred) {
   const bool loop = n.op_type() == "Loop", scan = n.op_type() == "Scan";
   if (!(loop || scan) || !(n.domain().empty() || n.domain() == "ai.onnx")) return;
@@ -105,9 +109,17 @@ void refine_state_shapes(const onnx::NodeProto& n, std::vector<Facts>& inferred)
     if (inferred[static_cast<size_t>(k)].dtype) f.dtype = inferred[static_cast<size_t>(k)].dtype;
     inferred[static_cast<size_t>(k)] = std::move(f);
   }
+  if (!loop) return;
+  for (int k = std::max(states, 0); k < n.output_size() && static_cast<size_t>(k) < inferred.size(); ++k) {
+    Facts& out = inferred[static_cast<size_t>(k)];
+    if (out.has_shape || out0 + k >= body->output_size() || !body->output(out0 + k).type().has_tensor_type()) continue;
+    const Facts per_step = facts_from_type(body->output(out0 + k).type());
+    if (!per_step.has_shape) continue;
+    Facts f = per_step.with_dim(0, Dim{});
+    if (out.dtype) f.dtype = out.dtype;
+    out = std::move(f);
+  }
 }
-
-}  // namespace
 
 void infer_facts(const onnx::GraphProto& g, const std::unordered_map<std::string, int>& opsets, const NameScope& names,
                  const NodeValueIds& node_ids, FactTable& table) {

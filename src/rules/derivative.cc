@@ -215,6 +215,7 @@ const DerivativeRules& DerivativeRules::instance() {
     register_expanded_derivatives(r);
     register_linear_op_derivatives(r);
     register_control_flow_derivatives(r);
+    register_recurrent_derivatives(r);
     return r;
   }();
   return rules;

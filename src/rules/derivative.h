@@ -144,5 +144,10 @@ void register_control_flow_derivatives(DerivativeRules& r);
 bool differentiable_dtype(int32_t dtype);
 // JVP of a function op through its ONNX function body (each body node by its own rule).
 Vs expand_jvp(JvpCtx& c);
+// JVP of `c.node` through `expansion`: nodes computing the node's outputs (by their names) from
+// its inputs (by their names), each differentiated with its own rule. Subgraphs in it must read
+// nothing from the enclosing graph (clones of the expansion's nodes get fresh names).
+Vs expansion_jvp(JvpCtx& c, const onnx::GraphProto& expansion);
+void register_recurrent_derivatives(DerivativeRules& r);
 
 }  // namespace onnax

@@ -81,6 +81,10 @@ Vs expand_jvp(JvpCtx& c) {
     for (int k = n.attribute_size() - 1; k >= 0; --k)
       if (!n.attribute(k).ref_attr_name().empty() || n.attribute(k).type() == onnx::AttributeProto::UNDEFINED)
         n.mutable_attribute()->DeleteSubrange(k, 1);
+  return expansion_jvp(c, g);
+}
+
+Vs expansion_jvp(JvpCtx& c, const onnx::GraphProto& g) {
   const DerivativeRules& rules = DerivativeRules::instance();
   std::unordered_map<std::string, V> primal, tangent;
   for (int i = 0; i < c.node.input_size(); ++i) {
@@ -106,7 +110,8 @@ Vs expand_jvp(JvpCtx& c) {
       if (!n.output(k).empty()) primal[n.output(k)] = ys[k];
     if (!active || rules.is_zero(n.op_type())) continue;
     bool float_out = false;
-    for (const V& y : ys) float_out = float_out || (y.valid() && float_dtype(c.b.facts(y).dtype));
+    for (const V& y : ys)  // (an unknown dtype could be float)
+      float_out = float_out || (y.valid() && (c.b.facts(y).dtype == 0 || float_dtype(c.b.facts(y).dtype)));
     if (!float_out) continue;
     const JvpRule* rule = rules.find_jvp(n.op_type());
     Vs rule_ys = ys;
@@ -127,7 +132,9 @@ Vs expand_jvp(JvpCtx& c) {
       c.unsupported("its function body uses " + n.domain() + "::" + n.op_type() + ", which has no derivative rule",
                     "select inputs/outputs that avoid it");
     for (int k = 0; k < n.output_size() && k < static_cast<int>(touts.size()); ++k) {
-      if (n.output(k).empty() || !touts[k].valid() || !float_dtype(c.b.facts(ys[k]).dtype)) continue;
+      if (n.output(k).empty() || !touts[k].valid() ||
+          (c.b.facts(ys[k]).dtype != 0 && !float_dtype(c.b.facts(ys[k]).dtype)))
+        continue;
       if (!c.b.witness(touts[k]).valid()) c.b.set_witness(touts[k], ys[k]);
       // A tangent has its primal's shape; inference may know less about it.
       if (c.b.facts(touts[k]).rank() < 0 && c.b.facts(ys[k]).rank() >= 0) c.b.set_facts(touts[k], c.b.facts(ys[k]));

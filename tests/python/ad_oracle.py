@@ -635,11 +635,15 @@ def check_hvp(
     seed: int = 0,
     tol: Tol | None = None,
     reload: bool = False,
+    oracle_model: onnx.ModelProto | None = None,
 ) -> onnx.ModelProto:
     """``jvp(grad(f), inputs=wrt)`` keeps the loss and gradients and appends their tangents,
-    which must match central FD of the gradient graph along the tangent direction."""
+    which must match central FD of the gradient graph along the tangent direction (the gradient
+    graph of ``oracle_model``, a float64 model of the same function, when given: for ops ONNX
+    Runtime has no float64 kernel for)."""
 
     gm = grad(model, inputs=inputs, output=output)
+    oracle_gm = None if oracle_model is None else grad(oracle_model, inputs=inputs, output=output)
     if reload:
         gm = onnx.load_from_string(gm.SerializeToString())
     n_g_out = len(gm.graph.output)
@@ -651,7 +655,7 @@ def check_hvp(
     assert len(houts) == n_g_out + len(grad_outs), (
         f"jvp(grad(f)) should append one tangent per gradient {grad_outs}, got outputs {houts}"
     )
-    p = prepare(gm, list(wrt), gens, seed)
+    p = prepare(gm, list(wrt), gens, seed, oracle_gm)
     tol = tol or p.tol
     tangents = appended_inputs(gm, hm)
     assert len(tangents) == len(wrt), f"jvp appended {[t.name for t in tangents]} for {list(wrt)}"

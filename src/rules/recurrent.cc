@@ -1,0 +1,421 @@
+// Derivatives of the recurrent ops (RNN, GRU, LSTM) by expansion. ONNX defines no function
+// body for them, so the op is written out here as the spec's equations: the input projection
+// X W^T for all steps at once, then a Loop over time of MatMul/Add/activation nodes carrying
+// the hidden (and cell) state. Directions, layouts, sequence_lens, initial states, peepholes,
+// clip, linear_before_reset, input_forget and the activation lists are covered. The expansion
+// is differentiated by its nodes' own rules (the Loop by the control-flow rules), so reverse
+// mode, higher orders and vmap of derivatives come with it. The op's own outputs stay as they
+// were: the expansion only feeds the tangents.
+#include <onnx/onnx_pb.h>
+
+#include <cctype>
+#include <limits>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "rules/derivative.h"
+
+namespace onnax {
+namespace {
+
+using Names = std::vector<std::string>;
+using AttrList = std::vector<onnx::AttributeProto>;
+
+std::string lowercase(std::string_view s) {
+  std::string out;
+  for (char ch : s) out.push_back(static_cast<char>(std::tolower(static_cast<unsigned char>(ch))));
+  return out;
+}
+
+// Appends nodes to one graph (the expansion, or a Loop body) under fresh names of the model's
+// value scope: a Loop body keeps its names when cloned, so they must collide with nothing.
+class Writer {
+ public:
+  Writer(Builder& b, onnx::GraphProto& g, std::string base, int32_t dtype)
+      : b_(b), g_(g), base_(std::move(base)), dtype_(dtype) {}
+
+  std::string fresh(std::string_view hint) { return b_.fresh_value_name(base_ + "_" + std::string(hint)); }
+
+  std::string op(std::string_view type, const Names& inputs, AttrList attrs = {}, std::string out = {}) {
+    return op_n(type, inputs, 1, std::move(attrs), {std::move(out)})[0];
+  }
+  Names op_n(std::string_view type, const Names& inputs, int outputs, AttrList attrs = {}, Names names = {}) {
+    auto* n = g_.add_node();
+    n->set_op_type(std::string(type));
+    for (const auto& i : inputs) n->add_input(i);
+    names.resize(static_cast<size_t>(outputs));
+    for (auto& o : names) {
+      if (o.empty()) o = fresh(lowercase(type));
+      n->add_output(o);
+    }
+    for (auto& a : attrs) *n->add_attribute() = std::move(a);
+    return names;
+  }
+
+  std::string i64s(const std::vector<int64_t>& values) { return constant(onnx::TensorProto::INT64, values, {}, true); }
+  std::string i64(int64_t value) { return constant(onnx::TensorProto::INT64, {value}, {}, false); }
+  std::string flag(bool value) {
+    onnx::AttributeProto a;
+    a.set_name("value");
+    a.set_type(onnx::AttributeProto::TENSOR);
+    a.mutable_t()->set_data_type(onnx::TensorProto::BOOL);
+    a.mutable_t()->add_int32_data(value ? 1 : 0);
+    return op("Constant", {}, {a});
+  }
+  // A scalar of the op's float type.
+  std::string scalar(double value) { return constant(dtype_, {}, {value}, false); }
+
+  int32_t dtype() const { return dtype_; }
+
+ private:
+  std::string constant(int32_t dtype, const std::vector<int64_t>& ints, const std::vector<double>& reals, bool vector) {
+    onnx::AttributeProto a;
+    a.set_name("value");
+    a.set_type(onnx::AttributeProto::TENSOR);
+    onnx::TensorProto* t = a.mutable_t();
+    t->set_data_type(dtype);
+    if (vector) t->add_dims(static_cast<int64_t>(ints.size()));
+    for (int64_t v : ints) t->add_int64_data(v);
+    for (double v : reals) {
+      if (dtype == onnx::TensorProto::DOUBLE)
+        t->add_double_data(v);
+      else
+        t->add_float_data(static_cast<float>(v));
+    }
+    return op("Constant", {}, {a});
+  }
+
+  Builder& b_;
+  onnx::GraphProto& g_;
+  std::string base_;
+  int32_t dtype_;
+};
+
+onnx::AttributeProto attr_i(const char* name, int64_t v) {
+  return Attr::i(name, v).proto;
+}
+onnx::AttributeProto attr_f(const char* name, float v) {
+  return Attr::f(name, v).proto;
+}
+onnx::AttributeProto attr_ints(const char* name, const std::vector<int64_t>& v) {
+  return Attr::ints(name, v).proto;
+}
+
+struct Activation {
+  std::string name;  // lowercase
+  float alpha = 0;
+  float beta = 0;
+};
+
+// The op's activation functions, `per_direction` for each direction, with their alpha/beta.
+// As in ONNX Runtime, activation_alpha/beta are consumed in order by the functions that take
+// them; a list for one direction serves both of a bidirectional op.
+std::vector<Activation> activations(const JvpCtx& c, size_t per_direction, size_t directions,
+                                    const std::vector<std::string>& defaults) {
+  std::vector<std::string> names;
+  if (const auto* a = c.attr("activations"))
+    for (const auto& s : a->strings()) names.push_back(lowercase(s));
+  if (names.empty())
+    for (const auto& d : defaults) names.push_back(lowercase(d));
+  if (names.size() == per_direction && directions == 2) {
+    const std::vector<std::string> one = names;
+    names.insert(names.end(), one.begin(), one.end());
+  }
+  if (names.size() != per_direction * directions)
+    c.unsupported("activations lists " + std::to_string(names.size()) + " functions; expected " +
+                      std::to_string(per_direction) + " per direction (" + std::to_string(directions) +
+                      " direction(s))",
+                  "give one function per gate activation and direction, as the ONNX spec lists them");
+  const std::vector<float> alphas = [&] {
+    std::vector<float> v;
+    if (const auto* a = c.attr("activation_alpha")) v.assign(a->floats().begin(), a->floats().end());
+    return v;
+  }();
+  const std::vector<float> betas = [&] {
+    std::vector<float> v;
+    if (const auto* a = c.attr("activation_beta")) v.assign(a->floats().begin(), a->floats().end());
+    return v;
+  }();
+  size_t next_alpha = 0, next_beta = 0;
+  std::vector<Activation> out;
+  for (const auto& n : names) {
+    Activation act{n};
+    float default_alpha = 0, default_beta = 0;
+    bool takes_alpha = true, takes_beta = false;
+    if (n == "leakyrelu") {
+      default_alpha = 0.01f;
+    } else if (n == "thresholdedrelu" || n == "elu") {
+      default_alpha = 1.0f;
+    } else if (n == "hardsigmoid") {
+      default_alpha = 0.2f, default_beta = 0.5f, takes_beta = true;
+    } else if (n == "affine") {
+      default_alpha = 1.0f, takes_beta = true;
+    } else if (n == "scaledtanh") {
+      default_alpha = 1.0f, default_beta = 1.0f, takes_beta = true;
+    } else if (n == "relu" || n == "tanh" || n == "sigmoid" || n == "softsign" || n == "softplus") {
+      takes_alpha = false;
+    } else {
+      c.unsupported("activation '" + n + "' is not one the ONNX spec lists",
+                    "use Relu, Tanh, Sigmoid, Affine, LeakyRelu, ThresholdedRelu, ScaledTanh, HardSigmoid, Elu, "
+                    "Softsign or Softplus");
+    }
+    act.alpha = takes_alpha && next_alpha < alphas.size() ? alphas[next_alpha++] : default_alpha;
+    act.beta = takes_beta && next_beta < betas.size() ? betas[next_beta++] : default_beta;
+    out.push_back(act);
+  }
+  return out;
+}
+
+std::string activate(Writer& w, const Activation& a, const std::string& x) {
+  if (a.name == "relu") return w.op("Relu", {x});
+  if (a.name == "tanh") return w.op("Tanh", {x});
+  if (a.name == "sigmoid") return w.op("Sigmoid", {x});
+  if (a.name == "softsign") return w.op("Softsign", {x});
+  if (a.name == "softplus") return w.op("Softplus", {x});
+  if (a.name == "leakyrelu") return w.op("LeakyRelu", {x}, {attr_f("alpha", a.alpha)});
+  if (a.name == "thresholdedrelu") return w.op("ThresholdedRelu", {x}, {attr_f("alpha", a.alpha)});
+  if (a.name == "elu") return w.op("Elu", {x}, {attr_f("alpha", a.alpha)});
+  if (a.name == "hardsigmoid") return w.op("HardSigmoid", {x}, {attr_f("alpha", a.alpha), attr_f("beta", a.beta)});
+  if (a.name == "affine") return w.op("Add", {w.op("Mul", {x, w.scalar(a.alpha)}), w.scalar(a.beta)});
+  // scaledtanh
+  return w.op("Mul", {w.op("Tanh", {w.op("Mul", {x, w.scalar(a.beta)})}), w.scalar(a.alpha)});
+}
+
+enum class Cell { kRnn, kGru, kLstm };
+
+// What one direction's step needs besides the state.
+struct StepInputs {
+  std::string x;    // this step's input projection with biases, [batch, gates * hidden]
+  std::string rt;   // R^T, [hidden, gates * hidden] (GRU: the z and r gates' only)
+  std::string rh;   // GRU: Rh^T, [hidden, hidden]
+  std::string rbh;  // GRU with linear_before_reset: Rbh, [hidden]
+  std::string p;    // LSTM peepholes [3 * hidden] (empty: none)
+  std::string h;    // previous hidden state [batch, hidden]
+  std::string c;    // LSTM: previous cell state
+};
+
+struct Options {
+  Cell cell;
+  std::vector<Activation> acts;  // this direction's
+  bool clip = false;
+  float clip_value = 0;
+  bool linear_before_reset = false;
+  bool input_forget = false;
+};
+
+// One time step: the new hidden (and cell) state. Clip bounds the inputs of the gate
+// activations, as ONNX Runtime applies it.
+std::pair<std::string, std::string> step(Writer& w, const Options& o, const StepInputs& in) {
+  auto clipped = [&](const std::string& x) {
+    return o.clip ? w.op("Clip", {x, w.scalar(-o.clip_value), w.scalar(o.clip_value)}) : x;
+  };
+  auto act = [&](size_t k, const std::string& x) { return activate(w, o.acts[k], clipped(x)); };
+  if (o.cell == Cell::kRnn) {
+    const std::string pre = w.op("Add", {in.x, w.op("MatMul", {in.h, in.rt})});
+    return {act(0, pre), {}};
+  }
+  if (o.cell == Cell::kGru) {
+    const Names xs = w.op_n("Split", {in.x}, 3, {attr_i("axis", -1), attr_i("num_outputs", 3)});
+    const Names hzr =
+        w.op_n("Split", {w.op("MatMul", {in.h, in.rt})}, 2, {attr_i("axis", -1), attr_i("num_outputs", 2)});
+    const std::string z = act(0, w.op("Add", {xs[0], hzr[0]}));
+    const std::string r = act(0, w.op("Add", {xs[1], hzr[1]}));
+    std::string hpart;
+    if (o.linear_before_reset)
+      hpart = w.op("Mul", {r, w.op("Add", {w.op("MatMul", {in.h, in.rh}), in.rbh})});
+    else
+      hpart = w.op("MatMul", {w.op("Mul", {r, in.h}), in.rh});
+    const std::string hh = act(1, w.op("Add", {xs[2], hpart}));
+    // H = (1 - z) * hh + z * H_prev = hh + z * (H_prev - hh)
+    return {w.op("Add", {hh, w.op("Mul", {z, w.op("Sub", {in.h, hh})})}), {}};
+  }
+  // LSTM: gates in the order i, o, f, c.
+  const std::string pre = w.op("Add", {in.x, w.op("MatMul", {in.h, in.rt})});
+  const Names g = w.op_n("Split", {pre}, 4, {attr_i("axis", -1), attr_i("num_outputs", 4)});
+  Names p;
+  if (!in.p.empty()) p = w.op_n("Split", {in.p}, 3, {attr_i("axis", -1), attr_i("num_outputs", 3)});
+  auto peep = [&](const std::string& x, size_t k, const std::string& state) {
+    return p.empty() ? x : w.op("Add", {x, w.op("Mul", {p[k], state})});
+  };
+  const std::string i = act(0, peep(g[0], 0, in.c));
+  const std::string f = o.input_forget ? w.op("Sub", {w.scalar(1.0), i}) : act(0, peep(g[2], 2, in.c));
+  const std::string cc = act(1, g[3]);
+  const std::string c = w.op("Add", {w.op("Mul", {f, in.c}), w.op("Mul", {i, cc})});
+  const std::string og = act(0, peep(g[1], 1, c));
+  return {w.op("Mul", {og, activate(w, o.acts[2], c)}), c};
+}
+
+onnx::ValueInfoProto typed(const std::string& name, int32_t dtype, int rank) {
+  onnx::ValueInfoProto vi;
+  vi.set_name(name);
+  write_type(Facts::of(dtype, Dims(static_cast<size_t>(rank), Dim{})), vi.mutable_type());
+  return vi;
+}
+
+// Reverses the time axis (0) of `x`: within each sequence's length when `lens` is given.
+std::string reverse_time(Writer& w, const std::string& x, const std::string& lens) {
+  if (!lens.empty()) return w.op("ReverseSequence", {x, lens}, {attr_i("batch_axis", 1), attr_i("time_axis", 0)});
+  return w.op("Slice", {x, w.i64s({-1}), w.i64s({std::numeric_limits<int64_t>::min()}), w.i64s({0}), w.i64s({-1})});
+}
+
+Vs recurrent_jvp(JvpCtx& c) {
+  const std::string& type = c.node.op_type();
+  const Cell cell = type == "RNN" ? Cell::kRnn : type == "GRU" ? Cell::kGru : Cell::kLstm;
+  const size_t per_direction = cell == Cell::kRnn ? 1 : cell == Cell::kGru ? 2 : 3;
+  const std::vector<std::string> defaults = cell == Cell::kRnn   ? std::vector<std::string>{"Tanh"}
+                                            : cell == Cell::kGru ? std::vector<std::string>{"Sigmoid", "Tanh"}
+                                                                 : std::vector<std::string>{"Sigmoid", "Tanh", "Tanh"};
+  std::string direction = "forward";
+  if (const auto* a = c.attr("direction")) direction = a->s();
+  if (direction != "forward" && direction != "reverse" && direction != "bidirectional")
+    c.unsupported("direction is '" + direction + "'", "use forward, reverse or bidirectional");
+  const size_t directions = direction == "bidirectional" ? 2 : 1;
+  const bool batch_first = c.attr_i("layout", 0) != 0;
+  const int32_t dtype = c.dtype(0);
+  Options opt{cell,
+              {},
+              c.attr("clip") != nullptr,
+              c.attr_f("clip", 0),
+              c.attr_i("linear_before_reset", 0) != 0,
+              c.attr_i("input_forget", 0) != 0};
+  const std::vector<Activation> acts = activations(c, per_direction, directions, defaults);
+
+  auto input = [&](int i) { return i < c.node.input_size() ? c.node.input(i) : std::string(); };
+  onnx::GraphProto g;
+  Writer w(c.b, g, c.node.output_size() > 0 && !c.node.output(0).empty() ? c.node.output(0) : type, dtype);
+
+  // Time-major X [T, batch, input]; initial states [directions, batch, hidden].
+  std::string x = input(0);
+  std::string h0 = input(5);
+  std::string c0 = cell == Cell::kLstm ? input(6) : std::string();
+  const std::string peepholes = cell == Cell::kLstm ? input(7) : std::string();
+  if (batch_first) {
+    x = w.op("Transpose", {x}, {attr_ints("perm", {1, 0, 2})});
+    if (!h0.empty()) h0 = w.op("Transpose", {h0}, {attr_ints("perm", {1, 0, 2})});
+    if (!c0.empty()) c0 = w.op("Transpose", {c0}, {attr_ints("perm", {1, 0, 2})});
+  }
+  const std::string x_shape = w.op("Shape", {x});
+  const std::string trips = w.op("Gather", {x_shape, w.i64(0)}, {attr_i("axis", 0)});
+  std::string lens;
+  if (!input(4).empty()) lens = w.op("Cast", {input(4)}, {attr_i("to", onnx::TensorProto::INT64)});
+  const int64_t hidden_attr = c.attr_i("hidden_size", 0);
+  const std::string hidden =
+      hidden_attr > 0 ? w.i64s({hidden_attr}) : w.op("Slice", {w.op("Shape", {input(2)}), w.i64s({2}), w.i64s({3})});
+  const std::string state_shape =
+      w.op("Concat", {w.op("Slice", {x_shape, w.i64s({1}), w.i64s({2})}), hidden}, {attr_i("axis", 0)});
+  const std::string zero = w.scalar(0.0);
+  const std::string keep_going = w.flag(true);
+
+  Names ys, hs, cs;
+  for (size_t d = 0; d < directions; ++d) {
+    const bool reverse = direction == "reverse" || d == 1;
+    Options o = opt;
+    o.acts.assign(acts.begin() + static_cast<std::ptrdiff_t>(d * per_direction),
+                  acts.begin() + static_cast<std::ptrdiff_t>((d + 1) * per_direction));
+    const std::string di = w.i64(static_cast<int64_t>(d));
+    auto pick = [&](const std::string& t) { return w.op("Gather", {t, di}, {attr_i("axis", 0)}); };
+    std::string xw = w.op("MatMul", {x, w.op("Transpose", {pick(input(1))})});
+    std::string rt = w.op("Transpose", {pick(input(2))}), rh;
+    if (cell == Cell::kGru) {
+      const Names zrh = w.op_n("Split", {rt}, 3, {attr_i("axis", 1), attr_i("num_outputs", 3)});
+      rt = w.op("Concat", {zrh[0], zrh[1]}, {attr_i("axis", 1)});
+      rh = zrh[2];
+    }
+    std::string rbh;
+    if (!input(3).empty()) {
+      const Names wr = w.op_n("Split", {pick(input(3))}, 2, {attr_i("axis", 0), attr_i("num_outputs", 2)});
+      std::string rb = wr[1];
+      if (cell == Cell::kGru && opt.linear_before_reset) {
+        // Rbh stays inside r * (H Rh^T + Rbh); the other recurrence biases add to the input.
+        const Names zrh = w.op_n("Split", {rb}, 3, {attr_i("axis", 0), attr_i("num_outputs", 3)});
+        rbh = zrh[2];
+        rb = w.op("Concat", {zrh[0], zrh[1], w.op("Mul", {zrh[2], zero})}, {attr_i("axis", 0)});
+      }
+      xw = w.op("Add", {xw, w.op("Add", {wr[0], rb})});
+    }
+    if (cell == Cell::kGru && opt.linear_before_reset && rbh.empty()) rbh = w.op("Expand", {zero, hidden});
+    if (reverse) xw = reverse_time(w, xw, lens);
+    const std::string h_init = h0.empty() ? w.op("Expand", {zero, state_shape}) : pick(h0);
+    std::string c_init;
+    if (cell == Cell::kLstm) c_init = c0.empty() ? w.op("Expand", {zero, state_shape}) : pick(c0);
+    const std::string p = peepholes.empty() ? std::string() : pick(peepholes);
+
+    // The Loop body: state, then the values it reads carried unchanged (a body reading the
+    // enclosing graph by name would lose those names when the expansion is cloned).
+    onnx::GraphProto body;
+    body.set_name(w.fresh("step"));
+    Writer bw(c.b, body, w.fresh("step"), dtype);
+    const std::string it = bw.fresh("t"), cond = bw.fresh("cond");
+    *body.add_input() = typed(it, onnx::TensorProto::INT64, 0);
+    *body.add_input() = typed(cond, onnx::TensorProto::BOOL, 0);
+    // (An explicit true condition: the ONNX reference evaluator runs no iteration without one.)
+    Names loop_in{trips, keep_going}, carried_in;
+    auto carry = [&](const std::string& outer, int32_t dt, int rank) {
+      const std::string inner = bw.fresh("in");
+      *body.add_input() = typed(inner, dt, rank);
+      loop_in.push_back(outer);
+      carried_in.push_back(inner);
+      return inner;
+    };
+    StepInputs si;
+    si.h = carry(h_init, dtype, 2);
+    if (cell == Cell::kLstm) si.c = carry(c_init, dtype, 2);
+    const size_t state_count = carried_in.size();
+    const std::string xw_in = carry(xw, dtype, 3);
+    si.rt = carry(rt, dtype, 2);
+    if (!rh.empty()) si.rh = carry(rh, dtype, 2);
+    if (!rbh.empty()) si.rbh = carry(rbh, dtype, 1);
+    if (!p.empty()) si.p = carry(p, dtype, 1);
+    std::string lens_in;
+    if (!lens.empty()) lens_in = carry(lens, onnx::TensorProto::INT64, 1);
+    si.x = bw.op("Gather", {xw_in, it}, {attr_i("axis", 0)});
+    auto [h_new, c_new] = step(bw, o, si);
+    std::string y_t = h_new;
+    if (!lens.empty()) {
+      // Past a sequence's length the state holds and the output is zero.
+      const std::string live = bw.op("Unsqueeze", {bw.op("Less", {it, lens_in}), bw.i64s({1})});
+      y_t = bw.op("Where", {live, h_new, bw.scalar(0.0)});
+      h_new = bw.op("Where", {live, h_new, si.h});
+      if (cell == Cell::kLstm) c_new = bw.op("Where", {live, c_new, si.c});
+    }
+    const std::string cond_out = bw.op("Identity", {cond});
+    *body.add_output() = typed(cond_out, onnx::TensorProto::BOOL, 0);
+    *body.add_output() = typed(bw.op("Identity", {h_new}), dtype, 2);
+    if (cell == Cell::kLstm) *body.add_output() = typed(bw.op("Identity", {c_new}), dtype, 2);
+    for (size_t k = state_count; k < carried_in.size(); ++k) {
+      onnx::ValueInfoProto vi = body.input(static_cast<int>(k) + 2);
+      vi.set_name(bw.op("Identity", {carried_in[k]}));
+      *body.add_output() = vi;
+    }
+    *body.add_output() = typed(bw.op("Identity", {y_t}), dtype, 2);
+
+    const int loop_outputs = static_cast<int>(carried_in.size()) + 1;
+    const Names outs = w.op_n("Loop", loop_in, loop_outputs, {Attr::graph("body", std::move(body)).proto});
+    std::string y = outs.back();
+    if (reverse) y = reverse_time(w, y, lens);
+    ys.push_back(w.op("Unsqueeze", {y, w.i64s({1})}));
+    hs.push_back(w.op("Unsqueeze", {outs[0], w.i64s({0})}));
+    if (cell == Cell::kLstm) cs.push_back(w.op("Unsqueeze", {outs[1], w.i64s({0})}));
+  }
+
+  // The op's outputs, under its own output names (the expansion maps them to tangents).
+  auto finish = [&](const Names& parts, int64_t axis, const std::vector<int64_t>& batch_first_perm, int k) {
+    if (k >= c.node.output_size() || c.node.output(k).empty()) return;
+    std::string v = parts.size() == 1 ? parts[0] : w.op("Concat", parts, {attr_i("axis", axis)});
+    if (batch_first) v = w.op("Transpose", {v}, {attr_ints("perm", batch_first_perm)});
+    w.op("Identity", {v}, {}, c.node.output(k));
+  };
+  finish(ys, 1, {2, 0, 1, 3}, 0);
+  finish(hs, 0, {1, 0, 2}, 1);
+  if (cell == Cell::kLstm) finish(cs, 0, {1, 0, 2}, 2);
+  return expansion_jvp(c, g);
+}
+
+}  // namespace
+
+void register_recurrent_derivatives(DerivativeRules& r) {
+  for (const char* op : {"RNN", "GRU", "LSTM"}) r.jvp(op, recurrent_jvp);
+}
+
+}  // namespace onnax
