@@ -13,7 +13,9 @@ The oracle, per float input ``x_i`` (the other inputs held fixed):
 
 * a random direction ``v_i = n * max(1, |x_i|)`` (``n`` standard normal, so the step is relative
   to the data), a step ``eps`` (1e-3 for FLOAT inputs, 1e-6 for DOUBLE);
-* central differences at ``eps`` and ``eps/2`` and one-sided differences at ``eps``.  An output
+* central differences at ``eps`` and ``eps/2`` and one-sided differences at ``eps`` (along
+  ``v`` and along a second random direction, so kinks of several coordinates cannot cancel
+  out).  An output
   element whose four estimates disagree by more than the tolerance (a kink or a jump of the
   function at the test data: Relu at 0, Floor at an integer, a tie in Max, ...) or that is not
   finite is *masked*; if every element is masked the input is "FD unstable".  An input whose
@@ -183,9 +185,9 @@ def finite_differences(
     # The step suits the least precise of the input and the outputs (FLOAT -> DOUBLE casts).
     eps = max([FD_EPS[x.dtype.name]] + [FD_EPS[y0[k].dtype.name] for k in f_out])
 
-    def f(h: float) -> list[np.ndarray]:
+    def f(h: float, direction: np.ndarray = v) -> list[np.ndarray]:
         with np.errstate(all="ignore"):
-            xp = np.asarray(x.astype(np.float64) + h * v.astype(np.float64), dtype=x.dtype)
+            xp = np.asarray(x.astype(np.float64) + h * direction.astype(np.float64), dtype=x.dtype)
         try:
             outs = run({**feeds, name: xp})
         except Exception as exc:
@@ -195,8 +197,13 @@ def finite_differences(
                 raise _NotPerturbable(f"output {k} changes shape/dtype {b.shape} -> {a.shape}")
         return outs
 
+    # Kinks of several coordinates can cancel in the one-sided differences along v (e.g. two
+    # grid coordinates of GridSample on pixel boundaries): one-sided differences along a second,
+    # independent direction (of v's kind) expose them.
+    other = np.random.default_rng(17).standard_normal(v.shape) * np.maximum(1.0, np.abs(x.astype(np.float64)))
     try:
         yp, ym, yp2, ym2 = f(eps), f(-eps), f(eps / 2), f(-eps / 2)
+        ypf, ymf = f(eps, other), f(-eps, other)
     except _NotPerturbable as exc:
         return _FD("not perturbable", str(exc))
     res = _FD("ok")
@@ -208,7 +215,10 @@ def finite_differences(
             c2 = (yp2[k].astype(np.float64) - ym2[k]) / eps
             fwd = (yp[k].astype(np.float64) - y) / eps
             bwd = (y - ym[k].astype(np.float64)) / eps
+            fwd_f = (ypf[k].astype(np.float64) - y) / eps
+            bwd_f = (y - ymf[k].astype(np.float64)) / eps
             finite = np.isfinite(y) & np.isfinite(c1) & np.isfinite(c2) & np.isfinite(fwd) & np.isfinite(bwd)
+            finite &= np.isfinite(fwd_f) & np.isfinite(bwd_f)
             # Robust scale: at a jump one of the estimates stays small while others blow up.
             robust = np.minimum(np.minimum(np.abs(c1), np.abs(c2)), np.minimum(np.abs(fwd), np.abs(bwd)))
         floor = ABS_FLOOR[y0[k].dtype.name]
@@ -222,6 +232,7 @@ def finite_differences(
                 finite
                 & (np.abs(c1 - c2) <= tol * s0 + 3 * noise)
                 & (np.abs(fwd - bwd) <= tol * s0 + 2 * noise)
+                & (np.abs(fwd_f - bwd_f) <= tol * s0 + 2 * noise)
             )
         scale = max(float(np.abs(c1[stable]).max()) if stable.any() else 0.0, floor)
         res.noise[k] = noise

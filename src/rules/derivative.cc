@@ -216,6 +216,7 @@ const DerivativeRules& DerivativeRules::instance() {
     register_linear_op_derivatives(r);
     register_control_flow_derivatives(r);
     register_recurrent_derivatives(r);
+    register_grid_sample_derivatives(r);
     return r;
   }();
   return rules;

@@ -149,5 +149,6 @@ Vs expand_jvp(JvpCtx& c);
 // nothing from the enclosing graph (clones of the expansion's nodes get fresh names).
 Vs expansion_jvp(JvpCtx& c, const onnx::GraphProto& expansion);
 void register_recurrent_derivatives(DerivativeRules& r);
+void register_grid_sample_derivatives(DerivativeRules& r);
 
 }  // namespace onnax

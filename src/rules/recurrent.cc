@@ -15,92 +15,10 @@
 #include <vector>
 
 #include "rules/derivative.h"
+#include "rules/expansion_writer.h"
 
 namespace onnax {
 namespace {
-
-using Names = std::vector<std::string>;
-using AttrList = std::vector<onnx::AttributeProto>;
-
-std::string lowercase(std::string_view s) {
-  std::string out;
-  for (char ch : s) out.push_back(static_cast<char>(std::tolower(static_cast<unsigned char>(ch))));
-  return out;
-}
-
-// Appends nodes to one graph (the expansion, or a Loop body) under fresh names of the model's
-// value scope: a Loop body keeps its names when cloned, so they must collide with nothing.
-class Writer {
- public:
-  Writer(Builder& b, onnx::GraphProto& g, std::string base, int32_t dtype)
-      : b_(b), g_(g), base_(std::move(base)), dtype_(dtype) {}
-
-  std::string fresh(std::string_view hint) { return b_.fresh_value_name(base_ + "_" + std::string(hint)); }
-
-  std::string op(std::string_view type, const Names& inputs, AttrList attrs = {}, std::string out = {}) {
-    return op_n(type, inputs, 1, std::move(attrs), {std::move(out)})[0];
-  }
-  Names op_n(std::string_view type, const Names& inputs, int outputs, AttrList attrs = {}, Names names = {}) {
-    auto* n = g_.add_node();
-    n->set_op_type(std::string(type));
-    for (const auto& i : inputs) n->add_input(i);
-    names.resize(static_cast<size_t>(outputs));
-    for (auto& o : names) {
-      if (o.empty()) o = fresh(lowercase(type));
-      n->add_output(o);
-    }
-    for (auto& a : attrs) *n->add_attribute() = std::move(a);
-    return names;
-  }
-
-  std::string i64s(const std::vector<int64_t>& values) { return constant(onnx::TensorProto::INT64, values, {}, true); }
-  std::string i64(int64_t value) { return constant(onnx::TensorProto::INT64, {value}, {}, false); }
-  std::string flag(bool value) {
-    onnx::AttributeProto a;
-    a.set_name("value");
-    a.set_type(onnx::AttributeProto::TENSOR);
-    a.mutable_t()->set_data_type(onnx::TensorProto::BOOL);
-    a.mutable_t()->add_int32_data(value ? 1 : 0);
-    return op("Constant", {}, {a});
-  }
-  // A scalar of the op's float type.
-  std::string scalar(double value) { return constant(dtype_, {}, {value}, false); }
-
-  int32_t dtype() const { return dtype_; }
-
- private:
-  std::string constant(int32_t dtype, const std::vector<int64_t>& ints, const std::vector<double>& reals, bool vector) {
-    onnx::AttributeProto a;
-    a.set_name("value");
-    a.set_type(onnx::AttributeProto::TENSOR);
-    onnx::TensorProto* t = a.mutable_t();
-    t->set_data_type(dtype);
-    if (vector) t->add_dims(static_cast<int64_t>(ints.size()));
-    for (int64_t v : ints) t->add_int64_data(v);
-    for (double v : reals) {
-      if (dtype == onnx::TensorProto::DOUBLE)
-        t->add_double_data(v);
-      else
-        t->add_float_data(static_cast<float>(v));
-    }
-    return op("Constant", {}, {a});
-  }
-
-  Builder& b_;
-  onnx::GraphProto& g_;
-  std::string base_;
-  int32_t dtype_;
-};
-
-onnx::AttributeProto attr_i(const char* name, int64_t v) {
-  return Attr::i(name, v).proto;
-}
-onnx::AttributeProto attr_f(const char* name, float v) {
-  return Attr::f(name, v).proto;
-}
-onnx::AttributeProto attr_ints(const char* name, const std::vector<int64_t>& v) {
-  return Attr::ints(name, v).proto;
-}
 
 struct Activation {
   std::string name;  // lowercase
@@ -167,7 +85,7 @@ std::vector<Activation> activations(const JvpCtx& c, size_t per_direction, size_
   return out;
 }
 
-std::string activate(Writer& w, const Activation& a, const std::string& x) {
+std::string activate(ExpansionWriter& w, const Activation& a, const std::string& x) {
   if (a.name == "relu") return w.op("Relu", {x});
   if (a.name == "tanh") return w.op("Tanh", {x});
   if (a.name == "sigmoid") return w.op("Sigmoid", {x});
@@ -206,7 +124,7 @@ struct Options {
 
 // One time step: the new hidden (and cell) state. Clip bounds the inputs of the gate
 // activations, as ONNX Runtime applies it.
-std::pair<std::string, std::string> step(Writer& w, const Options& o, const StepInputs& in) {
+std::pair<std::string, std::string> step(ExpansionWriter& w, const Options& o, const StepInputs& in) {
   auto clipped = [&](const std::string& x) {
     return o.clip ? w.op("Clip", {x, w.scalar(-o.clip_value), w.scalar(o.clip_value)}) : x;
   };
@@ -254,7 +172,7 @@ onnx::ValueInfoProto typed(const std::string& name, int32_t dtype, int rank) {
 }
 
 // Reverses the time axis (0) of `x`: within each sequence's length when `lens` is given.
-std::string reverse_time(Writer& w, const std::string& x, const std::string& lens) {
+std::string reverse_time(ExpansionWriter& w, const std::string& x, const std::string& lens) {
   if (!lens.empty()) return w.op("ReverseSequence", {x, lens}, {attr_i("batch_axis", 1), attr_i("time_axis", 0)});
   return w.op("Slice", {x, w.i64s({-1}), w.i64s({std::numeric_limits<int64_t>::min()}), w.i64s({0}), w.i64s({-1})});
 }
@@ -283,7 +201,7 @@ Vs recurrent_jvp(JvpCtx& c) {
 
   auto input = [&](int i) { return i < c.node.input_size() ? c.node.input(i) : std::string(); };
   onnx::GraphProto g;
-  Writer w(c.b, g, c.node.output_size() > 0 && !c.node.output(0).empty() ? c.node.output(0) : type, dtype);
+  ExpansionWriter w(c.b, g, c.node.output_size() > 0 && !c.node.output(0).empty() ? c.node.output(0) : type, dtype);
 
   // Time-major X [T, batch, input]; initial states [directions, batch, hidden].
   std::string x = input(0);
@@ -345,7 +263,7 @@ Vs recurrent_jvp(JvpCtx& c) {
     // enclosing graph by name would lose those names when the expansion is cloned).
     onnx::GraphProto body;
     body.set_name(w.fresh("step"));
-    Writer bw(c.b, body, w.fresh("step"), dtype);
+    ExpansionWriter bw(c.b, body, w.fresh("step"), dtype);
     const std::string it = bw.fresh("t"), cond = bw.fresh("cond");
     *body.add_input() = typed(it, onnx::TensorProto::INT64, 0);
     *body.add_input() = typed(cond, onnx::TensorProto::BOOL, 0);
