@@ -210,7 +210,11 @@ void Builder::finish(onnx::NodeProto& node, const Vs& inputs, const Vs& outputs,
   if (inference_) infer(node, inputs, outputs);
   if (linear) propagate_witness(node, inputs, outputs);
   // (new_node made a tape-bound node on the tape's arena, outside the graph)
-  if (to_tape) tape_->push_back(TapeNode{NodePtr(&node), reads, outputs, origin_});
+  if (to_tape) {
+    for (V v : outputs)
+      if (v.valid()) values_[static_cast<size_t>(v.id)].tape_index = static_cast<int32_t>(tape_->size());
+    tape_->push_back(TapeNode{NodePtr(&node), reads, outputs, origin_});
+  }
 }
 
 void Builder::propagate_witness(const onnx::NodeProto& node, const Vs& inputs, const Vs& outputs) {

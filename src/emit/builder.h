@@ -57,7 +57,10 @@ class Builder {
     std::string origin;  // the naming origin when it was emitted (its source value)
   };
   // The tape's nodes live on an arena of this builder: the tape must not outlive it.
-  void set_tape(std::deque<TapeNode>* tape) { tape_ = tape; }
+  void set_tape(std::deque<TapeNode>* tape) {
+    tape_ = tape;
+    if (tape) recorded_ = tape;  // (still read while transposing, with the tape unset)
+  }
   // Reverse mode: nodes reading tangents go to the tape.
   bool has_tape() const { return tape_ != nullptr; }
   // The tape node a transpose rule is running for (nullptr: none); clone() of it takes its
@@ -66,6 +69,11 @@ class Builder {
   // While transposing, tangents exist only on the tape: reading one is an internal error.
   void forbid_tangent_inputs(bool forbid) { forbid_tangents_ = forbid; }
   bool tangent(V v) const { return v.valid() && tangent_[v.id]; }
+  // The tape node that computed `v` (nullptr: none, or not on the tape).
+  const TapeNode* tape_node_of(V v) const {
+    const int32_t k = v.valid() ? values_[static_cast<size_t>(v.id)].tape_index : -1;
+    return k < 0 || !recorded_ ? nullptr : &(*recorded_)[static_cast<size_t>(k)];
+  }
   void mark_tangent(V v) { tangent_[v.id] = 1; }
   // A primal value with the same shape as tangent `t` (its primal twin), when known: lets
   // transposes read run-time shapes of values that exist only on the tape.
@@ -218,6 +226,7 @@ class Builder {
     mutable int32_t own = -1;  // set on first read of a shared value with a lead
     bool leaf = false;         // not computed by this builder: existing() or a constant
     int32_t producer = -1;     // index in the graph of the node that made it (-1: existing, or on the tape)
+    int32_t tape_index = -1;   // index in the tape of the node that made it (-1: none)
   };
   // (`recorded`: see finish.)
   Vs emit(std::string_view type, const Vs& inputs, const Attrs& attrs, int num_outputs, const Vs* recorded = nullptr);
@@ -285,6 +294,7 @@ class Builder {
   std::map<std::string, std::vector<int64_t>, std::less<>> known_i64_;
   std::vector<char> tangent_;
   std::deque<TapeNode>* tape_ = nullptr;                 // a deque: growing it never moves the nodes
+  std::deque<TapeNode>* recorded_ = nullptr;             // the last tape set
   std::unique_ptr<google::protobuf::Arena> tape_arena_;  // holds the tape's nodes (made on first use)
   const TapeNode* transposing_ = nullptr;
   bool forbid_tangents_ = false;

@@ -4,6 +4,7 @@
 
 #include <deque>
 #include <optional>
+#include <set>
 
 #include "facts/facts.h"
 #include "facts/fast_shapes.h"
@@ -80,6 +81,21 @@ bool has_rank(const onnx::TypeProto& t) {
 // since in general state may change shape between iterations; reverse mode needs the rank of what it differentiates.
 // A Loop's scan outputs left untyped (inference without subgraph support, as in the builder)
 // get the body's declared type with a leading unknown dim.
+void keep_rank(const onnx::NodeProto& n, const Facts& in, std::vector<Facts>& inferred) {
+  if (in.rank() < 0 || !(n.domain().empty() || n.domain() == "ai.onnx")) return;
+  static const std::set<std::string, std::less<>> same_rank{"Split", "Slice", "Transpose", "Concat",
+                                                            "Pad",   "Tile",  "Identity"};
+  bool keeps = same_rank.count(n.op_type()) != 0;
+  if (n.op_type().rfind("Reduce", 0) == 0) {
+    keeps = true;  // keepdims defaults to 1
+    for (const auto& a : n.attribute())
+      if (a.name() == "keepdims" && a.i() == 0) keeps = false;
+  }
+  if (!keeps) return;
+  for (auto& f : inferred)
+    if (!f.has_shape) f = Facts::of(f.dtype ? f.dtype : in.dtype, Dims(static_cast<size_t>(in.rank()), Dim{}));
+}
+
 void refine_state_shapes(const onnx::NodeProto& n, std::vector<Facts>& inferred) {
   const bool loop = n.op_type() == "Loop", scan = n.op_type() == "Scan";
   if (!(loop || scan) || !(n.domain().empty() || n.domain() == "ai.onnx")) return;
@@ -223,6 +239,7 @@ void infer_facts(const onnx::GraphProto& g, const std::unordered_map<std::string
       }
     }
     refine_state_shapes(n, inferred);
+    if (n.input_size() > 0 && input_ids[0] >= 0) keep_rank(n, table.at(input_ids[0]), inferred);
     if (auto t = constant_tensor(n)) {
       constants.push_back(std::move(*t));
       inferred[0] = facts_of_tensor(constants.back());

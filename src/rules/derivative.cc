@@ -1,5 +1,7 @@
 #include "rules/derivative.h"
 
+#include <algorithm>
+
 #include "diagnostics/error.h"
 
 namespace onnax {
@@ -78,33 +80,97 @@ void TransposeCtx::unsupported(const std::string& what, const std::string& fix) 
                                             std::string(origin) + "': " + what + ". Fix: " + fix);
 }
 
+namespace {
+
+// Sums `ct` over its leading axes beyond `rank` (a run-time int64 scalar): the broadcast
+// operand's missing leading dims, when ranks are known only at run time.
+V sum_leading(Builder& b, V ct, V rank) {
+  V extra = b.op1("Sub", {b.op1("Size", {b.op1("Shape", {ct})}), rank});
+  V lead = b.op1("Range", {b.i64(0), extra, b.i64(1)});
+  return b.op1("ReduceSum", {ct, lead}, {Attr::i("keepdims", 0), Attr::i("noop_with_empty_axes", 1)});
+}
+
+// numpy broadcasting of two run-time shapes (1-D int64).
+V broadcast_shapes(Builder& b, V s1, V s2) {
+  V n1 = b.op1("Size", {s1}), n2 = b.op1("Size", {s2});
+  V n = b.op1("Max", {n1, n2});
+  auto padded = [&](V s, V len) {
+    V missing = b.op1("Reshape", {b.op1("Sub", {n, len}), b.i64s({1})});
+    return b.op1("Concat", {b.op1("Expand", {b.i64s({1}), missing}), s}, {Attr::i("axis", 0)});
+  };
+  V p1 = padded(s1, n1), p2 = padded(s2, n2);
+  return b.op1("Where", {b.op1("Equal", {p1, b.i64(1)}), p2, p1});
+}
+
+}  // namespace
+
+V runtime_shape(Builder& b, V t, int depth) {
+  if (!t.valid()) return V{};
+  if (const V w = b.witness(t); w.valid()) return b.shape_of(w);
+  if (!b.tangent(t)) return b.shape_of(t);
+  const Builder::TapeNode* tn = b.tape_node_of(t);
+  if (tn == nullptr || depth > 16 || tn->outputs.empty() || tn->outputs[0].id != t.id) return V{};
+  // Ops whose output has the (broadcast) shape of their inputs.
+  static constexpr std::string_view kSameShape[] = {"Neg", "Identity", "Cast", "CastLike"};
+  static constexpr std::string_view kBroadcasting[] = {"Add", "Sub", "Mul", "Div", "Sum", "Max", "Min", "Where"};
+  const std::string_view type = tn->node->op_type();
+  const bool same = std::find(std::begin(kSameShape), std::end(kSameShape), type) != std::end(kSameShape);
+  if (same) return runtime_shape(b, tn->inputs[0], depth + 1);
+  if (std::find(std::begin(kBroadcasting), std::end(kBroadcasting), type) == std::end(kBroadcasting)) return V{};
+  V shape;
+  for (V in : tn->inputs) {
+    if (!in.valid()) continue;
+    const V s = runtime_shape(b, in, depth + 1);
+    if (!s.valid()) return V{};
+    shape = shape.valid() ? broadcast_shapes(b, shape, s) : s;
+  }
+  return shape;
+}
+
 V unbroadcast(Builder& b, V ct, V target, V witness) {
   if (!ct.valid()) return ct;
   const Facts& cf = b.facts(ct);
   const Facts& tf = b.facts(target);
-  if (!cf.has_shape || !tf.has_shape) {
-    if (same_static_shape(cf, tf)) return ct;
-    if (!witness.valid())
+  if (same_static_shape(cf, tf)) return ct;
+  // The target's run-time shape: its primal twin's, else from the tape nodes that made it.
+  auto target_shape = [&] { return witness.valid() ? b.shape_of(witness) : runtime_shape(b, target); };
+  if (!tf.has_shape) {
+    const V shape = target_shape();
+    if (!shape.valid())
       diag::fail(Error::Kind::kUnsupported,
                  "vjp: cannot sum a broadcast cotangent back to its operand's shape because their ranks are unknown. "
                  "Fix: declare the shapes of the model's inputs and intermediate values (value_info)");
+    // Everything at run time: sum the extra leading axes, then every axis where the operand has
+    // size 1 (a no-op where the cotangent has size 1 too).
+    const V rank = b.op1("Size", {shape});
+    V out = sum_leading(b, ct, rank);
+    V ones = b.op1("Equal", {shape, b.i64(1)});
+    V idx = b.op1("Range", {b.i64(0), rank, b.i64(1)});
+    V axes = b.op1("Compress", {idx, ones}, {Attr::i("axis", 0)});
+    V res = b.op1("ReduceSum", {out, axes}, {Attr::i("keepdims", 1), Attr::i("noop_with_empty_axes", 1)});
+    b.set_facts(res, Facts{tf.dtype ? tf.dtype : cf.dtype, false, {}});
+    return res;
   }
-  const int64_t R = cf.rank(), r = tf.rank();
+  const int64_t r = tf.rank();
   V out = ct;
-  if (cf.has_shape && tf.has_shape && R > r) {
+  Facts reduced = cf;
+  if (!cf.has_shape) {
+    // The cotangent's rank is known only at run time; the target's is r.
+    out = sum_leading(b, ct, b.i64(r));
+    reduced = Facts::of(cf.dtype ? cf.dtype : tf.dtype, Dims(static_cast<size_t>(r), Dim{}));
+    b.set_facts(out, reduced);
+  } else if (cf.rank() > r) {
     std::vector<int64_t> lead;
-    for (int64_t i = 0; i < R - r; ++i) lead.push_back(i);
+    for (int64_t i = 0; i < cf.rank() - r; ++i) lead.push_back(i);
     out = b.op1("ReduceSum", {out, b.i64s(lead)}, {Attr::i("keepdims", 0)});
-    Facts f = cf;
-    f.dims.erase(f.dims.begin(), f.dims.begin() + (R - r));
-    b.set_facts(out, f);
+    reduced.dims.erase(reduced.dims.begin(), reduced.dims.begin() + (cf.rank() - r));
+    b.set_facts(out, reduced);
   }
-  if (!tf.has_shape) return out;
   std::vector<int64_t> axes;
   bool ambiguous = false;
   for (int64_t i = 0; i < r; ++i) {
     const Dim& td = tf.dims[i];
-    const Dim* cd = cf.has_shape ? &cf.dims[R - r + i] : nullptr;
+    const Dim* cd = static_cast<int64_t>(reduced.dims.size()) == r ? &reduced.dims[i] : nullptr;
     const bool cd_one = cd && cd->known() && cd->value() == 1;
     if (td.known()) {
       if (td.value() == 1 && !cd_one) axes.push_back(i);
@@ -113,9 +179,10 @@ V unbroadcast(Builder& b, V ct, V target, V witness) {
       ambiguous = true;
     }
   }
-  if (ambiguous && witness.valid()) {
+  const V shape = ambiguous ? target_shape() : V{};
+  if (shape.valid()) {
     // Sum over every axis where the operand has size 1 (a no-op where ct has size 1 too).
-    V ones = b.op1("Equal", {b.shape_of(witness), b.i64(1)});
+    V ones = b.op1("Equal", {shape, b.i64(1)});
     V idx = b.op1("Range", {b.i64(0), b.i64(r), b.i64(1)});
     V sum_axes = b.op1("Compress", {idx, ones}, {Attr::i("axis", 0)});
     V res = b.op1("ReduceSum", {out, sum_axes}, {Attr::i("keepdims", 1), Attr::i("noop_with_empty_axes", 1)});
@@ -125,6 +192,7 @@ V unbroadcast(Builder& b, V ct, V target, V witness) {
     b.declare(res);
     return res;
   }
+  // (Still ambiguous here: unknown dims with no run-time shape are taken as not broadcast.)
   if (axes.empty()) return out;
   V res = b.op1("ReduceSum", {out, b.i64s(axes)}, {Attr::i("keepdims", 1)});
   b.set_facts(res, tf);
@@ -141,8 +209,7 @@ Vs linear_in_first_jvp(JvpCtx& c) {
 }
 
 V tangent_shape(TransposeCtx& c, V t) {
-  V w = c.b.witness(t);
-  if (w.valid()) return c.b.shape_of(w);
+  if (const V shape = runtime_shape(c.b, t); shape.valid()) return shape;
   const Facts& f = c.b.facts(t);
   std::vector<int64_t> dims;
   bool known = f.has_shape;

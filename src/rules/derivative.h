@@ -93,6 +93,10 @@ using TransposeRule = std::function<Vs(TransposeCtx&)>;
 // static facts where possible and from `witness` (a primal value of target's shape) at run
 // time otherwise.
 V unbroadcast(Builder& b, V ct, V target, V witness = V{});
+// The run-time shape (1-D int64) of `t`: a primal's own, a tangent's primal twin's, else built
+// from the tape nodes that made it (elementwise ops broadcast their inputs' shapes); invalid
+// when none of these tells it.
+V runtime_shape(Builder& b, V t, int depth = 0);
 // unbroadcast with the target tangent's recorded witness.
 inline V unbroadcast_to(Builder& b, V ct, V target) {
   return unbroadcast(b, ct, target, b.witness(target));
@@ -102,7 +106,7 @@ inline V unbroadcast_to(Builder& b, V ct, V target) {
 // not differentiated in): the op itself on input 0's tangent.
 Vs linear_in_first_jvp(JvpCtx& c);
 
-// The run-time shape (1-D int64) of tangent `t`: from its witness, else from fully static
+// The run-time shape (1-D int64) of tangent `t`: runtime_shape, else from fully static
 // facts; fails with a diagnostic naming `who` otherwise.
 V tangent_shape(TransposeCtx& c, V t);
 // Transpose of any linear op that copies elements of its single tangent input `i` (Gather,

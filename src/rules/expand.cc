@@ -47,25 +47,6 @@ bool function_body(JvpCtx& c, onnx::FunctionProto& fp) {
   return false;
 }
 
-// ONNX infers no type for some body nodes whose sizes are run-time values (Split by computed
-// lengths in RotaryEmbedding, reductions over run-time axes in MeanVarianceNormalization);
-// these ops keep their input's rank, which reverse mode needs.
-void keep_rank(Builder& b, const onnx::NodeProto& n, const Vs& xs, const Vs& ys) {
-  static const std::set<std::string> same_rank{"Split", "Slice", "Transpose", "Concat", "Pad", "Tile", "Identity"};
-  bool keeps = same_rank.count(n.op_type()) != 0;
-  if (n.op_type().rfind("Reduce", 0) == 0) {
-    keeps = true;  // keepdims defaults to 1
-    for (const auto& a : n.attribute())
-      if (a.name() == "keepdims" && a.i() == 0) keeps = false;
-  }
-  if (!keeps || xs.empty() || !xs[0].valid()) return;
-  const Facts& in = b.facts(xs[0]);
-  if (in.rank() < 0) return;
-  for (const V& y : ys)
-    if (y.valid() && b.facts(y).rank() < 0)
-      b.set_facts(y, Facts::of(b.facts(y).dtype ? b.facts(y).dtype : in.dtype, std::vector<Dim>(in.rank(), Dim{})));
-}
-
 }  // namespace
 
 Vs expand_jvp(JvpCtx& c) {
@@ -105,7 +86,13 @@ Vs expansion_jvp(JvpCtx& c, const onnx::GraphProto& g) {
       active = active || ts.back().valid();
     }
     Vs ys = c.b.clone(n, xs);
-    keep_rank(c.b, n, xs, ys);
+    if (!xs.empty() && xs[0].valid()) {
+      std::vector<Facts> facts;
+      for (const V& y : ys) facts.push_back(y.valid() ? c.b.facts(y) : Facts{});
+      keep_rank(n, c.b.facts(xs[0]), facts);
+      for (size_t k = 0; k < ys.size(); ++k)
+        if (ys[k].valid() && facts[k].has_shape && !c.b.facts(ys[k]).has_shape) c.b.set_facts(ys[k], facts[k]);
+    }
     for (int k = 0; k < n.output_size() && k < static_cast<int>(ys.size()); ++k)
       if (!n.output(k).empty()) primal[n.output(k)] = ys[k];
     if (!active || rules.is_zero(n.op_type())) continue;

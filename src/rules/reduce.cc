@@ -164,12 +164,8 @@ Vs reduce_transpose(TransposeCtx& c, bool mean) {
   if (!c.attr_i("keepdims", 1)) {
     if (axes_in.valid() && !(k && k->empty())) {
       ct = b.op1("Unsqueeze", {ct, axes_in});
-    } else {
-      const int64_t r = c.rank(c.in(0));
-      std::vector<int64_t> all;
-      for (int64_t i = 0; i < r; ++i) all.push_back(i);
-      ct = b.unsqueeze(ct, all);
     }
+    // (Reducing every axis without keepdims gives a scalar, which Expand broadcasts as is.)
   }
   V shape = tangent_shape(c, c.in(0));
   V out = b.expand(ct, shape);
