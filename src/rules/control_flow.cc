@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -246,6 +247,44 @@ onnx::ValueInfoProto scalar_info(const std::string& name, int32_t dtype) {
   return typed_value_info(name, scalar_facts(dtype));
 }
 
+// Linear state the body passes through unchanged and otherwise reads only as
+// Gather(state, iteration number, axis 0): a sequence the loop scans one row per iteration (as
+// exporters and the recurrent-op expansion write it).
+std::vector<int> scanned_states(const onnx::GraphProto& body, const std::vector<char>& lin) {
+  std::unordered_set<std::string> nested;  // names read inside nested subgraphs
+  for (const auto& nd : body.node())
+    for (const auto& a : nd.attribute()) {
+      if (a.has_g())
+        for (const auto& r : graph_outer_reads(a.g())) nested.insert(r);
+      for (const auto& sg : a.graphs())
+        for (const auto& r : graph_outer_reads(sg)) nested.insert(r);
+    }
+  const std::string& it = body.input(0).name();
+  std::vector<int> out;
+  for (int k = 0; k < static_cast<int>(lin.size()); ++k) {
+    if (!lin[static_cast<size_t>(k)] || !invariant_state(body, k)) continue;
+    const std::string& in = body.input(2 + k).name();
+    const std::string& passthrough = body.output(1 + k).name();
+    bool ok = nested.count(in) == 0;
+    for (int o = 0; o < body.output_size(); ++o)
+      if (o != 1 + k && body.output(o).name() == in) ok = false;
+    int gathers = 0;
+    for (const auto& nd : body.node()) {
+      if (std::find(nd.input().begin(), nd.input().end(), in) == nd.input().end()) continue;
+      if (nd.op_type() == "Identity" && nd.output(0) == passthrough) continue;
+      int64_t axis = 0;
+      for (const auto& a : nd.attribute())
+        if (a.name() == "axis") axis = a.i();
+      const bool row = nd.op_type() == "Gather" && nd.domain().empty() && nd.input_size() == 2 && nd.input(0) == in &&
+                       nd.input(1) == it && axis == 0;
+      ok = ok && row;
+      gathers += row ? 1 : 0;
+    }
+    if (ok && gathers > 0) out.push_back(k);
+  }
+  return out;
+}
+
 Vs loop_transpose(TransposeCtx& c) {
   Builder& b = c.b;
   const onnx::GraphProto* body = graph_attribute(c.node, "body");
@@ -317,31 +356,58 @@ Vs loop_transpose(TransposeCtx& c) {
   const V last = b.sub(iterations, b.i64(1));
 
   // 2. The vjp of the body on its tangent state (and the tangent scan outputs with a
-  //    cotangent), as a model.
+  //    cotangent), as a model. State the body reads one row of per iteration is differentiated
+  //    through that row (a body input in place of the Gather): its cotangent is a row per
+  //    iteration, stacked by the reverse loop, not a full-size accumulator that every iteration
+  //    would add to (quadratic in the sequence length).
+  std::vector<int> scanned;
+  for (int k : scanned_states(*body, lin)) {
+    if (b.witness(c.in(2 + k)).valid() && b.facts(c.in(2 + k)).rank() >= 1) scanned.push_back(k);
+  }
+  onnx::GraphProto vjp_body = *body;
+  std::vector<Facts> row_facts;
+  std::vector<std::string> row_names;
+  for (int k : scanned) {
+    const std::string& in = body->input(2 + k).name();
+    row_names.push_back(scope.fresh(in + "_row"));
+    for (auto& nd : *vjp_body.mutable_node())
+      if (nd.op_type() == "Gather" && nd.input_size() == 2 && nd.input(0) == in) {
+        const std::string out = nd.output(0);
+        nd = make_node("Identity", {row_names.back()}, out);
+      }
+    const Facts& whole = b.facts(c.in(2 + k));
+    row_facts.push_back(Facts::of(whole.dtype, Dims(static_cast<size_t>(whole.rank() - 1), Dim{})));
+  }
+  for (size_t q = 0; q < scanned.size(); ++q)
+    *vjp_body.add_input() = typed_value_info(row_names[q], row_facts[q], true);
   std::vector<const Facts*> input_facts;
   const Facts iter_facts = scalar_facts(onnx::TensorProto::INT64), cond_facts = scalar_facts(onnx::TensorProto::BOOL);
   input_facts = {&iter_facts, &cond_facts};
   for (int k = 0; k < n; ++k) input_facts.push_back(&b.facts(c.in(2 + k)));
+  for (const Facts& rf : row_facts) input_facts.push_back(&rf);
+  const int n_rows = static_cast<int>(scanned.size());
   Selection sel;
   sel.inputs.emplace();
   std::vector<int> linear_states;
   for (int k = 0; k < n; ++k)
-    if (lin[static_cast<size_t>(k)]) {
+    if (lin[static_cast<size_t>(k)] && std::find(scanned.begin(), scanned.end(), k) == scanned.end()) {
       sel.inputs->push_back(body->input(2 + k).name());
       linear_states.push_back(k);
     }
+  for (const auto& row : row_names) sel.inputs->push_back(row);
   Distinct outs;
   std::vector<size_t> state_out(static_cast<size_t>(n)), scan_out(static_cast<size_t>(k_scan));
   for (int k : linear_states) state_out[static_cast<size_t>(k)] = outs.add(body->output(1 + k).name());
   for (int j = 0; j < k_scan; ++j)
     if (c.ct(n + j).valid()) scan_out[static_cast<size_t>(j)] = outs.add(body->output(1 + n + j).name());
   sel.outputs = outs.names;
-  onnx::GraphProto g = derive_body(false, standalone_model(*body, input_facts, {}, b.opsets()), sel, tape_label(c));
-  // g: inputs [iter, cond, state, cotangents of the selected outputs]; outputs [cond, state,
-  // scan outputs, cotangents of the tangent state]. Keep the cotangents only.
+  onnx::GraphProto g = derive_body(false, standalone_model(vjp_body, input_facts, {}, b.opsets()), sel, tape_label(c));
+  // g: inputs [iter, cond, state, rows, cotangents of the selected outputs]; outputs [cond,
+  // state, scan outputs, cotangents of the tangent state, then of the rows]. Keep the
+  // cotangents only.
   {
     onnx::GraphProto cts;
-    for (size_t i = 0; i < linear_states.size(); ++i)
+    for (size_t i = 0; i < linear_states.size() + scanned.size(); ++i)
       *cts.add_output() = g.output(1 + n + k_scan + static_cast<int>(i));
     g.mutable_output()->Swap(cts.mutable_output());
   }
@@ -370,6 +436,7 @@ Vs loop_transpose(TransposeCtx& c) {
     int stack = n_primal + 2, lin_pos = 0;
     for (int k = 0; k < n; ++k) {
       const std::string& target = g.input(2 + k).name();
+      if (std::find(scanned.begin(), scanned.end(), k) != scanned.end()) continue;  // (read through its row)
       if (lin[static_cast<size_t>(k)])
         *rev.add_node() = make_node("Identity", {ct_state[static_cast<size_t>(lin_pos++)]}, target);  // (shape only)
       else if (std::find(varying.begin(), varying.end(), k) != varying.end())
@@ -378,6 +445,9 @@ Vs loop_transpose(TransposeCtx& c) {
         *rev.add_node() = make_node("Identity", {name_of(c.in(2 + k))}, target);
     }
   }
+  // A row's value does not matter (it is a tangent), only its shape: the primal twin's row.
+  for (size_t q = 0; q < scanned.size(); ++q)
+    gather(name_of(b.witness(c.in(2 + scanned[q]))), g.input(2 + n + static_cast<int>(q)).name());
   for (size_t u = 0; u < outs.names.size(); ++u) {
     std::vector<std::string> parts;
     for (size_t li = 0; li < linear_states.size(); ++li)
@@ -388,7 +458,7 @@ Vs loop_transpose(TransposeCtx& c) {
         gather(name_of(c.ct(n + j)), slice);
         parts.push_back(slice);
       }
-    const std::string& target = g.input(2 + n + static_cast<int>(u)).name();
+    const std::string& target = g.input(2 + n + n_rows + static_cast<int>(u)).name();
     std::string sum = parts[0];
     for (size_t p = 1; p < parts.size(); ++p) {
       const std::string next = p + 1 == parts.size() ? target : scope.fresh(target + "_part");
@@ -414,12 +484,30 @@ Vs loop_transpose(TransposeCtx& c) {
     }
     rins.push_back(ct);
   }
-  Vs r = b.op("Loop", rins, {Attr::graph("body", std::move(rev))}, static_cast<int>(linear_states.size()));
+  Vs r = b.op("Loop", rins, {Attr::graph("body", std::move(rev))}, static_cast<int>(linear_states.size()) + n_rows);
   Vs res(c.ins.size(), V{});
   for (size_t li = 0; li < linear_states.size(); ++li) {
     const int k = linear_states[li];
     b.set_facts(r[li], b.facts(c.in(2 + k)));
     res[static_cast<size_t>(2 + k)] = r[li];
+  }
+  // The rows' cotangents, stacked from the last iteration to the first: reversed, reshaped
+  // (zero iterations stack nothing), and padded with zero rows the loop did not reach.
+  const V trips = b.reshape(iterations, b.i64s({1}));
+  for (size_t q = 0; q < scanned.size(); ++q) {
+    const int k = scanned[q];
+    const V twin = b.witness(c.in(2 + k));
+    const V rest = b.shape_of(twin, 1);
+    const V stacked = r[linear_states.size() + q];
+    const V in_order = b.op1(
+        "Slice", {stacked, b.i64s({-1}), b.i64s({std::numeric_limits<int64_t>::min()}), b.i64s({0}), b.i64s({-1})});
+    const V rows = b.reshape(in_order, b.concat({trips, rest}, 0));
+    const V missing = b.sub(b.shape_of(twin, 0, 1), trips);
+    const int32_t dtype = b.facts(c.in(2 + k)).dtype;
+    V full = b.concat({rows, b.expand(b.scalar(0.0, dtype), b.concat({missing, rest}, 0))}, 0);
+    if (c.ct(k).valid()) full = b.add(full, c.ct(k));
+    b.set_facts(full, b.facts(c.in(2 + k)));
+    res[static_cast<size_t>(2 + k)] = full;
   }
   return res;
 }

@@ -238,6 +238,27 @@ def late_active() -> onnx.ModelProto:
     return make_ad_model(g, [("w", D, [3])], [("loss", D, []), "hT"])
 
 
+def rows_left_over(trips: int) -> onnx.ModelProto:
+    """`trips` iterations over a sequence of T_STEPS + 2 rows (read from the enclosing graph,
+    one row per iteration at the iteration number): the rows past the last iteration get a
+    zero cotangent. h <- tanh(h * w + xs[it]), ys[it] = h * xs[it]."""
+    nodes = [
+        helper.make_node("Gather", ["xs", "it"], ["xt"], axis=0),
+        helper.make_node("Mul", ["h_in", "w"], ["hw"]),
+        helper.make_node("Add", ["hw", "xt"], ["pre"]),
+        helper.make_node("Tanh", ["pre"], ["h_out"]),
+        helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+        helper.make_node("Mul", ["h_out", "xt"], ["y_t"]),
+    ]
+    g = [
+        *loop_over(trips, "h0", "hT", nodes, ("h_in", "h_out", [3]), [("y_t", "ys", [3])]),
+        *loss_of("hT", "ys"),
+    ]
+    return make_ad_model(
+        g, [("h0", D, [3]), ("xs", D, [T_STEPS + 2, 3]), ("w", D, [3])], [("loss", D, []), "hT"]
+    )
+
+
 def scan_rnn(steps: int | str = T_STEPS) -> onnx.ModelProto:
     """Scan: state h [2, 3]; scan inputs xs [T, 2, 3] (axis 0, forward) and zs [2, T, 3] (axis 1,
     backward); W from the enclosing graph; scan outputs y (axis 0) and y2 (axis 1, backward):
@@ -354,6 +375,14 @@ CASES = [
     Case("zero-trips", zero_trips(), ["x", "w"], hvp_wrt=["x"], in_axes=(0, None)),
     Case("nested-loops", nested(), ["x", "c"], hvp_wrt=["x", "c"], in_axes=(0, None)),
     Case("late-active-state", late_active(), ["w"], hvp_wrt=["w"], in_axes=(0,)),
+    Case(
+        "rows-left-over",
+        rows_left_over(T_STEPS),
+        ["h0", "xs", "w"],
+        hvp_wrt=["xs", "w"],
+        in_axes=(0, 0, None),
+    ),
+    Case("rows-zero-trips", rows_left_over(0), ["h0", "xs", "w"], hvp_wrt=["xs"], in_axes=(0, 0, None)),
     Case("if-then", branching(), ["x", "w"], {"p": fixed(True)}, hvp_wrt=["x", "w"], in_axes=(None, 0, None)),
     Case("if-else", branching(), ["x", "w"], {"p": fixed(False)}, hvp_wrt=["w"], in_axes=(None, 0, None)),
     Case(
@@ -425,6 +454,27 @@ def test_reverse_graph_recomputes_forward_once_per_loop() -> None:
     g = onnax.grad(rnn(), inputs=["W"], output="loss")
     assert [n.op_type for n in g.graph.node].count("Loop") == 3
     onnx.checker.check_model(g, full_check=True)
+
+
+def _ops_in(graph: onnx.GraphProto) -> list[str]:
+    ops = []
+    for n in graph.node:
+        ops.append(n.op_type)
+        for a in n.attribute:
+            if a.type == onnx.AttributeProto.GRAPH:
+                ops += _ops_in(a.g)
+    return ops
+
+
+@pytest.mark.parametrize(
+    "model", [rnn(), rows_left_over(T_STEPS)], ids=["carried-sequence", "captured-sequence"]
+)
+def test_reverse_loop_returns_rows_of_a_scanned_sequence(model: onnx.ModelProto) -> None:
+    # A sequence the body reads one row of per iteration gets one cotangent row per iteration
+    # (stacked by the reverse loop), not a scatter into a full-size accumulator every iteration.
+    g = onnax.grad(model, inputs=["xs"], output="loss")
+    reverse = [n for n in g.graph.node if n.op_type == "Loop"][-1]
+    assert not [op for op in _ops_in(reverse.attribute[0].g) if op.startswith("Scatter")]
 
 
 def _top_level_ops(model: onnx.ModelProto) -> list[str]:
