@@ -258,9 +258,15 @@ Vs where_transpose(TransposeCtx& c) {
 }
 Vs cast_transpose(TransposeCtx& c) {
   const int32_t to = c.b.facts(c.in(0)).dtype;
-  if (!to) c.unsupported("the dtype of the cast's input is unknown");
   Vs out(c.ins.size());
-  out[0] = c.b.op1("Cast", {c.ct()}, {Attr::i("to", to)});
+  if (to) {
+    out[0] = c.b.op1("Cast", {c.ct()}, {Attr::i("to", to)});
+    return out;
+  }
+  // The input's type is known only at run time: cast like its primal twin.
+  const V twin = c.b.witness(c.in(0));
+  if (!twin.valid()) c.unsupported("the dtype of the cast's input is unknown");
+  out[0] = c.b.op1("CastLike", {c.ct(), twin});
   return out;
 }
 

@@ -11,6 +11,8 @@
 #include <unordered_map>
 
 #include "rules/derivative.h"
+#include "transforms/prepare.h"
+#include "transforms/subgraph.h"
 
 namespace onnax {
 namespace {
@@ -56,6 +58,17 @@ Vs expand_jvp(JvpCtx& c) {
                   "select inputs/outputs that avoid it, or compute it outside the differentiated model");
   onnx::GraphProto g;
   onnx::FunctionExpandHelper(c.node, fp, g, c.node.name().empty() ? c.node.output(0) : c.node.name());
+  // The expansion renames the body's values but leaves the reads inside subgraphs (a Scan's
+  // body reading a constant of the function) under their names in the function: node i of the
+  // expansion is node i of the function, which pairs the names up.
+  std::unordered_map<std::string, std::string> expanded_name;
+  for (int i = 0; i < fp.node_size() && i < g.node_size(); ++i) {
+    const auto &from = fp.node(i), &to = g.node(i);
+    for (int k = 0; k < from.input_size() && k < to.input_size(); ++k) expanded_name[from.input(k)] = to.input(k);
+    for (int k = 0; k < from.output_size() && k < to.output_size(); ++k) expanded_name[from.output(k)] = to.output(k);
+  }
+  for (auto& n : *g.mutable_node())
+    if (has_subgraphs(n)) rename_outer_reads(n, expanded_name);
   // An attribute the body refers to (ref_attr_name) but the node does not set is left
   // unresolved by the expansion; the op's default then applies, so drop it.
   for (auto& n : *g.mutable_node())
@@ -77,9 +90,28 @@ Vs expansion_jvp(JvpCtx& c, const onnx::GraphProto& g) {
     auto it = m.find(n);
     return it == m.end() ? V{} : it->second;
   };
-  for (const auto& n : g.node()) {
-    Vs xs, ts;
+  for (const auto& node : g.node()) {
+    // A node with subgraphs reads values of the expansion by name: its clone reads them under
+    // the names the builder gave them, and its rule sees them as captured values.
+    const onnx::NodeProto* np = &node;
+    onnx::NodeProto renamed;
+    std::vector<JvpCtx::Captured> captured;
     bool active = false;
+    if (has_subgraphs(node)) {
+      std::unordered_map<std::string, std::string> names;
+      for (const auto& r : outer_scope_reads(node)) {
+        const V x = lookup(primal, r);
+        if (!x.valid() || names.count(r)) continue;
+        names.emplace(r, std::string(c.b.name(x)));
+        captured.push_back(JvpCtx::Captured{names[r], x, lookup(tangent, r)});
+        active = active || captured.back().t.valid();
+      }
+      renamed = node;
+      rename_outer_reads(renamed, names);
+      np = &renamed;
+    }
+    const onnx::NodeProto& n = *np;
+    Vs xs, ts;
     for (const auto& in : n.input()) {
       xs.push_back(in.empty() ? V{} : lookup(primal, in));
       ts.push_back(in.empty() ? V{} : lookup(tangent, in));
@@ -109,7 +141,7 @@ Vs expansion_jvp(JvpCtx& c, const onnx::GraphProto& g) {
       V nan = c.b.op1("IsNaN", {ys[0]});
       rule_ys[0] = c.b.op1("Where", {nan, c.b.scalar(0.0, c.b.facts(ys[0]).dtype), ys[0]});
     }
-    JvpCtx inner{c.b, n, c.opset, xs, rule_ys, ts, {}};
+    JvpCtx inner{c.b, n, c.opset, xs, rule_ys, ts, std::move(captured)};
     Vs touts;
     if (rule != nullptr)
       touts = (*rule)(inner);
@@ -135,8 +167,9 @@ Vs expansion_jvp(JvpCtx& c, const onnx::GraphProto& g) {
 
 void register_expanded_derivatives(DerivativeRules& r) {
   // Function ops whose math is easiest read from (and kept consistent with) ONNX's own body.
-  for (const char* op : {"Attention", "RotaryEmbedding", "CenterCropPad", "Swish", "SwiGLU", "CausalConvWithState",
-                         "NegativeLogLikelihoodLoss", "SoftmaxCrossEntropyLoss", "MeanVarianceNormalization"})
+  for (const char* op :
+       {"Attention", "RotaryEmbedding", "CenterCropPad", "Swish", "SwiGLU", "CausalConvWithState",
+        "NegativeLogLikelihoodLoss", "SoftmaxCrossEntropyLoss", "MeanVarianceNormalization", "LinearAttention"})
     r.jvp(op, expand_jvp);
 }
 

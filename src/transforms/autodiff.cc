@@ -137,6 +137,27 @@ Resolved resolve(const Prepared& p, Mode mode, const Selection& sel) {
   return r;
 }
 
+// A failure while transposing a tape node, named by the source node whose derivative the tape
+// node belongs to when the message does not name it (a Loop an LSTM was expanded into, a
+// broadcast deep inside a function op): the user can find that node in their model.
+[[noreturn]] void rethrow_naming_source(const Error& e, const std::string& mode, const onnx::GraphProto& g,
+                                        std::string_view origin) {
+  std::string_view value = origin;
+  if (value.size() > 8 && value.substr(value.size() - 8) == "_tangent") value.remove_suffix(8);
+  const onnx::NodeProto* source = nullptr;
+  for (const auto& n : g.node())
+    if (n.output_size() > 0 && n.output(0) == value) source = &n;
+  const std::string what = e.what();
+  if (!source) throw e;
+  const std::string op =
+      (source->domain().empty() ? std::string("ai.onnx") : source->domain()) + "::" + source->op_type();
+  if (what.find(op) != std::string::npos) throw e;
+  std::string_view detail = what;
+  if (detail.rfind(mode + ": ", 0) == 0) detail.remove_prefix(mode.size() + 2);
+  diag::fail(e.kind(), mode + ": in the reverse pass of " + op + " at output '" + std::string(value) +
+                           "': " + std::string(detail));
+}
+
 // Which values (by id) lie on some path to the selected outputs: only those need derivatives.
 std::vector<char> needed_values(const Prepared& p, const std::vector<std::string>& outputs) {
   std::vector<char> needed(static_cast<size_t>(p.value_names.size()), 0);
@@ -435,7 +456,12 @@ void differentiate(Prepared& p, Mode mode, const Selection& sel) {
       if (base.size() > 8 && base.substr(base.size() - 8) == "_tangent") base.remove_suffix(8);
       b.set_origin(base, "_ct");
       b.set_transposing(&tn);
-      Vs in_cts = (*rule)(tctx);
+      Vs in_cts;
+      try {
+        in_cts = (*rule)(tctx);
+      } catch (const Error& e) {
+        rethrow_naming_source(e, m, out, tn.origin);
+      }
       b.set_transposing(nullptr);
       for (size_t i = 0; i < tn.inputs.size() && i < in_cts.size(); ++i)
         if (tctx.lin[i]) accumulate(tn.inputs[i], in_cts[i]);

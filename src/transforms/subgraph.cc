@@ -177,6 +177,31 @@ void rename_definitions(onnx::GraphProto& g, NameScope& scope, NameScope& node_s
   apply(g);
 }
 
+void rename_outer_reads(onnx::NodeProto& node, const std::unordered_map<std::string, std::string>& map) {
+  std::unordered_set<std::string> defined;  // anywhere inside: such a name is not an outer read
+  std::function<void(onnx::GraphProto&)> define = [&](onnx::GraphProto& sg) {
+    for (const auto& vi : sg.input()) defined.insert(vi.name());
+    for (const auto& t : sg.initializer()) defined.insert(t.name());
+    for (auto& n : *sg.mutable_node()) {
+      for (const auto& o : n.output()) defined.insert(o);
+      for_each_subgraph(n, define);
+    }
+  };
+  for_each_subgraph(node, define);
+  std::function<void(onnx::GraphProto&)> apply = [&](onnx::GraphProto& sg) {
+    auto re = [&](std::string* n) {
+      if (defined.count(*n)) return;
+      if (auto it = map.find(*n); it != map.end()) *n = it->second;
+    };
+    for (auto& vi : *sg.mutable_output()) re(vi.mutable_name());
+    for (auto& n : *sg.mutable_node()) {
+      for (auto& in : *n.mutable_input()) re(&in);
+      for_each_subgraph(n, apply);
+    }
+  };
+  for_each_subgraph(node, apply);
+}
+
 onnx::NodeProto make_node(const char* type, std::vector<std::string> inputs, const std::string& output) {
   onnx::NodeProto nd;
   nd.set_op_type(type);

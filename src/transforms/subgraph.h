@@ -43,6 +43,10 @@ void prune(onnx::GraphProto& g);
 // (enclosing scopes) are unchanged.
 void rename_definitions(onnx::GraphProto& g, NameScope& scope, NameScope& node_scope);
 
+// Renames, in `node`'s subgraphs, the reads of names they do not define themselves (values of
+// the enclosing graph) by `map`.
+void rename_outer_reads(onnx::NodeProto& node, const std::unordered_map<std::string, std::string>& map);
+
 // `name` as a new output of `g` with the type of `type_of`: through an Identity (its output
 // named fresh in `scope`) when `name` is already an output or a graph input (a body's outputs
 // must be distinct values) or is read from an enclosing scope.

@@ -1,0 +1,90 @@
+"""jvp of LinearAttention through its ONNX function body (a Scan that reads the function's
+constants), against finite differences of that body inlined into the model (an oracle
+independent of onnax's expansion code).
+Reverse mode needs ranks the body's inference does not give: it is refused with a diagnostic
+naming the op."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnax
+import onnx
+import onnx.inliner
+import pytest
+from ad_oracle import Tol, check_jvp, make_ad_model, uniform
+from onnx import TensorProto, helper
+
+D = TensorProto.DOUBLE
+SHAPE = (1, 3, 8)
+
+
+def model(rule: str) -> onnx.ModelProto:
+    extra = "decay" if rule == "gated" else "beta"
+    inputs = (
+        ["query", "key", "value", "", "decay"]
+        if extra == "decay"
+        else ["query", "key", "value", "", "", "beta"]
+    )
+    node = helper.make_node(
+        "LinearAttention", inputs, ["y", "state"], q_num_heads=2, kv_num_heads=2, update_rule=rule
+    )
+    extra_shape = SHAPE if extra == "decay" else (1, 3, 2)
+    specs = [(n, D, list(SHAPE)) for n in ("query", "key", "value")] + [(extra, D, list(extra_shape))]
+    return make_ad_model([node], specs, [("y", D, None), ("state", D, None)], opset=27)
+
+
+def inlined(m: onnx.ModelProto) -> onnx.ModelProto:
+    """The model with its one node replaced by the node's ONNX function body."""
+    out = onnx.ModelProto()
+    out.CopyFrom(m)
+    node = out.graph.node[0]
+    types = {i.name: i.type for i in out.graph.input}
+    schema = onnx.defs.get_schema(node.op_type, out.opset_import[0].version)
+    body = onnx.FunctionProto()
+    body.ParseFromString(
+        schema.get_context_dependent_function(
+            node.SerializeToString(), [types.get(i, onnx.TypeProto()).SerializeToString() for i in node.input]
+        )
+    )
+    body.domain = "oracle.fn"
+    if not body.opset_import:
+        body.opset_import.extend([helper.make_opsetid("", out.opset_import[0].version)])
+    node.domain = "oracle.fn"
+    out.functions.append(body)
+    out.opset_import.append(helper.make_opsetid("oracle.fn", 1))
+    return onnx.inliner.inline_local_functions(out)
+
+
+RULES = ["gated", "delta"]
+
+
+def gens(rule: str) -> dict:
+    return {"decay": uniform(SHAPE, 0.2, 0.9)} if rule == "gated" else {"beta": uniform((1, 3, 2), 0.2, 0.9)}
+
+
+@pytest.mark.parametrize("rule", RULES)
+def test_jvp(rule: str) -> None:
+    m = model(rule)
+    inputs = [i.name for i in m.graph.input]
+    # The body rounds through float32 (its scale): a step of 1e-3 keeps that rounding out of the
+    # differences, and the tolerance allows their truncation error.
+    check_jvp(m, inputs, gens=gens(rule), oracle_model=inlined(m), eps=1e-3, tol=Tol(2e-3, 1e-3))
+
+
+@pytest.mark.parametrize("rule", RULES)
+def test_reverse_mode_is_refused_naming_the_op(rule: str) -> None:
+    with pytest.raises(onnax.OnnaxError) as err:
+        onnax.vjp(model(rule))
+    msg = str(err.value)
+    assert "ai.onnx::LinearAttention" in msg and "ranks are unknown" in msg and "Fix:" in msg, msg
+
+
+def test_oracle_matches_the_op() -> None:
+    m = model("gated")
+    rng = np.random.default_rng(0)
+    feeds = {k: rng.standard_normal(SHAPE) for k in ("query", "key", "value")}
+    feeds["decay"] = rng.uniform(0.2, 0.9, SHAPE)
+    from vmap_oracle import run_model
+
+    for a, b in zip(run_model(m, feeds), run_model(inlined(m), feeds), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
