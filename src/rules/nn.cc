@@ -173,6 +173,16 @@ BatchResult resize_rule(BatchCtx& c) {
 
 }  // namespace
 
+// GridSample: X (N, C, ...) and the grid (N, ..., r) both lead with N. The one not batched is
+// broadcast to the batch, then (B, N) merges into B*N in both.
+BatchResult grid_sample_rule(BatchCtx& c) {
+  const V x = c.materialize(0);
+  Vs ins = {merge_batch(c, x), merge_batch(c, c.materialize(1))};
+  V y = c.b.clone(c.node, ins)[0];
+  y = c.b.reshape(y, c.b.concat({c.batch_size(), c.b.shape_of(x, 1, 2), c.b.shape_of(y, 1)}, 0));
+  return all_batched({y});
+}
+
 void register_nn_rules(BatchRules& r) {
   for (const char* op : {"AveragePool", "LpPool", "GlobalAveragePool", "GlobalMaxPool", "GlobalLpPool", "LRN",
                          "DepthToSpace", "SpaceToDepth"})
@@ -186,6 +196,7 @@ void register_nn_rules(BatchRules& r) {
   r.add("", "LayerNormalization", 17, trailing_norm_rule);
   r.add("", "RMSNormalization", 23, trailing_norm_rule);
   r.add("", "Resize", 18, resize_rule);
+  r.add("", "GridSample", 16, grid_sample_rule);
 }
 
 }  // namespace onnax

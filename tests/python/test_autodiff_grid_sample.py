@@ -8,6 +8,7 @@ pixel boundary (a kink) with probability zero.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +29,7 @@ from ad_oracle import (
     uniform,
 )
 from onnx import TensorProto, helper
+from vmap_oracle import assert_vmap_matches
 
 D = TensorProto.DOUBLE
 
@@ -129,3 +131,14 @@ def test_opset_16_spellings() -> None:
         assert set(got) == set(want)
         for k in want:
             np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-6, err_msg=k)
+
+
+@pytest.mark.parametrize("in_axes", [(0, 0), (0, None), (None, 0)], ids=["both", "image", "grid"])
+@pytest.mark.parametrize("case", [CASES[0], CASES[9]], ids=[CASES[0].id, CASES[9].id])
+def test_vmap_is_vectorized(case: Case, in_axes: tuple[int | None, int | None]) -> None:
+    # The vmap batch merges into GridSample's N (no per-example Scan, so no warning).
+    gens = {"G": lambda rng, g=case.gens["G"]: g(rng, np.dtype(np.float64))}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        vm = assert_vmap_matches(case.model, in_axes, 0, gens=gens, rtol=1e-9, atol=1e-9)
+    assert "Scan" not in [n.op_type for n in vm.graph.node]
