@@ -9,6 +9,7 @@
 #include <functional>
 #include <map>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "emit/builder.h"
@@ -149,9 +150,15 @@ bool differentiable_dtype(int32_t dtype);
 // JVP of a function op through its ONNX function body (each body node by its own rule).
 Vs expand_jvp(JvpCtx& c);
 // JVP of `c.node` through `expansion`: nodes computing the node's outputs (by their names) from
-// its inputs (by their names), each differentiated with its own rule. Subgraphs in it must read
-// nothing from the enclosing graph (clones of the expansion's nodes get fresh names).
-Vs expansion_jvp(JvpCtx& c, const onnx::GraphProto& expansion);
+// its inputs (by their names), each differentiated with its own rule. Each expansion node is
+// emitted again for the primal values its rule needs, except a node whose every output is in
+// `known`: the primal values the caller already has (by value, or as another expansion value
+// of the same value, by name), such as a Loop whose results the op's own outputs hold.
+struct KnownPrimal {
+  std::unordered_map<std::string, V> values;
+  std::unordered_map<std::string, std::string> same_as;
+};
+Vs expansion_jvp(JvpCtx& c, const onnx::GraphProto& expansion, const KnownPrimal* known = nullptr);
 void register_recurrent_derivatives(DerivativeRules& r);
 void register_grid_sample_derivatives(DerivativeRules& r);
 

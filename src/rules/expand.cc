@@ -78,7 +78,7 @@ Vs expand_jvp(JvpCtx& c) {
   return expansion_jvp(c, g);
 }
 
-Vs expansion_jvp(JvpCtx& c, const onnx::GraphProto& g) {
+Vs expansion_jvp(JvpCtx& c, const onnx::GraphProto& g, const KnownPrimal* known) {
   const DerivativeRules& rules = DerivativeRules::instance();
   std::unordered_map<std::string, V> primal, tangent;
   for (int i = 0; i < c.node.input_size(); ++i) {
@@ -117,7 +117,14 @@ Vs expansion_jvp(JvpCtx& c, const onnx::GraphProto& g) {
       ts.push_back(in.empty() ? V{} : lookup(tangent, in));
       active = active || ts.back().valid();
     }
-    Vs ys = c.b.clone(n, xs);
+    bool all_known = known != nullptr && n.output_size() > 0;
+    for (const auto& o : n.output()) all_known = all_known && (known->values.count(o) || known->same_as.count(o));
+    Vs ys;
+    if (all_known)
+      for (const auto& o : n.output())
+        ys.push_back(known->values.count(o) ? known->values.at(o) : lookup(primal, known->same_as.at(o)));
+    else
+      ys = c.b.clone(n, xs);
     if (!xs.empty() && xs[0].valid()) {
       std::vector<Facts> facts;
       for (const V& y : ys) facts.push_back(y.valid() ? c.b.facts(y) : Facts{});

@@ -406,9 +406,18 @@ def test_per_example_grad(case: Case) -> None:
     check_per_example_grad(case.model, (0,) * len(runtime), case.inputs, "loss")
 
 
-def test_primal_outputs_come_from_the_op_itself() -> None:
+@pytest.mark.parametrize("direction", ["forward", "reverse", "bidirectional"])
+def test_primal_outputs_come_from_the_op_itself(direction: str) -> None:
     # The expansion feeds only the derivatives: the op stays in the result and computes the
-    # primal outputs, so they match the source model's bit for bit.
-    g = onnax.grad(op_model(Spec("LSTM", peepholes=True)), inputs=["W"], output="loss")
-    assert [n.op_type for n in g.graph.node].count("LSTM") == 1
-    onnx.checker.check_model(g, full_check=True)
+    # primal outputs, and the loops' primal results are read from them (no primal copy of the
+    # loops): forward mode runs one JVP loop per direction, reverse mode a stacking loop and a
+    # reverse loop per direction.
+    m = op_model(Spec("LSTM", direction=direction, peepholes=True, lens=[3, 4]))
+    per_direction = 2 if direction == "bidirectional" else 1
+    for transform, loops in (
+        (onnax.jvp(m, inputs=["X"]), 1),
+        (onnax.grad(m, inputs=["W"], output="loss"), 2),
+    ):
+        ops = [n.op_type for n in transform.graph.node]
+        assert ops.count("LSTM") == 1 and ops.count("Loop") == loops * per_direction, ops
+        onnx.checker.check_model(transform, full_check=True)
