@@ -1,4 +1,4 @@
-// MatMul, Gemm and Einsum.
+// MatMul, Gemm and Einsum; the determinant.
 #include <algorithm>
 #include <climits>
 #include <map>
@@ -314,7 +314,56 @@ Vs einsum_transpose(TransposeCtx& c) {
 
 }  // namespace
 
+// Det: d det(A) = sum_ij cof(A)_ij dA_ij, with cof_ij = (-1)^(i+j) det(A without row i and
+// column j) (the adjugate transposed). The cofactors are determinants of minors, so no inverse
+// is needed (ONNX has none), singular matrices are exact, and higher orders differentiate Det
+// again. The matrix size must be static; O(n^2) minors of size n-1.
+Vs det_jvp(D& c) {
+  if (!c.t(0).valid()) return {V{}};
+  auto& b = c.b;
+  const int64_t r = c.rank(0);
+  const Facts& f = b.facts(c.x(0));
+  if (r < 2 || !f.dims[r - 1].known() || !f.dims[r - 2].known() || f.dims[r - 1].value() != f.dims[r - 2].value())
+    c.unsupported("the matrix size is not static (" + f.shape_string() + ")",
+                  "declare the matrix dims of '" + c.node.input(0) + "' (value_info)");
+  const int64_t n = f.dims[r - 1].value();
+  V cof;
+  if (n == 1) {
+    cof = b.op1("Expand", {c.scalar(1.0), b.shape_of(c.x(0))});
+  } else {
+    // others[i] = every index but i (n rows of n - 1).
+    std::vector<int64_t> others;
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t k = 0; k < n; ++k)
+        if (k != i) others.push_back(k);
+    V idx = b.reshape(b.i64s(others), b.i64s({n, n - 1}));
+    V rows = b.op1("Gather", {c.x(0), idx}, {Attr::i("axis", r - 2)});  // (..., i, n-1 rows, n)
+    V minors = b.op1("Gather", {rows, idx}, {Attr::i("axis", r)});      // (..., i, n-1, j, n-1)
+    std::vector<int64_t> perm;
+    for (int64_t a = 0; a < r - 2; ++a) perm.push_back(a);
+    for (int64_t a : {r - 2, r, r - 1, r + 1}) perm.push_back(a);  // (..., i, j, n-1, n-1)
+    V dets = b.op1("Det", {b.transpose(minors, perm)});            // (..., i, j)
+    std::vector<double> signs;
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t j = 0; j < n; ++j) signs.push_back((i + j) % 2 ? -1.0 : 1.0);
+    onnx::TensorProto t;
+    t.set_data_type(c.dtype(0));
+    t.add_dims(n);
+    t.add_dims(n);
+    for (double v : signs) {
+      if (c.dtype(0) == onnx::TensorProto::DOUBLE)
+        t.add_double_data(v);
+      else
+        t.add_float_data(static_cast<float>(v));
+    }
+    cof = b.op1("Mul", {dets, b.tensor_const(t)});
+  }
+  V prod = b.op1("Mul", {cof, c.t(0)});
+  return {b.op1("ReduceSum", {prod, b.i64s({-2, -1})}, {Attr::i("keepdims", 0)})};
+}
+
 void register_matmul_derivatives(DerivativeRules& r) {
+  r.jvp("Det", det_jvp);
   r.jvp("MatMul", [](D& c) -> Vs {
     V t = c.b.add(c.t(0).valid() ? c.b.op1("MatMul", {c.t(0), c.x(1)}) : V{},
                   c.t(1).valid() ? c.b.op1("MatMul", {c.x(0), c.t(1)}) : V{});

@@ -1477,6 +1477,15 @@ add(
     float_only=True,
 )
 
+# Det: cofactors from determinants of minors (sizes 1, 2, 3, batched 4; a singular matrix,
+# whose derivative is its non-zero adjugate).
+for _shape in ((2, 1, 1), (2, 2), (3, 3), (2, 4, 4)):
+    add(f"Det-{'x'.join(map(str, _shape))}", *unary("Det", shape=_shape))
+add(
+    "Det-singular",
+    *unary("Det", fixed(np.array([[1.0, 2.0, 3.0], [2.0, 4.0, 6.0], [0.5, -1.0, 2.0]])), shape=(3, 3)),
+)
+
 # --------------------------------------------------------------------------------------------
 # Small composite models
 
@@ -1838,6 +1847,25 @@ HVP_CASES = [
         mlp_gens(),
         ["W1", "W2"],
         ["W1", "b1", "W2"],
+    ),
+    # The Hessian of det differentiates the determinants of the minors again.
+    (
+        "det-3x3",
+        build([node("Det", ["x"], ["loss"])], [In("x", (3, 3))], outputs=(("loss", D, []),)),
+        {},
+        ["x"],
+        None,
+    ),
+    (
+        "det-batched-4x4",
+        build(
+            [node("Det", ["x"], ["d"]), node("ReduceSum", ["d"], ["loss"], keepdims=0)],
+            [In("x", (2, 4, 4))],
+            outputs=(("loss", D, []),),
+        ),
+        {},
+        ["x"],
+        None,
     ),
 ]
 
