@@ -161,5 +161,6 @@ struct KnownPrimal {
 Vs expansion_jvp(JvpCtx& c, const onnx::GraphProto& expansion, const KnownPrimal* known = nullptr);
 void register_recurrent_derivatives(DerivativeRules& r);
 void register_grid_sample_derivatives(DerivativeRules& r);
+void register_deform_conv_derivatives(DerivativeRules& r);
 
 }  // namespace onnax

@@ -183,6 +183,20 @@ BatchResult grid_sample_rule(BatchCtx& c) {
   return all_batched({y});
 }
 
+// DeformConv: X, the offsets and the mask lead with N; with shared weights and bias the batch
+// merges into N (the inputs not batched broadcast first). Batched weights take the
+// per-example Scan, as for Conv.
+BatchResult deform_conv_rule(BatchCtx& c) {
+  if ((c.has(1) && c.batched[1]) || (c.has(3) && c.batched[3])) return scan_fallback(c);
+  const V x = c.materialize(0);
+  Vs ins = c.in;
+  for (int i : {0, 2, 4})
+    if (c.has(i)) ins[static_cast<size_t>(i)] = merge_batch(c, i == 0 ? x : c.materialize(i));
+  V y = c.b.clone(c.node, ins)[0];
+  y = c.b.reshape(y, c.b.concat({c.batch_size(), c.b.shape_of(x, 1, 2), c.b.shape_of(y, 1)}, 0));
+  return all_batched({y});
+}
+
 void register_nn_rules(BatchRules& r) {
   for (const char* op : {"AveragePool", "LpPool", "GlobalAveragePool", "GlobalMaxPool", "GlobalLpPool", "LRN",
                          "DepthToSpace", "SpaceToDepth"})
@@ -197,6 +211,7 @@ void register_nn_rules(BatchRules& r) {
   r.add("", "RMSNormalization", 23, trailing_norm_rule);
   r.add("", "Resize", 18, resize_rule);
   r.add("", "GridSample", 16, grid_sample_rule);
+  r.add("", "DeformConv", 19, deform_conv_rule);
 }
 
 }  // namespace onnax
