@@ -285,6 +285,7 @@ const DerivativeRules& DerivativeRules::instance() {
     register_recurrent_derivatives(r);
     register_grid_sample_derivatives(r);
     register_deform_conv_derivatives(r);
+    register_roi_align_derivatives(r);
     return r;
   }();
   return rules;

@@ -162,5 +162,6 @@ Vs expansion_jvp(JvpCtx& c, const onnx::GraphProto& expansion, const KnownPrimal
 void register_recurrent_derivatives(DerivativeRules& r);
 void register_grid_sample_derivatives(DerivativeRules& r);
 void register_deform_conv_derivatives(DerivativeRules& r);
+void register_roi_align_derivatives(DerivativeRules& r);
 
 }  // namespace onnax

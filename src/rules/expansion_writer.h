@@ -58,8 +58,17 @@ class ExpansionWriter {
     a.mutable_t()->add_int32_data(value ? 1 : 0);
     return op("Constant", {}, {a});
   }
-  // A scalar of the op's float type.
+  // A scalar, or a 1-D tensor, of the op's float type.
   std::string scalar(double value) { return constant(dtype_, {}, {value}, false); }
+  std::string reals(const std::vector<double>& values) {
+    std::string name = constant(dtype_, {}, values, false);
+    // (constant() sizes 1-D tensors by their int64 values; give this one its length)
+    g_.mutable_node(g_.node_size() - 1)
+        ->mutable_attribute(0)
+        ->mutable_t()
+        ->add_dims(static_cast<int64_t>(values.size()));
+    return name;
+  }
 
   int32_t dtype() const { return dtype_; }
 

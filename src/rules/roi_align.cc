@@ -1,0 +1,127 @@
+// Derivatives of RoiAlign in the feature map and in the boxes, by expansion into elementary ops
+// that follow ONNX Runtime's kernel: each output bin averages (or, in max mode, takes the
+// largest weighted corner of) sampling_ratio x sampling_ratio bilinear samples at regular
+// positions inside the bin; a sample more than a pixel outside the map reads zero, positions
+// clamp to the map, and output_half_pixel boxes are at least one pixel wide. The derivative in
+// the boxes is the piecewise one (Floor carries none). An adaptive sampling ratio (0: the
+// number of samples follows each box's size) has no fixed-size expansion and is refused.
+#include <onnx/onnx_pb.h>
+
+#include <string>
+#include <vector>
+
+#include "rules/derivative.h"
+#include "rules/expansion_writer.h"
+
+namespace onnax {
+namespace {
+
+Vs roi_align_jvp(JvpCtx& c) {
+  const int64_t samples = c.attr_i("sampling_ratio", 0);
+  if (samples <= 0)
+    c.unsupported("sampling_ratio=" + std::to_string(samples) +
+                      " (adaptive) makes the number of samples per bin depend on each box's size",
+                  "set sampling_ratio to a positive count (e.g. 2, as torchvision's detection heads do)");
+  if (c.rank(0) != 4) c.unsupported("X has rank " + std::to_string(c.rank(0)), "give X the shape (N, C, H, W)");
+  std::string mode = "avg", transform = "half_pixel";
+  if (const auto* a = c.attr("mode")) mode = a->s();
+  if (const auto* a = c.attr("coordinate_transformation_mode")) transform = a->s();
+  const bool half_pixel = transform == "half_pixel";
+  const int64_t out_h = c.attr_i("output_height", 1), out_w = c.attr_i("output_width", 1);
+  const float scale = c.attr_f("spatial_scale", 1.0f);
+
+  onnx::GraphProto g;
+  ExpansionWriter w(c.b, g, c.node.output(0), c.dtype(0));
+  const std::string& x = c.node.input(0);
+  const std::string& rois = c.node.input(1);
+  const std::string x_shape = w.op("Shape", {x});
+  auto dim = [&](int64_t k) { return w.op("Gather", {x_shape, w.i64(k)}, {attr_i("axis", 0)}); };
+  const std::string height = dim(2), width = dim(3);
+  auto as_float = [&](const std::string& v) { return w.op("Cast", {v}, {attr_i("to", w.dtype())}); };
+  // Box corners in pixels: (R, 1) each.
+  auto corner = [&](int64_t k) {
+    const std::string v =
+        w.op("Mul", {w.op("Slice", {rois, w.i64s({k}), w.i64s({k + 1}), w.i64s({1})}), w.scalar(scale)});
+    return half_pixel ? w.op("Sub", {v, w.scalar(0.5)}) : v;
+  };
+  const std::string x0 = corner(0), y0 = corner(1), x1 = corner(2), y1 = corner(3);
+  auto extent = [&](const std::string& lo, const std::string& hi) {
+    const std::string e = w.op("Sub", {hi, lo});
+    return half_pixel ? e : w.op("Max", {e, w.scalar(1.0)});
+  };
+  // Sample positions along one axis: start + bin * (bin index + (sample + 0.5) / samples),
+  // as (R, bins * samples).
+  auto positions = [&](const std::string& start, const std::string& size, int64_t bins) {
+    std::vector<double> f;
+    for (int64_t b = 0; b < bins; ++b)
+      for (int64_t s = 0; s < samples; ++s)
+        f.push_back(static_cast<double>(b) + (static_cast<double>(s) + 0.5) / static_cast<double>(samples));
+    const std::string table = w.reals(f);
+    const std::string bin = w.op("Div", {size, w.scalar(static_cast<double>(bins))});
+    return w.op("Add", {start, w.op("Mul", {bin, table})});
+  };
+  const std::string ys = positions(y0, extent(y0, y1), out_h);  // (R, out_h * samples)
+  const std::string xs = positions(x0, extent(x0, x1), out_w);  // (R, out_w * samples)
+
+  // Per axis: whether a sample is within a pixel of the map, and its two taps.
+  struct Axis {
+    std::string valid, low, high, frac;
+  };
+  auto axis = [&](const std::string& pos, const std::string& size) {
+    const std::string fsize = as_float(size);
+    Axis a;
+    a.valid = w.op("And", {w.op("GreaterOrEqual", {pos, w.scalar(-1.0)}), w.op("LessOrEqual", {pos, fsize})});
+    const std::string last = w.op("Sub", {fsize, w.scalar(1.0)});
+    const std::string clamped = w.op("Min", {w.op("Max", {pos, w.scalar(0.0)}), last});
+    const std::string floor = w.op("Floor", {clamped});
+    a.frac = w.op("Sub", {clamped, floor});
+    a.low = w.op("Cast", {floor}, {attr_i("to", onnx::TensorProto::INT64)});
+    a.high = w.op("Min", {w.op("Add", {a.low, w.i64(1)}), w.op("Sub", {size, w.i64(1)})});
+    return a;
+  };
+  const Axis ay = axis(ys, height), ax = axis(xs, width);
+  // Broadcast to (R, out_h * samples, out_w * samples).
+  auto rows = [&](const std::string& v) { return w.op("Unsqueeze", {v, w.i64s({2})}); };
+  auto cols = [&](const std::string& v) { return w.op("Unsqueeze", {v, w.i64s({1})}); };
+  const std::string valid = w.op("Cast", {w.op("And", {rows(ay.valid), cols(ax.valid)})}, {attr_i("to", w.dtype())});
+  const std::string one = w.scalar(1.0);
+  const std::string wy[2] = {rows(w.op("Sub", {one, ay.frac})), rows(ay.frac)};
+  const std::string wx[2] = {cols(w.op("Sub", {one, ax.frac})), cols(ax.frac)};
+  const std::string iy[2] = {rows(ay.low), rows(ay.high)};
+  const std::string ix[2] = {cols(ax.low), cols(ax.high)};
+
+  // The feature map of each box's image, channels last: (R, H*W, C). Each corner gathers a
+  // row per sample (GatherND over the box axis: no index per channel): (R, P, C).
+  const std::string image = w.op(
+      "Transpose", {w.op("Reshape", {w.op("Gather", {x, c.node.input(2)}, {attr_i("axis", 0)}), w.i64s({0, 0, -1})})},
+      {attr_ints("perm", {0, 2, 1})});
+  std::vector<std::string> corners;
+  for (int a = 0; a < 2; ++a)
+    for (int b = 0; b < 2; ++b) {
+      const std::string flat = w.op("Reshape", {w.op("Add", {w.op("Mul", {iy[a], width}), ix[b]}), w.i64s({0, -1, 1})});
+      const std::string weight =
+          w.op("Reshape", {w.op("Mul", {w.op("Mul", {wy[a], wx[b]}), valid}), w.i64s({0, -1, 1})});
+      corners.push_back(w.op("Mul", {w.op("GatherND", {image, flat}, {attr_i("batch_dims", 1)}), weight}));
+    }
+  std::string values;  // (R, P, C)
+  if (mode == "max") {
+    values = w.op("Max", {corners[0], corners[1], corners[2], corners[3]});
+  } else {
+    values = corners[0];
+    for (size_t k = 1; k < corners.size(); ++k) values = w.op("Add", {values, corners[k]});
+  }
+  // (R, out_h, samples, out_w, samples, C): reduce each bin's samples, channels back to axis 1.
+  const std::string binned = w.op("Reshape", {values, w.i64s({0, out_h, samples, out_w, samples, -1})});
+  const std::string reduce = mode == "max" ? "ReduceMax" : "ReduceMean";
+  const std::string bins = w.op(reduce, {binned, w.i64s({2, 4})}, {attr_i("keepdims", 0)});
+  w.op("Transpose", {bins}, {attr_ints("perm", {0, 3, 1, 2})}, c.node.output(0));
+  return expansion_jvp(c, g);
+}
+
+}  // namespace
+
+void register_roi_align_derivatives(DerivativeRules& r) {
+  r.jvp("RoiAlign", roi_align_jvp);
+}
+
+}  // namespace onnax

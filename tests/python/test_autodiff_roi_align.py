@@ -1,0 +1,130 @@
+"""Derivatives of RoiAlign in the feature map and in the boxes, against the oracles of
+``ad_oracle`` (float64 finite differences of the op as ONNX Runtime computes it, the dot-product
+test, finite differences of the gradient for Hessian-vector products, a loop for per-example
+gradients, float32 against the float64 oracle). Boxes reach past the map's border so the
+out-of-map samples and the clamping are exercised; a random sample lies on a pixel boundary (a
+kink) with probability zero.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import onnax
+import onnx
+import pytest
+from ad_oracle import (
+    as_float,
+    check_grad,
+    check_hvp,
+    check_jvp,
+    check_per_example_grad,
+    check_vjp_dot,
+    make_ad_model,
+)
+from onnx import TensorProto, helper
+
+D = TensorProto.DOUBLE
+I64 = TensorProto.INT64
+BOXES = 3
+
+
+def boxes(lo: float, hi: float):
+    """Boxes (x1, y1, x2, y2) with x1, y1 in [lo, hi] and sides of 1.5 to 5 pixels."""
+
+    def gen(rng: np.random.Generator, dtype: np.dtype) -> np.ndarray:
+        start = rng.uniform(lo, hi, size=(BOXES, 2))
+        size = rng.uniform(1.5, 5.0, size=(BOXES, 2))
+        return np.concatenate([start, start + size], axis=1).astype(dtype)
+
+    return gen
+
+
+def roi_model(**attrs: Any) -> onnx.ModelProto:
+    out_h, out_w = attrs.get("output_height", 1), attrs.get("output_width", 1)
+    coef = np.random.default_rng(4).standard_normal((BOXES, 3, out_h, out_w))
+    nodes = [
+        helper.make_node("RoiAlign", ["X", "rois", "idx"], ["Y"], **attrs),
+        helper.make_node("Mul", ["Y", "coef"], ["Yc"]),
+        helper.make_node("ReduceSum", ["Yc"], ["loss"], keepdims=0),
+    ]
+    return make_ad_model(
+        nodes,
+        [("X", D, [2, 3, 8, 8]), ("rois", D, [BOXES, 4])],
+        [("loss", D, []), "Y"],
+        initializers={"coef": coef, "idx": np.array([0, 1, 1], dtype=np.int64)},
+    )
+
+
+@dataclass
+class Case:
+    id: str
+    model: onnx.ModelProto
+    gens: dict[str, Any]
+
+
+CASES = [
+    Case(
+        "avg-half-pixel",
+        roi_model(output_height=3, output_width=2, sampling_ratio=2, spatial_scale=0.5),
+        {"rois": boxes(0.0, 8.0)},
+    ),
+    Case(
+        "avg-output-half-pixel-past-the-border",
+        roi_model(
+            output_height=2,
+            output_width=2,
+            sampling_ratio=3,
+            coordinate_transformation_mode="output_half_pixel",
+        ),
+        {"rois": boxes(-2.5, 6.0)},
+    ),
+    Case(
+        "max-past-the-border",
+        roi_model(output_height=2, output_width=3, sampling_ratio=2, mode="max"),
+        {"rois": boxes(-2.5, 6.0)},
+    ),
+]
+IDS = [c.id for c in CASES]
+INPUTS = ["X", "rois"]
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_jvp(case: Case) -> None:
+    check_jvp(case.model, INPUTS, gens=case.gens)
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_vjp_dot(case: Case) -> None:
+    check_vjp_dot(case.model, INPUTS, gens=case.gens)
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_grad(case: Case) -> None:
+    check_grad(case.model, INPUTS, "loss", gens=case.gens)
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_hvp(case: Case) -> None:
+    check_hvp(case.model, ["rois", "X"], INPUTS, "loss", gens=case.gens)
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_per_example_grad(case: Case) -> None:
+    # Per-example feature maps with shared boxes.
+    check_per_example_grad(case.model, (0, None), INPUTS, "loss", gens=case.gens)
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_f32(case: Case) -> None:
+    check_jvp(as_float(case.model), INPUTS, gens=case.gens, oracle_model=case.model)
+    check_grad(as_float(case.model), INPUTS, "loss", gens=case.gens, oracle_model=case.model)
+
+
+def test_adaptive_sampling_is_refused() -> None:
+    with pytest.raises(onnax.OnnaxError) as err:
+        onnax.jvp(roi_model(output_height=2, output_width=2), inputs=INPUTS)
+    msg = str(err.value)
+    assert "ai.onnx::RoiAlign" in msg and "sampling_ratio=0" in msg and "Fix:" in msg, msg
