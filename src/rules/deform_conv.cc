@@ -91,25 +91,26 @@ Vs deform_conv_jvp(JvpCtx& c) {
   };
   const std::vector<Tap> ty = taps_of(y, height), tx = taps_of(xs, width);
 
-  // X (N, C, H, W) -> (N, G, C/G, H*W); indices, weights and the mask (N, G, 1, kH*kW*oH*oW)
-  // (kernel taps, then output positions).
+  // X (N, C, H, W) -> channels last per offset group (N, G, H*W, C/G); each corner gathers one
+  // row per sample (GatherND over N and G: no index per channel); indices, weights and the mask
+  // are (N, G, kH*kW*oH*oW, 1) (kernel taps, then output positions).
   auto shape_of = [&](std::vector<std::string> parts) { return w.op("Concat", parts, {attr_i("axis", 0)}); };
   auto unsq = [&](const std::string& scalar) { return w.op("Unsqueeze", {scalar, w.i64s({0})}); };
   const std::string flat_image =
-      w.op("Reshape", {x, shape_of({w.i64s({0, offset_group, -1}), unsq(w.op("Mul", {height, width}))})});
-  const std::string per_sample = w.i64s({0, offset_group, 1, -1});
+      w.op("Transpose",
+           {w.op("Reshape", {x, shape_of({w.i64s({0, offset_group, -1}), unsq(w.op("Mul", {height, width}))})})},
+           {attr_ints("perm", {0, 1, 3, 2})});
+  const std::string per_sample = w.i64s({0, offset_group, -1, 1});
   std::string cols;
   for (const Tap& a : ty)
     for (const Tap& b : tx) {
       const std::string idx = w.op("Reshape", {w.op("Add", {w.op("Mul", {a.index, width}), b.index}), per_sample});
       const std::string weight = w.op("Reshape", {w.op("Mul", {a.weight, b.weight}), per_sample});
-      const std::string where =
-          w.op("Expand", {idx, shape_of({w.op("Slice", {w.op("Shape", {flat_image}), w.i64s({0}), w.i64s({3})}),
-                                         w.op("Slice", {w.op("Shape", {idx}), w.i64s({3}), w.i64s({4})})})});
-      const std::string v = w.op("Mul", {w.op("GatherElements", {flat_image, where}, {attr_i("axis", 3)}), weight});
+      const std::string v = w.op("Mul", {w.op("GatherND", {flat_image, idx}, {attr_i("batch_dims", 2)}), weight});
       cols = cols.empty() ? v : w.op("Add", {cols, v});
     }
   if (!input(4).empty()) cols = w.op("Mul", {cols, w.op("Reshape", {input(4), per_sample})});
+  cols = w.op("Transpose", {cols}, {attr_ints("perm", {0, 1, 3, 2})});  // (N, G, C/G, kH*kW*oH*oW)
   // (N, G, C/G, kH*kW*oH*oW) -> (N, C, kH*kW, oH*oW) -> (N, group, C/group*kH*kW, oH*oW), times
   // the weights (oC, C/group, kH, kW) -> (group, oC/group, C/group*kH*kW): (N, group, oC/group, oH*oW).
   const std::string positions = unsq(w.op("Mul", {out_h, out_w}));

@@ -66,7 +66,10 @@ Vs grid_sample_jvp(JvpCtx& c) {
   // Grid points flattened: [N, P, r]; X flattened: [N, C, S].
   const std::string points =
       w.op("Reshape", {grid, w.op("Concat", {w.i64s({0, -1}), w.i64s({r})}, {attr_i("axis", 0)})});
-  const std::string flat_x = w.op("Reshape", {x, w.i64s({0, 0, -1})});
+  // X flattened, channels last: [N, S, C] (each corner gathers one row per point, GatherND over
+  // the batch axis: no index per channel).
+  const std::string flat_x =
+      w.op("Transpose", {w.op("Reshape", {x, w.i64s({0, 0, -1})})}, {attr_ints("perm", {0, 2, 1})});
 
   // Per spatial dim (outermost first): its size and taps.
   std::vector<std::string> sizes;
@@ -127,11 +130,7 @@ Vs grid_sample_jvp(JvpCtx& c) {
     strides[static_cast<size_t>(i)] =
         w.op("Mul", {strides[static_cast<size_t>(i + 1)], sizes[static_cast<size_t>(i + 1)]});
 
-  // Sum over the corners (one tap per dim) of weight * X[corner].
-  const std::string gather_shape = w.op("Concat",
-                                        {w.op("Slice", {x_shape, w.i64s({0}), w.i64s({2})}),
-                                         w.op("Slice", {w.op("Shape", {points}), w.i64s({1}), w.i64s({2})})},
-                                        {attr_i("axis", 0)});
+  // Sum over the corners (one tap per dim) of weight * X[corner]: [N, P, C].
   std::string total;
   std::vector<size_t> pick(static_cast<size_t>(r), 0);
   while (true) {
@@ -142,15 +141,16 @@ Vs grid_sample_jvp(JvpCtx& c) {
       flat = flat.empty() ? term : w.op("Add", {flat, term});
       if (!tap.weight.empty()) weight = weight.empty() ? tap.weight : w.op("Mul", {weight, tap.weight});
     }
-    const std::string where = w.op("Expand", {w.op("Unsqueeze", {flat, w.i64s({1})}), gather_shape});
-    std::string value = w.op("GatherElements", {flat_x, where}, {attr_i("axis", 2)});
-    if (!weight.empty()) value = w.op("Mul", {value, w.op("Unsqueeze", {weight, w.i64s({1})})});
+    const std::string where = w.op("Unsqueeze", {flat, w.i64s({2})});
+    std::string value = w.op("GatherND", {flat_x, where}, {attr_i("batch_dims", 1)});
+    if (!weight.empty()) value = w.op("Mul", {value, w.op("Unsqueeze", {weight, w.i64s({2})})});
     total = total.empty() ? value : w.op("Add", {total, value});
     size_t d = 0;
     while (d < pick.size() && ++pick[d] == taps[d].size()) pick[d++] = 0;
     if (d == pick.size()) break;
   }
-  // [N, C, P] -> [N, C, O1, ..., Or]
+  // [N, P, C] -> [N, C, P] -> [N, C, O1, ..., Or]
+  total = w.op("Transpose", {total}, {attr_ints("perm", {0, 2, 1})});
   const std::string out_shape =
       w.op("Concat",
            {w.op("Slice", {x_shape, w.i64s({0}), w.i64s({2})}), w.op("Slice", {grid_shape, w.i64s({1}), w.i64s({-1})})},
