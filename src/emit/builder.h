@@ -69,6 +69,13 @@ class Builder {
   // While transposing, tangents exist only on the tape: reading one is an internal error.
   void forbid_tangent_inputs(bool forbid) { forbid_tangents_ = forbid; }
   bool tangent(V v) const { return v.valid() && tangent_[v.id]; }
+  // Run-time shapes (1-D int64 values) already emitted for values, so a shape many transposes
+  // ask for is computed once (rules/derivative.cc: runtime_shape).
+  V known_shape(V v) const {
+    auto it = shapes_.find(v.id);
+    return it == shapes_.end() ? V{} : it->second;
+  }
+  void remember_shape(V v, V shape) { shapes_[v.id] = shape; }
   // The tape node that computed `v` (nullptr: none, or not on the tape).
   const TapeNode* tape_node_of(V v) const {
     const int32_t k = v.valid() ? values_[static_cast<size_t>(v.id)].tape_index : -1;
@@ -295,6 +302,7 @@ class Builder {
   std::vector<char> tangent_;
   std::deque<TapeNode>* tape_ = nullptr;                 // a deque: growing it never moves the nodes
   std::deque<TapeNode>* recorded_ = nullptr;             // the last tape set
+  std::unordered_map<int, V> shapes_;                    // see known_shape
   std::unique_ptr<google::protobuf::Arena> tape_arena_;  // holds the tape's nodes (made on first use)
   const TapeNode* transposing_ = nullptr;
   bool forbid_tangents_ = false;

@@ -280,6 +280,7 @@ const BatchRules& BatchRules::instance() {
     register_index_rules(r);
     register_nn_rules(r);
     register_attention_rules(r);
+    register_recurrent_rules(r);
     register_refusals(r);
     register_control_flow_rules(r);
     return r;

@@ -112,6 +112,7 @@ void register_shape_rules(BatchRules& r);
 void register_index_rules(BatchRules& r);
 void register_nn_rules(BatchRules& r);
 void register_attention_rules(BatchRules& r);
+void register_recurrent_rules(BatchRules& r);  // RNN, GRU, LSTM, ReverseSequence
 void register_refusals(BatchRules& r);
 // Loop and If with a shared trip count and condition: their bodies batched by vmap itself.
 void register_control_flow_rules(BatchRules& r);

@@ -90,8 +90,17 @@ V sum_leading(Builder& b, V ct, V rank) {
   return b.op1("ReduceSum", {ct, lead}, {Attr::i("keepdims", 0), Attr::i("noop_with_empty_axes", 1)});
 }
 
-// numpy broadcasting of two run-time shapes (1-D int64).
-V broadcast_shapes(Builder& b, V s1, V s2) {
+// numpy broadcasting of two run-time shapes (1-D int64) of ranks r1 and r2 (-1: unknown).
+V broadcast_shapes(Builder& b, V s1, int64_t r1, V s2, int64_t r2) {
+  if (r1 >= 0 && r2 >= 0) {
+    // Known ranks: pad the shorter with ones (a constant), then a dim of 1 takes the other's.
+    auto pad = [&](V s, int64_t r) {
+      const int64_t missing = std::max(r1, r2) - r;
+      return missing == 0 ? s : b.concat({b.i64s(std::vector<int64_t>(static_cast<size_t>(missing), 1)), s}, 0);
+    };
+    const V p1 = pad(s1, r1), p2 = pad(s2, r2);
+    return b.op1("Where", {b.op1("Equal", {p1, b.i64(1)}), p2, p1});
+  }
   V n1 = b.op1("Size", {s1}), n2 = b.op1("Size", {s2});
   V n = b.op1("Max", {n1, n2});
   auto padded = [&](V s, V len) {
@@ -104,8 +113,21 @@ V broadcast_shapes(Builder& b, V s1, V s2) {
 
 }  // namespace
 
+namespace {
+V computed_shape(Builder& b, V t, int depth);
+}  // namespace
+
 V runtime_shape(Builder& b, V t, int depth) {
   if (!t.valid()) return V{};
+  if (const V known = b.known_shape(t); known.valid()) return known;
+  const V shape = computed_shape(b, t, depth);
+  if (shape.valid()) b.remember_shape(t, shape);
+  return shape;
+}
+
+namespace {
+
+V computed_shape(Builder& b, V t, int depth) {
   if (const V w = b.witness(t); w.valid()) return b.shape_of(w);
   if (!b.tangent(t)) return b.shape_of(t);
   const Builder::TapeNode* tn = b.tape_node_of(t);
@@ -118,14 +140,24 @@ V runtime_shape(Builder& b, V t, int depth) {
   if (same) return runtime_shape(b, tn->inputs[0], depth + 1);
   if (std::find(std::begin(kBroadcasting), std::end(kBroadcasting), type) == std::end(kBroadcasting)) return V{};
   V shape;
+  int64_t rank = -1;
   for (V in : tn->inputs) {
     if (!in.valid()) continue;
     const V s = runtime_shape(b, in, depth + 1);
     if (!s.valid()) return V{};
-    shape = shape.valid() ? broadcast_shapes(b, shape, s) : s;
+    int64_t r = b.facts(in).rank();
+    if (r < 0 && b.witness(in).valid()) r = b.facts(b.witness(in)).rank();
+    if (!shape.valid()) {
+      shape = s, rank = r;
+      continue;
+    }
+    shape = broadcast_shapes(b, shape, rank, s, r);
+    rank = rank >= 0 && r >= 0 ? std::max(rank, r) : -1;
   }
   return shape;
 }
+
+}  // namespace
 
 V unbroadcast(Builder& b, V ct, V target, V witness) {
   if (!ct.valid()) return ct;

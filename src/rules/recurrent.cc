@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "rules/batching.h"
 #include "rules/derivative.h"
 #include "rules/expansion_writer.h"
 
@@ -357,7 +358,86 @@ Vs recurrent_jvp(JvpCtx& c) {
   return expansion_jvp(c, g, derive ? &known : nullptr);
 }
 
+// ------------------------------------------------------------------------------------------
+// vmap: with shared weights, the vmap batch merges into the op's batch axis (axis 1 of X and
+// of the states time-major, axis 0 batch-first), so one op runs the whole batch.
+
+// x (Bv, ..., with the op's batch axis at per-example position `axis`) -> the same axis holding
+// Bv * batch (Bv moved next to it, then merged).
+// (`rank`: the per-example rank of x.)
+V merge_into(Builder& b, V x, int64_t axis, int64_t rank) {
+  if (axis > 0) {
+    std::vector<int64_t> perm;
+    for (int64_t a = 1; a <= axis; ++a) perm.push_back(a);
+    perm.push_back(0);
+    for (int64_t a = axis + 1; a <= rank; ++a) perm.push_back(a);
+    x = b.transpose(x, perm);
+  }
+  // (..., Bv, batch, rest...) -> (..., Bv * batch, rest...)
+  std::vector<int64_t> shape(static_cast<size_t>(axis), 0);
+  shape.push_back(-1);
+  V rest = b.shape_of(x, axis + 2);
+  return b.reshape(x, b.concat({b.i64s(shape), rest}, 0));
+}
+
+// y (per-example rank `rank`) with the merged batch at `axis` -> (Bv, ..., batch, ...).
+V split_from(Builder& b, V y, int64_t axis, int64_t rank, V batch_v, V batch) {
+  V shape = b.concat({b.shape_of(y, 0, axis), batch_v, batch, b.shape_of(y, axis + 1)}, 0);
+  V split = b.reshape(y, shape);
+  const int32_t dtype = b.facts(y).dtype;
+  b.set_facts(split, Facts::of(dtype, Dims(static_cast<size_t>(rank + 1), Dim{})));
+  if (axis == 0) return split;
+  std::vector<int64_t> perm{axis};
+  for (int64_t a = 0; a < axis; ++a) perm.push_back(a);
+  for (int64_t a = axis + 1; a <= rank; ++a) perm.push_back(a);
+  return b.transpose(split, perm);
+}
+
+BatchResult recurrent_rule(BatchCtx& c) {
+  // Inputs: X, W, R, B, sequence_lens, initial_h (, initial_c, P). Weights batched: per example.
+  for (int i : {1, 2, 3, 7})
+    if (c.has(i) && c.batched[static_cast<size_t>(i)]) return scan_fallback(c);
+  const bool batch_first = c.attr_i("layout", 0) != 0;
+  const int64_t x_axis = batch_first ? 0 : 1;      // the op's batch axis in X and Y (per example)
+  const int64_t state_axis = batch_first ? 0 : 1;  // and in the states
+  auto& b = c.b;
+  const V x = c.materialize(0);
+  const V batch = b.shape_of(x, 1 + x_axis, 2 + x_axis);
+  Vs ins = c.in;
+  ins[0] = merge_into(b, x, x_axis, 3);
+  if (c.has(4)) ins[4] = b.reshape(c.materialize(4), b.i64s({-1}));
+  for (int i : {5, 6})
+    if (c.has(i)) ins[static_cast<size_t>(i)] = merge_into(b, c.materialize(i), state_axis, 3);
+  Vs outs = b.clone(c.node, ins);
+  const V batch_v = c.batch_size();
+  for (size_t k = 0; k < outs.size(); ++k)
+    if (outs[k].valid()) {
+      // Y: (T, D, batch, H) or (batch, T, D, H); Y_h, Y_c: (D, batch, H) or (batch, D, H).
+      const int64_t axis = k == 0 ? (batch_first ? 0 : 2) : state_axis;
+      outs[k] = split_from(b, outs[k], axis, k == 0 ? 4 : 3, batch_v, batch);
+    }
+  return all_batched(outs);
+}
+
+// ReverseSequence: batch_axis and time_axis must be 0 and 1, so the vmap batch merges into
+// the op's batch axis (the lengths with it).
+BatchResult reverse_sequence_rule(BatchCtx& c) {
+  auto& b = c.b;
+  const int64_t batch_axis = c.attr_i("batch_axis", 1);
+  const int64_t rank = c.rank(0);
+  const V x = c.materialize(0);
+  const V batch = b.shape_of(x, 1 + batch_axis, 2 + batch_axis);
+  Vs ins = {merge_into(b, x, batch_axis, rank), b.reshape(c.materialize(1), b.i64s({-1}))};
+  V y = b.clone(c.node, ins)[0];
+  return all_batched({split_from(b, y, batch_axis, rank, c.batch_size(), batch)});
+}
+
 }  // namespace
+
+void register_recurrent_rules(BatchRules& r) {
+  for (const char* op : {"RNN", "GRU", "LSTM"}) r.add("", op, 14, recurrent_rule);
+  r.add("", "ReverseSequence", 10, reverse_sequence_rule);
+}
 
 void register_recurrent_derivatives(DerivativeRules& r) {
   for (const char* op : {"RNN", "GRU", "LSTM"}) r.jvp(op, recurrent_jvp);

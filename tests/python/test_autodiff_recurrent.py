@@ -15,6 +15,7 @@ lists with alpha/beta.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,6 +36,7 @@ from ad_oracle import (
     run,
 )
 from onnx import TensorProto, helper, numpy_helper
+from vmap_oracle import assert_vmap_matches
 
 D = TensorProto.DOUBLE
 T_STEPS, BATCH, IN, HID = 4, 2, 3, 3
@@ -421,3 +423,30 @@ def test_primal_outputs_come_from_the_op_itself(direction: str) -> None:
         ops = [n.op_type for n in transform.graph.node]
         assert ops.count("LSTM") == 1 and ops.count("Loop") == loops * per_direction, ops
         onnx.checker.check_model(transform, full_check=True)
+
+
+VMAP_CASES = [
+    c
+    for c in CASES
+    if c.id
+    in (
+        "rnn-reverse-initial-state",
+        "gru-bidirectional-sequence-lens",
+        "lstm-peepholes-initial-state-sequence-lens",
+        "gru-batch-first",
+    )
+]
+
+
+@pytest.mark.parametrize("case", VMAP_CASES, ids=[c.id for c in VMAP_CASES])
+def test_vmap_is_vectorized(case: Case) -> None:
+    # Shared weights: the vmap batch merges into the op's batch axis (one op for the whole
+    # batch, no per-example Scan), for the op and for vmap(grad) (ReverseSequence included).
+    runtime = [name for name, _, _ in runtime_inputs(case.spec)]
+    axes = (0,) * len(runtime)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*ReferenceEvaluator.*")
+        warnings.filterwarnings("error", message=".*per-example.*")
+        vm = assert_vmap_matches(case.model, axes, 0, rtol=1e-5, atol=1e-5)
+        assert "Scan" not in [n.op_type for n in vm.graph.node]
+        check_per_example_grad(case.model, axes, case.inputs, "loss")
