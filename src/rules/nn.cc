@@ -197,6 +197,21 @@ BatchResult deform_conv_rule(BatchCtx& c) {
   return all_batched({y});
 }
 
+// RoiAlign: the batch merges into N (X: (Bv*N, C, H, W)) and into the boxes (Bv*R of them),
+// each example's box indices shifted by its offset b * N.
+BatchResult roi_align_rule(BatchCtx& c) {
+  auto& b = c.b;
+  const V x = c.materialize(0);
+  const V n = b.shape_of(x, 1, 2);  // [N]
+  const V rois = c.materialize(1), idx = c.materialize(2);
+  const V examples = b.op1("Range", {b.i64(0), b.op1("Squeeze", {c.batch_size(), b.i64s({0})}), b.i64(1)});
+  const V offsets = b.op1("Mul", {b.unsqueeze(examples, {1}), n});  // (Bv, 1)
+  Vs ins = {merge_batch(c, x), b.reshape(rois, b.i64s({-1, 4})), b.reshape(b.op1("Add", {idx, offsets}), b.i64s({-1}))};
+  V y = b.clone(c.node, ins)[0];  // (Bv*R, C, out_h, out_w)
+  y = b.reshape(y, b.concat({c.batch_size(), b.shape_of(rois, 1, 2), b.shape_of(y, 1)}, 0));
+  return all_batched({y});
+}
+
 void register_nn_rules(BatchRules& r) {
   for (const char* op : {"AveragePool", "LpPool", "GlobalAveragePool", "GlobalMaxPool", "GlobalLpPool", "LRN",
                          "DepthToSpace", "SpaceToDepth"})
@@ -212,6 +227,7 @@ void register_nn_rules(BatchRules& r) {
   r.add("", "Resize", 18, resize_rule);
   r.add("", "GridSample", 16, grid_sample_rule);
   r.add("", "DeformConv", 19, deform_conv_rule);
+  r.add("", "RoiAlign", 16, roi_align_rule);
 }
 
 }  // namespace onnax

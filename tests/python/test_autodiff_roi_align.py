@@ -8,6 +8,7 @@ kink) with probability zero.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +26,7 @@ from ad_oracle import (
     make_ad_model,
 )
 from onnx import TensorProto, helper
+from vmap_oracle import assert_vmap_matches
 
 D = TensorProto.DOUBLE
 I64 = TensorProto.INT64
@@ -128,3 +130,17 @@ def test_adaptive_sampling_is_refused() -> None:
         onnax.jvp(roi_model(output_height=2, output_width=2), inputs=INPUTS)
     msg = str(err.value)
     assert "ai.onnx::RoiAlign" in msg and "sampling_ratio=0" in msg and "Fix:" in msg, msg
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+@pytest.mark.parametrize("in_axes", [(0, None), (None, 0), (0, 0)], ids=["features", "boxes", "both"])
+def test_vmap_is_vectorized(case: Case, in_axes: tuple[int | None, int | None]) -> None:
+    # The batch merges into N and into the boxes (indices shifted per example): no per-example
+    # Scan, for the op and for per-example gradients.
+    gens = {"rois": lambda rng, g=case.gens["rois"]: g(rng, np.dtype(np.float64))}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        vm = assert_vmap_matches(case.model, in_axes, 0, gens=gens, rtol=1e-9, atol=1e-9)
+        assert "Scan" not in [n.op_type for n in vm.graph.node]
+        if in_axes == (0, None):
+            check_per_example_grad(case.model, in_axes, INPUTS, "loss", gens=case.gens)
