@@ -1,6 +1,7 @@
 #include "rules/derivative.h"
 
 #include <algorithm>
+#include <limits>
 
 #include "diagnostics/error.h"
 
@@ -138,6 +139,56 @@ V computed_shape(Builder& b, V t, int depth) {
   const std::string_view type = tn->node->op_type();
   const bool same = std::find(std::begin(kSameShape), std::end(kSameShape), type) != std::end(kSameShape);
   if (same) return runtime_shape(b, tn->inputs[0], depth + 1);
+  auto rank_of = [&](V v) {
+    int64_t r = b.facts(v).rank();
+    if (r < 0 && b.witness(v).valid()) r = b.facts(b.witness(v)).rank();
+    return r;
+  };
+  auto slice = [&](V s, int64_t from, int64_t to) { return b.op1("Slice", {s, b.i64s({from}), b.i64s({to})}); };
+  if (type == "MatMul" && tn->inputs.size() == 2) {
+    // Batch dims broadcast, then [rows of a, columns of b] (ranks >= 2 known: 1-D operands drop
+    // their dim).
+    const V x = tn->inputs[0], y = tn->inputs[1];
+    const int64_t rx = rank_of(x), ry = rank_of(y);
+    if (rx < 2 || ry < 2) return V{};
+    const V sx = runtime_shape(b, x, depth + 1), sy = runtime_shape(b, y, depth + 1);
+    if (!sx.valid() || !sy.valid()) return V{};
+    const V batch = broadcast_shapes(b, slice(sx, 0, -2), rx - 2, slice(sy, 0, -2), ry - 2);
+    return b.concat({batch, slice(sx, -2, -1), slice(sy, -1, std::numeric_limits<int64_t>::max())}, 0);
+  }
+  if (type == "Expand" && tn->inputs.size() == 2) {
+    // The input broadcast against the requested shape (a primal int64 vector).
+    const V x = tn->inputs[0], shape = tn->inputs[1];
+    const Facts& sf = b.facts(shape);
+    const int64_t rx = rank_of(x);
+    const int64_t rs = sf.rank() == 1 && sf.dims[0].known() ? sf.dims[0].value() : -1;
+    const V sx = runtime_shape(b, x, depth + 1);
+    if (!sx.valid() || b.tangent(shape)) return V{};
+    return broadcast_shapes(b, sx, rx, shape, rs);
+  }
+  if ((type == "ReduceSum" || type == "ReduceMean") && !tn->inputs.empty()) {
+    // Reduced axes (constant) become 1 with keepdims, disappear without.
+    const V x = tn->inputs[0];
+    const int64_t rx = rank_of(x);
+    const std::vector<int64_t>* axes =
+        tn->inputs.size() > 1 && tn->inputs[1].valid() ? b.known_i64(tn->inputs[1]) : nullptr;
+    if (rx < 0 || axes == nullptr || axes->empty()) return V{};
+    bool keepdims = true;
+    for (const auto& a : tn->node->attribute())
+      if (a.name() == "keepdims") keepdims = a.i() != 0;
+    std::vector<int64_t> reduced(static_cast<size_t>(rx), 0), kept;
+    for (int64_t a : *axes) reduced[static_cast<size_t>(a < 0 ? a + rx : a)] = 1;
+    const V sx = runtime_shape(b, x, depth + 1);
+    if (!sx.valid()) return V{};
+    if (keepdims) {
+      std::vector<int64_t> ones(static_cast<size_t>(rx), 1);
+      return b.op1("Where",
+                   {b.op1("Cast", {b.i64s(reduced)}, {Attr::i("to", onnx::TensorProto::BOOL)}), b.i64s(ones), sx});
+    }
+    for (int64_t a = 0; a < rx; ++a)
+      if (!reduced[static_cast<size_t>(a)]) kept.push_back(a);
+    return b.op1("Gather", {sx, b.i64s(kept)}, {Attr::i("axis", 0)});
+  }
   if (std::find(std::begin(kBroadcasting), std::end(kBroadcasting), type) == std::end(kBroadcasting)) return V{};
   V shape;
   int64_t rank = -1;
