@@ -176,11 +176,11 @@ void Builder::infer(onnx::NodeProto& node, const Vs& inputs, const Vs& outputs) 
   } catch (const std::exception&) {
     // Facts stay unknown; rules that need them report it.
   }
-  if (node.op_type() == "Loop" || node.op_type() == "Scan") {
-    // Inference here has no subgraph support: the body's declarations say what it can.
+  {
+    // What ONNX's inference leaves out (it has no subgraph support here).
     std::vector<Facts> inferred;
     for (V o : outputs) inferred.push_back(o.valid() ? facts(o) : Facts{});
-    refine_state_shapes(node, inferred);
+    refine_inferred(node, inf.in_facts.empty() ? nullptr : inf.in_facts[0], inferred);
     for (size_t i = 0; i < outputs.size(); ++i)
       if (outputs[i].valid() && inferred[i].has_shape && !facts(outputs[i]).has_shape)
         set_facts(outputs[i], std::move(inferred[i]));

@@ -33,13 +33,14 @@ struct Facts {
 bool same_static_shape(const Facts& a, const Facts& b);
 
 Facts facts_from_type(const onnx::TypeProto& type);
-// Refines the inferred facts of a Loop's or Scan's outputs from its body's declarations
-// (state keeps its rank; a Loop's scan outputs are the body's type with a leading dim).
-void refine_state_shapes(const onnx::NodeProto& node, std::vector<Facts>& inferred);
-// ONNX infers no shape for some ops whose sizes are run-time values (Split by computed
-// lengths, reductions over run-time axes) though they keep input 0's rank (`in`): gives such
-// untyped outputs that rank (dims unknown), which vmap and reverse mode need.
-void keep_rank(const onnx::NodeProto& node, const Facts& in, std::vector<Facts>& inferred);
+// What ONNX's per-node inference leaves out, added to its result `inferred` (one entry per
+// output): a Loop's or Scan's outputs from its body's declarations (state keeps its rank; a
+// Loop's scan outputs are the body's type with a leading dim), and the rank of input 0 (`in0`,
+// nullptr: unknown) for ops that keep it though their sizes are run-time values (Split by
+// computed lengths, reductions over run-time axes with keepdims, Slice, Concat, Pad, Tile,
+// Transpose, Identity). vmap and reverse mode need those ranks. Used for the source graph and
+// for every node a builder emits.
+void refine_inferred(const onnx::NodeProto& node, const Facts* in0, std::vector<Facts>& inferred);
 void write_type(const Facts& facts, onnx::TypeProto* type);
 
 // The facts of every value of a graph, as ONNX's per-operator inference (with data

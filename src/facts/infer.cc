@@ -74,8 +74,6 @@ bool has_rank(const onnx::TypeProto& t) {
   return t.has_tensor_type() && t.tensor_type().has_shape();
 }
 
-}  // namespace
-
 // The shape of loop-carried state (Loop, Scan) whose body reads and writes it with declared
 // shapes of the same rank (dims they disagree on are unknown). ONNX's inference leaves such outputs without a shape,
 // since in general state may change shape between iterations; reverse mode needs the rank of what it differentiates.
@@ -135,6 +133,13 @@ void refine_state_shapes(const onnx::NodeProto& n, std::vector<Facts>& inferred)
     if (out.dtype) f.dtype = out.dtype;
     out = std::move(f);
   }
+}
+
+}  // namespace
+
+void refine_inferred(const onnx::NodeProto& node, const Facts* in0, std::vector<Facts>& inferred) {
+  refine_state_shapes(node, inferred);
+  if (in0) keep_rank(node, *in0, inferred);
 }
 
 void infer_facts(const onnx::GraphProto& g, const std::unordered_map<std::string, int>& opsets, const NameScope& names,
@@ -238,8 +243,7 @@ void infer_facts(const onnx::GraphProto& g, const std::unordered_map<std::string
         // diagnostics cover values it cannot type.
       }
     }
-    refine_state_shapes(n, inferred);
-    if (n.input_size() > 0 && input_ids[0] >= 0) keep_rank(n, table.at(input_ids[0]), inferred);
+    refine_inferred(n, n.input_size() > 0 && input_ids[0] >= 0 ? &table.at(input_ids[0]) : nullptr, inferred);
     if (auto t = constant_tensor(n)) {
       constants.push_back(std::move(*t));
       inferred[0] = facts_of_tensor(constants.back());

@@ -6,7 +6,6 @@
 #include <onnx/defs/function.h>
 #include <onnx/defs/schema.h>
 
-#include <set>
 #include <string>
 #include <unordered_map>
 
@@ -125,13 +124,6 @@ Vs expansion_jvp(JvpCtx& c, const onnx::GraphProto& g, const KnownPrimal* known)
         ys.push_back(known->values.count(o) ? known->values.at(o) : lookup(primal, known->same_as.at(o)));
     else
       ys = c.b.clone(n, xs);
-    if (!xs.empty() && xs[0].valid()) {
-      std::vector<Facts> facts;
-      for (const V& y : ys) facts.push_back(y.valid() ? c.b.facts(y) : Facts{});
-      keep_rank(n, c.b.facts(xs[0]), facts);
-      for (size_t k = 0; k < ys.size(); ++k)
-        if (ys[k].valid() && facts[k].has_shape && !c.b.facts(ys[k]).has_shape) c.b.set_facts(ys[k], facts[k]);
-    }
     for (int k = 0; k < n.output_size() && k < static_cast<int>(ys.size()); ++k)
       if (!n.output(k).empty()) primal[n.output(k)] = ys[k];
     if (!active || rules.is_zero(n.op_type())) continue;

@@ -60,15 +60,7 @@ class ExpansionWriter {
   }
   // A scalar, or a 1-D tensor, of the op's float type.
   std::string scalar(double value) { return constant(dtype_, {}, {value}, false); }
-  std::string reals(const std::vector<double>& values) {
-    std::string name = constant(dtype_, {}, values, false);
-    // (constant() sizes 1-D tensors by their int64 values; give this one its length)
-    g_.mutable_node(g_.node_size() - 1)
-        ->mutable_attribute(0)
-        ->mutable_t()
-        ->add_dims(static_cast<int64_t>(values.size()));
-    return name;
-  }
+  std::string reals(const std::vector<double>& values) { return constant(dtype_, {}, values, true); }
 
   int32_t dtype() const { return dtype_; }
 
@@ -79,7 +71,7 @@ class ExpansionWriter {
     a.set_type(onnx::AttributeProto::TENSOR);
     onnx::TensorProto* t = a.mutable_t();
     t->set_data_type(dtype);
-    if (vector) t->add_dims(static_cast<int64_t>(ints.size()));
+    if (vector) t->add_dims(static_cast<int64_t>(ints.size() + reals.size()));
     for (int64_t v : ints) t->add_int64_data(v);
     for (double v : reals) {
       if (dtype == onnx::TensorProto::DOUBLE)

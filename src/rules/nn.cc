@@ -16,9 +16,13 @@ V merge_batch(BatchCtx& c, V x) {
   return c.b.reshape(x, c.b.concat({c.b.i64s({-1}), c.b.shape_of(x, 2)}, 0));
 }
 
-// (B*N, ...) -> (B, N, ...). N is spelled out (not -1) so an empty batch reshapes too.
+// (B*N, ...) -> (B, N, ...), N read from dim 1 of `like` (batched, (B, N, ...)); spelled out
+// (not -1) so an empty batch reshapes too.
+V split_batch(BatchCtx& c, V y, V like) {
+  return c.b.reshape(y, c.b.concat({c.batch_size(), c.b.shape_of(like, 1, 2), c.b.shape_of(y, 1)}, 0));
+}
 V split_batch(BatchCtx& c, V y) {
-  return c.b.reshape(y, c.b.concat({c.batch_size(), c.b.shape_of(c.in[0], 1, 2), c.b.shape_of(y, 1)}, 0));
+  return split_batch(c, y, c.in[0]);
 }
 
 // Ops where only input 0 may be batched and every output has the N dim first. Batched
@@ -178,9 +182,7 @@ BatchResult resize_rule(BatchCtx& c) {
 BatchResult grid_sample_rule(BatchCtx& c) {
   const V x = c.materialize(0);
   Vs ins = {merge_batch(c, x), merge_batch(c, c.materialize(1))};
-  V y = c.b.clone(c.node, ins)[0];
-  y = c.b.reshape(y, c.b.concat({c.batch_size(), c.b.shape_of(x, 1, 2), c.b.shape_of(y, 1)}, 0));
-  return all_batched({y});
+  return all_batched({split_batch(c, c.b.clone(c.node, ins)[0], x)});
 }
 
 // DeformConv: X, the offsets and the mask lead with N; with shared weights and bias the batch
@@ -192,9 +194,7 @@ BatchResult deform_conv_rule(BatchCtx& c) {
   Vs ins = c.in;
   for (int i : {0, 2, 4})
     if (c.has(i)) ins[static_cast<size_t>(i)] = merge_batch(c, i == 0 ? x : c.materialize(i));
-  V y = c.b.clone(c.node, ins)[0];
-  y = c.b.reshape(y, c.b.concat({c.batch_size(), c.b.shape_of(x, 1, 2), c.b.shape_of(y, 1)}, 0));
-  return all_batched({y});
+  return all_batched({split_batch(c, c.b.clone(c.node, ins)[0], x)});
 }
 
 // RoiAlign: the batch merges into N (X: (Bv*N, C, H, W)) and into the boxes (Bv*R of them),
@@ -207,9 +207,7 @@ BatchResult roi_align_rule(BatchCtx& c) {
   const V examples = b.op1("Range", {b.i64(0), b.op1("Squeeze", {c.batch_size(), b.i64s({0})}), b.i64(1)});
   const V offsets = b.op1("Mul", {b.unsqueeze(examples, {1}), n});  // (Bv, 1)
   Vs ins = {merge_batch(c, x), b.reshape(rois, b.i64s({-1, 4})), b.reshape(b.op1("Add", {idx, offsets}), b.i64s({-1}))};
-  V y = b.clone(c.node, ins)[0];  // (Bv*R, C, out_h, out_w)
-  y = b.reshape(y, b.concat({c.batch_size(), b.shape_of(rois, 1, 2), b.shape_of(y, 1)}, 0));
-  return all_batched({y});
+  return all_batched({split_batch(c, b.clone(c.node, ins)[0], rois)});  // (Bv*R, ...) -> (Bv, R, ...)
 }
 
 void register_nn_rules(BatchRules& r) {
