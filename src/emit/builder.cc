@@ -204,9 +204,18 @@ void Builder::finish(onnx::NodeProto& node, const Vs& inputs, const Vs& outputs,
       tangent_[v.id] = linear ? 1 : 0;
       if (!to_tape) values_[static_cast<size_t>(v.id)].producer = out_.node_size() - 1;
     }
-  if (inference_ && node.op_type() == "Constant")
-    for (const auto& a : node.attribute())
-      if (a.name() == "value" && a.has_t()) inference_->data[node.output(0)] = &a.t();
+  if (node.op_type() == "Constant" && node.output_size() == 1) {
+    for (const auto& a : node.attribute()) {
+      if (a.name() == "value" && a.has_t()) {
+        if (inference_) inference_->data[node.output(0)] = &a.t();
+        remember_tensor(node.output(0), a.t());  // (known_i64: e.g. axes a subgraph reads)
+      } else if (a.name() == "value_ints") {
+        remember_i64(node.output(0), {a.ints().begin(), a.ints().end()});
+      } else if (a.name() == "value_int") {
+        remember_i64(node.output(0), {a.i()});
+      }
+    }
+  }
   if (inference_) infer(node, inputs, outputs);
   if (linear) propagate_witness(node, inputs, outputs);
   // (new_node made a tape-bound node on the tape's arena, outside the graph)

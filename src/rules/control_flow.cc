@@ -44,10 +44,45 @@ onnx::GraphProto derive_body(bool forward, onnx::ModelProto model, const Selecti
                              const std::string& where) {
   try {
     onnx::ModelProto r = forward ? jvp(std::move(model), selection) : vjp(std::move(model), selection);
+    strip_known_values(*r.mutable_graph());
     return std::move(*r.mutable_graph());
   } catch (const Error& e) {
     diag::fail(e.kind(), "in the body of " + where + ": " + e.what());
   }
+}
+
+// A loop-carried value the body passes through unchanged (directly or by an Identity).
+bool invariant_state(const onnx::GraphProto& body, int k) {
+  const std::string& in = body.input(2 + k).name();
+  const std::string& out = body.output(1 + k).name();
+  if (in == out) return true;
+  for (const auto& nd : body.node())
+    if (nd.output_size() == 1 && nd.output(0) == out)
+      return nd.op_type() == "Identity" && nd.domain().empty() && nd.input_size() == 1 && nd.input(0) == in;
+  return false;
+}
+
+// `v` as a tensor named `name` when the builder knows its value (a small integer or bool
+// constant of static shape: axes, shapes, flags); nullopt otherwise.
+std::optional<onnx::TensorProto> known_constant(const Builder& b, V v, const std::string& name) {
+  const std::vector<int64_t>* values = b.known_i64(v);
+  const Facts& f = b.facts(v);
+  if (!values || !f.has_shape || f.rank() > 1) return std::nullopt;
+  if (f.dtype != onnx::TensorProto::INT64 && f.dtype != onnx::TensorProto::INT32 && f.dtype != onnx::TensorProto::BOOL)
+    return std::nullopt;
+  const size_t count = f.rank() == 0 ? 1 : f.dims[0].known() ? static_cast<size_t>(f.dims[0].value()) : SIZE_MAX;
+  if (count != values->size()) return std::nullopt;
+  onnx::TensorProto t;
+  t.set_name(name);
+  t.set_data_type(f.dtype);
+  if (f.rank() == 1) t.add_dims(static_cast<int64_t>(count));
+  for (int64_t x : *values) {
+    if (f.dtype == onnx::TensorProto::INT64)
+      t.add_int64_data(x);
+    else
+      t.add_int32_data(static_cast<int32_t>(x));
+  }
+  return t;
 }
 
 // A tape node has no names: transposes name the tangent it computed.
@@ -139,7 +174,14 @@ Vs loop_jvp(JvpCtx& c) {
   input_facts = {&iter_facts, &cond_facts};
   for (int k = 0; k < n; ++k) input_facts.push_back(&b.facts(c.x(2 + k)));
   std::vector<std::pair<std::string, Facts>> extra;
-  for (const auto& cap : c.captured) extra.emplace_back(cap.name, b.facts(cap.x));
+  std::vector<onnx::TensorProto> known_values;
+  for (const auto& cap : c.captured) {
+    extra.emplace_back(cap.name, b.facts(cap.x));
+    if (auto t = known_constant(b, cap.x, cap.name)) known_values.push_back(std::move(*t));
+  }
+  for (int k = 0; k < n; ++k)
+    if (invariant_state(*body, k))
+      if (auto t = known_constant(b, c.x(2 + k), body->input(2 + k).name())) known_values.push_back(std::move(*t));
   Selection sel;
   sel.inputs.emplace();
   for (int k = 0; k < n; ++k)
@@ -158,7 +200,7 @@ Vs loop_jvp(JvpCtx& c) {
     if (sact[static_cast<size_t>(j)]) scan_out[static_cast<size_t>(j)] = outs.add(body->output(1 + n + j).name());
   sel.outputs = outs.names;
   onnx::GraphProto g =
-      derive_body(true, standalone_model(*body, input_facts, extra, b.opsets()), sel, node_label(node));
+      derive_body(true, standalone_model(*body, input_facts, extra, b.opsets(), known_values), sel, node_label(node));
 
   // g: inputs [iter, cond, state, captured, tangents of the selected inputs]; outputs [cond,
   // state, scan outputs, tangents of the selected outputs]. The JVP body carries the captured
@@ -230,17 +272,6 @@ Vs loop_jvp(JvpCtx& c) {
       tangents[static_cast<size_t>(n + j)] = res[pos++];
     }
   return tangents;
-}
-
-// A loop-carried value the body passes through unchanged (directly or by an Identity).
-bool invariant_state(const onnx::GraphProto& body, int k) {
-  const std::string& in = body.input(2 + k).name();
-  const std::string& out = body.output(1 + k).name();
-  if (in == out) return true;
-  for (const auto& nd : body.node())
-    if (nd.output_size() == 1 && nd.output(0) == out)
-      return nd.op_type() == "Identity" && nd.domain().empty() && nd.input_size() == 1 && nd.input(0) == in;
-  return false;
 }
 
 onnx::ValueInfoProto scalar_info(const std::string& name, int32_t dtype) {
@@ -401,7 +432,12 @@ Vs loop_transpose(TransposeCtx& c) {
   for (int j = 0; j < k_scan; ++j)
     if (c.ct(n + j).valid()) scan_out[static_cast<size_t>(j)] = outs.add(body->output(1 + n + j).name());
   sel.outputs = outs.names;
-  onnx::GraphProto g = derive_body(false, standalone_model(vjp_body, input_facts, {}, b.opsets()), sel, tape_label(c));
+  std::vector<onnx::TensorProto> known_values;
+  for (int k = 0; k < n; ++k)
+    if (!lin[static_cast<size_t>(k)] && invariant_state(*body, k))
+      if (auto t = known_constant(b, c.in(2 + k), body->input(2 + k).name())) known_values.push_back(std::move(*t));
+  onnx::GraphProto g =
+      derive_body(false, standalone_model(vjp_body, input_facts, {}, b.opsets(), known_values), sel, tape_label(c));
   // g: inputs [iter, cond, state, rows, cotangents of the selected outputs]; outputs [cond,
   // state, scan outputs, cotangents of the tangent state, then of the rows]. Keep the
   // cotangents only.
@@ -719,6 +755,7 @@ Vs if_jvp(JvpCtx& c) {
     const onnx::GraphProto& br = *branches[bi];
     const auto outer = graph_outer_reads(br);
     std::vector<std::pair<std::string, Facts>> extra;
+    std::vector<onnx::TensorProto> known_values;
     Selection sel;
     sel.inputs.emplace();
     for (const auto& r : outer) {
@@ -727,6 +764,7 @@ Vs if_jvp(JvpCtx& c) {
         c.unsupported("its branch reads '" + r + "', which is not defined before it",
                       "check the model with onnx.checker");
       extra.emplace_back(r, b.facts(it->second->x));
+      if (auto t = known_constant(b, it->second->x, r)) known_values.push_back(std::move(*t));
       if (it->second->t.valid()) sel.inputs->push_back(r);
     }
     onnx::GraphProto g;
@@ -742,7 +780,7 @@ Vs if_jvp(JvpCtx& c) {
       std::vector<size_t> index;
       for (int j : outs_active) index.push_back(outs.add(br.output(j).name()));
       sel.outputs = outs.names;
-      g = derive_body(true, standalone_model(br, {}, extra, b.opsets()), sel, node_label(node));
+      g = derive_body(true, standalone_model(br, {}, extra, b.opsets(), known_values), sel, node_label(node));
       // g: inputs [reads, tangents of the selected]; outputs [branch outputs, tangents].
       const int n_reads = static_cast<int>(outer.size());
       for (size_t i = 0; i < sel.inputs->size(); ++i)
@@ -807,6 +845,7 @@ Vs if_transpose(TransposeCtx& c) {
     const onnx::GraphProto& br = *branches[bi];
     const auto outer = graph_outer_reads(br);
     std::vector<std::pair<std::string, Facts>> extra;
+    std::vector<onnx::TensorProto> known_values;
     Selection sel;
     sel.inputs.emplace();
     std::vector<int> selected;  // positions in c.ins of the selected tangents
@@ -816,6 +855,7 @@ Vs if_transpose(TransposeCtx& c) {
         c.unsupported("its branch reads '" + r + "', which it does not list",
                       "differentiate the model that contains the original If");
       extra.emplace_back(r, b.facts(c.in(it->second)));
+      if (auto t = known_constant(b, c.in(it->second), r)) known_values.push_back(std::move(*t));
       if (c.linear(it->second)) {
         sel.inputs->push_back(r);
         selected.push_back(it->second);
@@ -833,7 +873,7 @@ Vs if_transpose(TransposeCtx& c) {
     std::unordered_map<int, std::string> ct_out;  // position in c.ins -> output name in g
     if (!sel.inputs->empty()) {
       sel.outputs = outs.names;
-      g = derive_body(false, standalone_model(br, {}, extra, b.opsets()), sel, tape_label(c));
+      g = derive_body(false, standalone_model(br, {}, extra, b.opsets(), known_values), sel, tape_label(c));
       // g: inputs [reads, cotangents of the selected outputs]; outputs [branch outputs,
       // cotangents of the selected tangents].
       const int n_reads = static_cast<int>(outer.size());
@@ -847,17 +887,16 @@ Vs if_transpose(TransposeCtx& c) {
       for (size_t i = 0; i < selected.size(); ++i) *kept.add_output() = g.output(n_out + static_cast<int>(i));
       g.mutable_output()->Swap(kept.mutable_output());
       prune(g);
+      g.clear_input();  // (the branch reads these from the enclosing graph)
       // A linear map's transpose needs its input's shape at most: read it from the primal twin.
+      const std::vector<std::string> reads = graph_outer_reads(g);
       for (size_t i = 0; i < selected.size(); ++i) {
         const std::string& tname = (*sel.inputs)[i];
         const V w = b.witness(c.in(selected[i]));
-        bool read = false;
-        for (const auto& r : graph_outer_reads(g)) read = read || r == tname;
-        if (!read) continue;
+        if (std::find(reads.begin(), reads.end(), tname) == reads.end()) continue;
         if (!w.valid()) c.unsupported("the transpose of a branch reads the shape of a tangent with no primal twin");
         rename_reads(g, tname, std::string(b.name(w)));
       }
-      g.clear_input();
     }
     const onnx::GraphProto derived = g;
     g.clear_output();

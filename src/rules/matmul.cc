@@ -154,8 +154,48 @@ V swap_last(Builder& b, V v) {
 Vs matmul_transpose(TransposeCtx& c) {
   auto& b = c.b;
   if (c.linear(0) && c.linear(1)) c.unsupported("both operands are tangents (the product is not linear)");
+  const int lin = c.linear(0) ? 0 : 1;
   V a = c.in(0), m = c.in(1), ct = c.ct();
-  const int64_t ra = c.rank(a), rb = c.rank(m);
+  // The linear operand's rank may be unknown (a tangent's facts are its primal twin's).
+  auto rank_of = [&](V v) {
+    const int64_t r = b.rank(v);
+    return r >= 0 || !b.witness(v).valid() ? r : b.rank(b.witness(v));
+  };
+  const int64_t ra = rank_of(a), rb = rank_of(m);
+  Vs out(2);
+  if (ra < 0 || rb < 0) {
+    // A rank is unknown: products whose shapes follow the unknown operand's, whatever its rank
+    // (1-D included), where the other operand is a known matrix or vector.
+    if (lin == 0 && ra < 0 && rb == 2) {
+      out[0] = b.op1("MatMul", {ct, b.transpose(m, {1, 0})});  // ct [..., n] @ m^T
+    } else if (lin == 0 && ra < 0 && rb == 1) {
+      out[0] = b.op1("Mul", {b.unsqueeze(ct, {-1}), m});  // ct[..., None] * m
+    } else if (lin == 1 && ra == 2 && rb < 0) {
+      out[1] = b.op1("MatMul", {b.transpose(a, {1, 0}), ct});  // a^T @ ct
+    } else if (lin == 1 && ra < 0 && rb >= 1) {
+      // The weight of a product by an activation of unknown rank: its rows (all leading axes
+      // flattened, a 1-D activation as one row) against the cotangent's.
+      // (The weight's dims: static facts, else its primal twin's shape at run time.)
+      const Facts& mf = b.facts(m);
+      auto dim = [&](int64_t i) {
+        if (mf.has_shape && mf.rank() == rb && mf.dims[static_cast<size_t>(i)].known())
+          return b.i64s({mf.dims[static_cast<size_t>(i)].value()});
+        if (!b.witness(m).valid()) c.unsupported("the shape of the tangent operand 1 is unknown");
+        return b.shape_of(b.witness(m), i, i + 1);
+      };
+      const V rows = b.reshape(a, b.concat({b.i64s({-1}), dim(0)}, 0));
+      if (rb == 2) {
+        const V ct_rows = b.reshape(ct, b.concat({b.i64s({-1}), dim(1)}, 0));
+        out[1] = b.op1("MatMul", {b.transpose(rows, {1, 0}), ct_rows});
+      } else {
+        out[1] = b.op1("MatMul", {b.reshape(ct, b.i64s({-1})), rows});
+      }
+    } else {
+      c.unsupported("the rank of operand " + std::to_string(ra < 0 ? 0 : 1) +
+                    " is unknown, and the other operand is not a known matrix or vector");
+    }
+    return out;
+  }
   // Treat 1-D operands as matrices, as MatMul does, and restore the cotangent's axes.
   // Only the primal operand is materialised (the tangent exists only on the tape).
   V a2 = c.linear(0) ? a : ra == 1 ? b.unsqueeze(a, {0}) : a;
@@ -166,8 +206,7 @@ Vs matmul_transpose(TransposeCtx& c) {
     ct = b.unsqueeze(ct, {-2});
   else if (rb == 1)
     ct = b.unsqueeze(ct, {-1});
-  Vs out(2);
-  if (c.linear(0)) {
+  if (lin == 0) {
     V g = b.op1("MatMul", {ct, swap_last(b, m2)});
     if (ra == 1) g = b.squeeze(g, {-2});
     out[0] = unbroadcast_to(b, g, a);
@@ -232,32 +271,54 @@ Vs einsum_transpose(TransposeCtx& c) {
   Vs out(c.ins.size());
   for (size_t i = 0; i < c.ins.size(); ++i) {
     if (!c.linear(i)) continue;
-    std::string target = terms.in[i];
-    // A repeated subscript (a diagonal, "ii") takes a fresh letter for its second use; the
-    // result is multiplied by an identity matrix over the pair to land on the diagonal.
-    std::set<char> seen;
-    int64_t diag_first = -1, diag_second = -1;
-    char diag_letter = 0, fresh = 0;
-    for (size_t k = 0; k < target.size(); ++k) {
-      const char ch = target[k];
-      if (ch == '.') continue;
-      if (seen.insert(ch).second) continue;
-      if (diag_letter || target.find("...") != std::string::npos)
-        c.unsupported("operand " + std::to_string(i) + " repeats more than one subscript");
-      diag_letter = ch;
-      diag_first = static_cast<int64_t>(target.find(ch));
-      diag_second = static_cast<int64_t>(k);
-    }
-    if (diag_letter) {
+    // A repeated subscript (a diagonal, "ii", "...ii", "iii") takes a fresh letter for each
+    // repeat; the result is multiplied by an identity matrix per repeat to land on the
+    // diagonal. Axis positions are counted from the end after an ellipsis.
+    struct Repeat {
+      char letter, fresh;
+      int64_t first_axis, axis;  // negative: from the end
+    };
+    std::vector<Repeat> repeats;
+    std::string target, diag_target;
+    {
+      const std::string& term = terms.in[i];
+      const size_t ellipsis = term.find("...");
       std::set<char> all;
       for (const auto& t : terms.in) all.insert(t.begin(), t.end());
       all.insert(terms.out.begin(), terms.out.end());
-      for (const char* cand = "zyxwvutsrqponmlkjihgfedcbaZYXWVUTSRQPONMLKJIHGFEDCBA"; *cand && !fresh; ++cand)
-        if (!all.count(*cand)) fresh = *cand;
-      target[diag_second] = fresh;
+      const char* candidates = "zyxwvutsrqponmlkjihgfedcbaZYXWVUTSRQPONMLKJIHGFEDCBA";
+      std::map<char, int64_t> first_axis;
+      int64_t letters_after = 0;
+      if (ellipsis != std::string::npos)
+        for (size_t k = ellipsis + 3; k < term.size(); ++k) ++letters_after;
+      int64_t axis = 0;
+      for (size_t k = 0; k < term.size(); ++k) {
+        const char ch = term[k];
+        if (ch == '.') {
+          if (k == ellipsis) {
+            target += "...";
+            diag_target += "...";
+            axis = -letters_after;
+            k += 2;
+          }
+          continue;
+        }
+        if (auto it = first_axis.find(ch); it != first_axis.end()) {
+          while (*candidates && all.count(*candidates)) ++candidates;
+          if (!*candidates)
+            c.unsupported("the equation uses all 52 letters, leaving none for a repeated subscript",
+                          "split the Einsum into smaller ones");
+          all.insert(*candidates);
+          repeats.push_back(Repeat{ch, *candidates, it->second, axis});
+          diag_target += *candidates;
+        } else {
+          first_axis.emplace(ch, axis);
+          target += ch;
+          diag_target += ch;
+        }
+        ++axis;
+      }
     }
-    const std::string diag_target = target;
-    if (diag_letter) target.erase(diag_second, 1);
     std::set<char> available(terms.out.begin(), terms.out.end());
     std::string lhs = terms.out;
     Vs operands{c.ct()};
@@ -290,22 +351,34 @@ Vs einsum_transpose(TransposeCtx& c) {
       if (pos >= 0) ++pos;
     }
     V g = b.op1("Einsum", operands, {Attr::s("equation", lhs + "->" + kept)});
+    // The operand's run-time shape, and that shape without the repeats' axes.
+    const V full = missing.empty() && repeats.empty() ? V{} : tangent_shape(c, c.in(i));
+    auto dim_at = [&](int64_t a) { return b.op1("Slice", {full, b.i64s({a}), b.i64s({a == -1 ? INT64_MAX : a + 1})}); };
     if (!missing.empty()) {
-      // Broadcast to the operand's shape without its diagonal's second axis.
-      V shape = tangent_shape(c, c.in(i));
-      if (diag_letter)
-        shape = b.op1("Concat",
-                      {b.op1("Slice", {shape, b.i64s({0}), b.i64s({diag_second})}),
-                       b.op1("Slice", {shape, b.i64s({diag_second + 1}), b.i64s({INT64_MAX})})},
-                      {Attr::i("axis", 0)});
+      V shape = full;
+      // Removed from the right (positions from the start) or from the left (from the end), so
+      // each removal leaves the positions still to remove unchanged.
+      std::vector<int64_t> from_start, from_end;
+      for (const Repeat& r : repeats) (r.axis >= 0 ? from_start : from_end).push_back(r.axis);
+      std::sort(from_start.rbegin(), from_start.rend());
+      std::sort(from_end.begin(), from_end.end());
+      for (const std::vector<int64_t>* list : {&from_start, &from_end})
+        for (int64_t a : *list) {
+          const V before = b.op1("Slice", {shape, b.i64s({0}), b.i64s({a})});
+          shape =
+              a == -1 ? before : b.concat({before, b.op1("Slice", {shape, b.i64s({a + 1}), b.i64s({INT64_MAX})})}, 0);
+        }
       g = b.expand(b.unsqueeze(g, missing), shape);
     }
-    if (diag_letter) {
-      V n = b.op1("Slice", {tangent_shape(c, c.in(i)), b.i64s({diag_first}), b.i64s({diag_first + 1})});
-      V eye = b.op1("EyeLike", {b.expand(b.scalar(0.0, b.facts(c.ct()).dtype), b.concat({n, n}, 0))});
-      g = b.op1("Einsum", {g, eye},
-                {Attr::s("equation",
-                         target + "," + std::string(1, diag_letter) + std::string(1, fresh) + "->" + diag_target)});
+    if (!repeats.empty()) {
+      Vs operands_eye{g};
+      std::string eq = target;
+      for (const Repeat& r : repeats) {
+        const V n = dim_at(r.first_axis);
+        operands_eye.push_back(b.op1("EyeLike", {b.expand(b.scalar(0.0, b.facts(c.ct()).dtype), b.concat({n, n}, 0))}));
+        eq += std::string(",") + r.letter + r.fresh;
+      }
+      g = b.op1("Einsum", operands_eye, {Attr::s("equation", eq + "->" + diag_target)});
     }
     out[i] = g;
   }
@@ -365,9 +438,18 @@ Vs det_jvp(D& c) {
 void register_matmul_derivatives(DerivativeRules& r) {
   r.jvp("Det", det_jvp);
   r.jvp("MatMul", [](D& c) -> Vs {
-    V t = c.b.add(c.t(0).valid() ? c.b.op1("MatMul", {c.t(0), c.x(1)}) : V{},
-                  c.t(1).valid() ? c.b.op1("MatMul", {c.x(0), c.t(1)}) : V{});
-    return {c.like_out(t)};
+    // A tangent has its primal's shape, so each term has the output's shape (no broadcast to
+    // undo): its primal twin is the output, which reverse mode reads shapes from when ranks are
+    // unknown.
+    auto term = [&](V a, V m) {
+      const V t = c.b.op1("MatMul", {a, m});
+      if (c.y(0).valid()) {
+        c.b.set_witness(t, c.y(0));
+        if (c.b.facts(t).rank() < 0) c.b.set_facts(t, c.b.facts(c.y(0)));
+      }
+      return t;
+    };
+    return {c.b.add(c.t(0).valid() ? term(c.t(0), c.x(1)) : V{}, c.t(1).valid() ? term(c.x(0), c.t(1)) : V{})};
   });
   r.transpose("MatMul", matmul_transpose);
   r.jvp("Gemm", gemm_jvp);

@@ -1,5 +1,6 @@
 #include "transforms/subgraph.h"
 
+#include <algorithm>
 #include <functional>
 
 namespace onnax {
@@ -58,7 +59,8 @@ onnx::ValueInfoProto typed_value_info(const std::string& name, const Facts& fact
 
 onnx::ModelProto standalone_model(const onnx::GraphProto& body, const std::vector<const Facts*>& input_facts,
                                   const std::vector<std::pair<std::string, Facts>>& extra_inputs,
-                                  const std::unordered_map<std::string, int>& opsets) {
+                                  const std::unordered_map<std::string, int>& opsets,
+                                  const std::vector<onnx::TensorProto>& known_values) {
   onnx::ModelProto m;
   m.set_ir_version(10);
   for (const auto& [domain, version] : opsets) {
@@ -83,7 +85,18 @@ onnx::ModelProto standalone_model(const onnx::GraphProto& body, const std::vecto
     }
   }
   for (const auto& [name, facts] : extra_inputs) *g.add_input() = typed_value_info(name, facts);
+  for (const auto& t : known_values) *g.add_initializer() = t;
   return m;
+}
+
+void strip_known_values(onnx::GraphProto& g) {
+  if (g.initializer_size() == 0) return;
+  std::unordered_set<std::string> inputs;
+  for (const auto& vi : g.input()) inputs.insert(vi.name());
+  auto* inits = g.mutable_initializer();
+  inits->erase(std::remove_if(inits->begin(), inits->end(),
+                              [&](const onnx::TensorProto& t) { return inputs.count(t.name()) > 0; }),
+               inits->end());
 }
 
 std::vector<char> outputs_depending_on(const onnx::GraphProto& g, const std::unordered_set<std::string>& active) {

@@ -26,9 +26,18 @@ std::vector<std::string> graph_outer_reads(const onnx::GraphProto& g);
 // `input_facts[i]` (element type and rank; its dims unknown, since a loop-carried value may
 // change shape from one iteration to the next). `extra_inputs` become graph inputs after the
 // body's own (values the body reads from enclosing scopes, by the same names).
+// `known_values` are inputs whose value is the same in every run of the body (constants it reads
+// from outside, state a loop passes through unchanged): they also become initializers of the
+// same names, so inference inside the body sees them (an Unsqueeze by outer-scope axes keeps
+// its rank). Strip them from the derived graph with strip_known_values.
 onnx::ModelProto standalone_model(const onnx::GraphProto& body, const std::vector<const Facts*>& input_facts,
                                   const std::vector<std::pair<std::string, Facts>>& extra_inputs,
-                                  const std::unordered_map<std::string, int>& opsets);
+                                  const std::unordered_map<std::string, int>& opsets,
+                                  const std::vector<onnx::TensorProto>& known_values = {});
+
+// Removes the initializers that shadow graph inputs of the same name (the known values
+// standalone_model added): the enclosing node feeds those inputs.
+void strip_known_values(onnx::GraphProto& g);
 
 // For each output of `g`: whether it depends on any value named in `active` (graph inputs or
 // values read from enclosing scopes), through its nodes and their subgraphs.

@@ -636,6 +636,7 @@ def check_hvp(
     tol: Tol | None = None,
     reload: bool = False,
     oracle_model: onnx.ModelProto | None = None,
+    eps: float | None = None,
 ) -> onnx.ModelProto:
     """``jvp(grad(f), inputs=wrt)`` keeps the loss and gradients and appends their tangents,
     which must match central FD of the gradient graph along the tangent direction (the gradient
@@ -670,7 +671,7 @@ def check_hvp(
     ref = run(gm, p.feeds)
     for o in gm.graph.output:
         assert_close(f"kept output {o.name!r}", got[o.name], ref[o.name], Tol(1e-6, 1e-6))
-    fd = fd_direction(p.oracle, p.oracle_feeds, direction, grad_outs, 10 * fd_eps(p.oracle))
+    fd = fd_direction(p.oracle, p.oracle_feeds, direction, grad_outs, eps or 10 * fd_eps(p.oracle))
     for gname, tname in zip(grad_outs, houts[n_g_out:], strict=True):
         assert_close(
             f"HVP {tname!r} (tangent of {gname!r}) vs FD of the gradient", got[tname], fd[gname], tol

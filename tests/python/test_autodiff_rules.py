@@ -466,11 +466,20 @@ _EINSUMS: list[tuple[str, list[tuple[int, ...]]]] = [
     ("ij,ij->i", [(3, 4), (3, 4)]),
     ("ij,jk,kl->il", [(2, 3), (3, 4), (4, 2)]),
     ("ii->i", [(3, 3)]),
+    # Repeated subscripts (diagonals): after an ellipsis, several in one operand, a letter
+    # three times, beside another operand, traced away, and with a summed-away subscript.
+    ("...ii->...i", [(2, 3, 3)]),
+    ("i...i->...", [(3, 2, 3)]),
+    ("iijj->ij", [(3, 3, 2, 2)]),
+    ("iii->i", [(3, 3, 3)]),
+    ("ii,ij->j", [(3, 3), (3, 4)]),
+    ("ii->", [(3, 3)]),
+    ("iik->i", [(3, 3, 2)]),
 ]
 for _eq, _shapes in _EINSUMS:
     _names = [f"e{k}" for k in range(len(_shapes))]
     add(
-        f"Einsum-{_eq.replace(',', '_').replace('->', '-to-') or 'x'}",
+        f"Einsum-{_eq.replace(',', '_').replace('->', '-to-').replace('...', 'E') or 'x'}",
         build(
             [node("Einsum", _names, ["y"], equation=_eq)],
             [In(n, s) for n, s in zip(_names, _shapes, strict=True)],
