@@ -52,6 +52,44 @@ Vs max_unpool_transpose(TransposeCtx& c) {
   return out;
 }
 
+// The inverse DFT of a one-sided spectrum X (length L along the axis, complex) is the real
+// signal y = irfft(X, n) of n samples (n = dft_length, else 2 (L - 1)): X cropped or zero-padded
+// to n/2 + 1 bins, each bin k counted twice (as k and n - k) except bin 0 and, for even n, bin
+// n/2, whose imaginary parts are ignored. Over the reals its adjoint is the one-sided forward
+// DFT of the cotangent, weighted 1/n on those bins and 2/n on the others, then padded or
+// cropped back to L bins.
+Vs irfft_transpose(TransposeCtx& c) {
+  auto& b = c.b;
+  const int64_t rank = c.rank(c.in(0));
+  const int32_t dt = b.facts(c.ct()).dtype;
+  // The axis (attribute, input or default), as [axis] counted from the front.
+  V ax = c.attr("axis")    ? b.i64s({c.attr_i("axis", 1)})
+         : c.in(2).valid() ? b.reshape(c.in(2), b.i64s({1}))
+                           : b.i64s({c.opset >= 20 ? -2 : 1});
+  ax = b.op1("Where", {b.op1("Less", {ax, b.i64(0)}), b.op1("Add", {ax, b.i64(rank)}), ax});
+  const V bins = b.op1("Gather", {tangent_shape(c, c.in(0)), ax}, {Attr::i("axis", 0)});  // L, as [1]
+  const V n = c.in(1).valid() ? b.reshape(c.in(1), b.i64s({1}))
+                              : b.op1("Mul", {b.op1("Sub", {bins, b.i64s({1})}), b.i64s({2})});
+  Vs ins{c.ct(), b.reshape(n, b.i64s({}))};
+  if (c.in(2).valid()) ins.push_back(c.in(2));
+  V z = b.clone(c.node, ins, {Attr::i("inverse", 0), Attr::i("onesided", 1)})[0];
+  // Weights per bin, along the axis: 1/n for bin 0 and the Nyquist bin, 2/n otherwise.
+  const V half = b.op1("Add", {b.op1("Div", {n, b.i64s({2})}), b.i64s({1})});
+  const V k = b.op1("Range", {b.i64(0), b.reshape(half, b.i64s({})), b.i64(1)});
+  const V single = b.op1("Or", {b.op1("Equal", {k, b.i64(0)}), b.op1("Equal", {b.op1("Mul", {k, b.i64(2)}), n})});
+  V w = b.op1("Where", {single, b.scalar(1.0, dt), b.scalar(2.0, dt)});
+  w = b.op1("Div", {w, b.op1("Cast", {n}, {Attr::i("to", dt)})});
+  const V along =
+      b.op1("Where", {b.op1("Equal", {b.op1("Range", {b.i64(0), b.i64(rank), b.i64(1)}), ax}), half, b.i64(1)});
+  z = b.op1("Mul", {z, b.reshape(w, along)});
+  const V zero = b.i64s({0});
+  z = b.op1("Pad", {z, b.concat({zero, b.op1("Max", {b.op1("Sub", {bins, half}), zero})}, 0), V{}, ax});
+  z = b.op1("Slice", {z, zero, bins, ax});
+  Vs out(c.ins.size());
+  out[0] = z;
+  return out;
+}
+
 // DFT is linear over the reals (last dim = real, imaginary). With F the unnormalised transform,
 // the adjoint of F is conj(F)^T = n * (inverse DFT), and that of the normalised inverse is
 // F / n. onesided drops outputs (adjoint: zero-pad them back), a real input keeps the real
@@ -64,9 +102,7 @@ Vs dft_transpose(TransposeCtx& c) {
     c.unsupported("whether the input is real (last dim 1) or complex (2) is not known statically");
   const bool real = xf.dims.back().value() == 1;
   const bool inverse = c.attr_i("inverse", 0) != 0;
-  if (inverse && c.attr_i("onesided", 0))
-    c.unsupported("an inverse DFT of a one-sided (Hermitian) spectrum has no transpose yet",
-                  "use jvp (forward mode), or a full-spectrum inverse DFT (onesided=0)");
+  if (inverse && c.attr_i("onesided", 0)) return irfft_transpose(c);
   const int32_t dt = b.facts(c.ct()).dtype;
   V ax = c.attr("axis")    ? b.i64s({c.attr_i("axis", 1)})
          : c.in(2).valid() ? b.reshape(c.in(2), b.i64s({1}))

@@ -294,9 +294,6 @@ void register_reduce_derivatives(DerivativeRules& r) {
     auto& b = c.b;
     if (c.linear(0) || c.linear(2) || !c.linear(1))
       c.unsupported("only the scale can be a tangent", "differentiate with respect to the scale only");
-    if (c.attr_i("block_size", 0) > 0)
-      c.unsupported("blocked quantization (block_size > 0) has no transpose yet",
-                    "use jvp (forward mode) for this model, or select inputs whose path avoids it");
     V sshape = tangent_shape(c, c.in(1));
     // (x - zero_point) as the scale's dtype: the op itself with unit scales.
     V ones = b.expand(b.scalar(1.0, b.facts(c.ct()).dtype), sshape);
@@ -305,6 +302,22 @@ void register_reduce_derivatives(DerivativeRules& r) {
     const int64_t srank = c.rank(c.in(1));
     int64_t axis = c.attr_i("axis", 1);
     if (axis < 0) axis += xrank;
+    if (const int64_t block = c.attr_i("block_size", 0); block > 0) {
+      // Scale j along the axis serves elements j*block .. j*block + block - 1 (the last block
+      // may be short): zero-pad to whole blocks, split the axis into (blocks, block), sum the
+      // second.
+      const V ax = b.i64s({axis});
+      const V xshape = b.shape_of(c.in(0));
+      const V blocks = b.op1("Gather", {sshape, ax}, {Attr::i("axis", 0)});
+      const V size = b.op1("Gather", {xshape, ax}, {Attr::i("axis", 0)});
+      const V missing = b.op1("Sub", {b.op1("Mul", {blocks, b.i64s({block})}), size});
+      const V padded = b.op1("Pad", {prod, b.concat({b.i64s({0}), missing}, 0), V{}, ax});
+      const V split = b.concat({b.op1("Slice", {xshape, b.i64s({0}), ax}), blocks, b.i64s({block}),
+                                b.op1("Slice", {xshape, b.i64s({axis + 1}), b.i64s({INT64_MAX})})},
+                               0);
+      const V sums = b.op1("ReduceSum", {b.reshape(padded, split), b.i64s({axis + 1})}, {Attr::i("keepdims", 0)});
+      return {V{}, sums, V{}};
+    }
     std::vector<int64_t> axes;
     for (int64_t k = 0; k < xrank; ++k)
       if (srank == 0 || k != axis) axes.push_back(k);

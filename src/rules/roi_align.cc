@@ -3,10 +3,12 @@
 // largest weighted corner of) sampling_ratio x sampling_ratio bilinear samples at regular
 // positions inside the bin; a sample more than a pixel outside the map reads zero, positions
 // clamp to the map, and output_half_pixel boxes are at least one pixel wide. The derivative in
-// the boxes is the piecewise one (Floor carries none). An adaptive sampling ratio (0: the
-// number of samples follows each box's size) has no fixed-size expansion and is refused.
+// the boxes is the piecewise one (Floor and Ceil carry none). With an adaptive sampling ratio
+// (0, the default: ceil(bin size) samples per bin and axis, per box), every box takes as many
+// samples as the largest needs, and those beyond its own count are masked out.
 #include <onnx/onnx_pb.h>
 
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -18,10 +20,7 @@ namespace {
 
 Vs roi_align_jvp(JvpCtx& c) {
   const int64_t samples = c.attr_i("sampling_ratio", 0);
-  if (samples <= 0)
-    c.unsupported("sampling_ratio=" + std::to_string(samples) +
-                      " (adaptive) makes the number of samples per bin depend on each box's size",
-                  "set sampling_ratio to a positive count (e.g. 2, as torchvision's detection heads do)");
+  const bool adaptive = samples <= 0;
   if (c.rank(0) != 4) c.unsupported("X has rank " + std::to_string(c.rank(0)), "give X the shape (N, C, H, W)");
   std::string mode = "avg", transform = "half_pixel";
   if (const auto* a = c.attr("mode")) mode = a->s();
@@ -49,19 +48,48 @@ Vs roi_align_jvp(JvpCtx& c) {
     const std::string e = w.op("Sub", {hi, lo});
     return half_pixel ? e : w.op("Max", {e, w.scalar(1.0)});
   };
-  // Sample positions along one axis: start + bin * (bin index + (sample + 0.5) / samples),
-  // as (R, bins * samples).
-  auto positions = [&](const std::string& start, const std::string& size, int64_t bins) {
-    std::vector<double> f;
-    for (int64_t b = 0; b < bins; ++b)
-      for (int64_t s = 0; s < samples; ++s)
-        f.push_back(static_cast<double>(b) + (static_cast<double>(s) + 0.5) / static_cast<double>(samples));
-    const std::string table = w.reals(f);
-    const std::string bin = w.op("Div", {size, w.scalar(static_cast<double>(bins))});
-    return w.op("Add", {start, w.op("Mul", {bin, table})});
+  // Sample positions along one axis: start + bin * (bin index + (sample + 0.5) / count), as
+  // (R, bins * S) with S samples per bin: `samples`, or (adaptive) the largest count of any
+  // box, each box's own count being ceil(bin), and a mask (R, bins * S) of the samples it has.
+  struct Samples {
+    std::string pos, mask, count, per_bin;  // (mask, count: adaptive only; count (R, 1))
   };
-  const std::string ys = positions(y0, extent(y0, y1), out_h);  // (R, out_h * samples)
-  const std::string xs = positions(x0, extent(x0, x1), out_w);  // (R, out_w * samples)
+  auto positions = [&](const std::string& start, const std::string& size, int64_t bins) {
+    Samples out;
+    const std::string bin = w.op("Div", {size, w.scalar(static_cast<double>(bins))});
+    if (!adaptive) {
+      std::vector<double> f;
+      for (int64_t b = 0; b < bins; ++b)
+        for (int64_t s = 0; s < samples; ++s)
+          f.push_back(static_cast<double>(b) + (static_cast<double>(s) + 0.5) / static_cast<double>(samples));
+      out.pos = w.op("Add", {start, w.op("Mul", {bin, w.reals(f)})});
+      out.per_bin = w.i64s({samples});
+      return out;
+    }
+    out.count = w.op("Ceil", {bin});
+    const std::string most = w.op("Max", {w.op("ReduceMax", {out.count}, {attr_i("keepdims", 0)}), w.scalar(1.0)});
+    const std::string sample = w.op("Range", {w.scalar(0.0), most, w.scalar(1.0)});  // (S,)
+    const std::string divisor = w.op("Max", {out.count, w.scalar(1.0)});
+    const std::string offset = w.op("Div", {w.op("Add", {sample, w.scalar(0.5)}), divisor});  // (R, S)
+    std::vector<double> index;
+    for (int64_t b = 0; b < bins; ++b) index.push_back(static_cast<double>(b));
+    auto per_bin = [&](const std::string& v) {  // (R, S) -> (R, bins, S) -> (R, bins * S)
+      return w.op("Reshape",
+                  {w.op("Expand", {w.op("Unsqueeze", {v, w.i64s({1})}),
+                                   w.op("Concat", {w.i64s({1, bins}), w.op("Shape", {sample})}, {attr_i("axis", 0)})}),
+                   w.i64s({0, -1})});
+    };
+    // (bins, 1) + (R, 1, S): (R, bins, S)
+    const std::string within =
+        w.op("Add", {w.op("Unsqueeze", {w.reals(index), w.i64s({1})}), w.op("Unsqueeze", {offset, w.i64s({1})})});
+    out.pos = w.op("Add", {start, w.op("Mul", {bin, w.op("Reshape", {within, w.i64s({0, -1})})})});
+    out.mask = per_bin(w.op("Less", {sample, out.count}));
+    out.per_bin = w.op("Shape", {sample});
+    return out;
+  };
+  const Samples sy = positions(y0, extent(y0, y1), out_h);
+  const Samples sx = positions(x0, extent(x0, x1), out_w);
+  const std::string ys = sy.pos, xs = sx.pos;
 
   // Per axis: whether a sample is within a pixel of the map, and its two taps.
   struct Axis {
@@ -83,7 +111,14 @@ Vs roi_align_jvp(JvpCtx& c) {
   // Broadcast to (R, out_h * samples, out_w * samples).
   auto rows = [&](const std::string& v) { return w.op("Unsqueeze", {v, w.i64s({2})}); };
   auto cols = [&](const std::string& v) { return w.op("Unsqueeze", {v, w.i64s({1})}); };
-  const std::string valid = w.op("Cast", {w.op("And", {rows(ay.valid), cols(ax.valid)})}, {attr_i("to", w.dtype())});
+  std::string inside = w.op("And", {rows(ay.valid), cols(ax.valid)});
+  std::string taken;  // (adaptive: the samples each box has, (R, P, 1))
+  if (adaptive) {
+    taken = w.op("And", {rows(sy.mask), cols(sx.mask)});
+    inside = w.op("And", {inside, taken});
+    taken = w.op("Reshape", {taken, w.i64s({0, -1, 1})});
+  }
+  const std::string valid = w.op("Cast", {inside}, {attr_i("to", w.dtype())});
   const std::string one = w.scalar(1.0);
   const std::string wy[2] = {rows(w.op("Sub", {one, ay.frac})), rows(ay.frac)};
   const std::string wx[2] = {cols(w.op("Sub", {one, ax.frac})), cols(ax.frac)};
@@ -106,14 +141,29 @@ Vs roi_align_jvp(JvpCtx& c) {
   std::string values;  // (R, P, C)
   if (mode == "max") {
     values = w.op("Max", {corners[0], corners[1], corners[2], corners[3]});
+    // Samples a box does not have take no part in its maximum.
+    if (adaptive) values = w.op("Where", {taken, values, w.scalar(-std::numeric_limits<double>::infinity())});
   } else {
     values = corners[0];
     for (size_t k = 1; k < corners.size(); ++k) values = w.op("Add", {values, corners[k]});
   }
-  // (R, out_h, samples, out_w, samples, C): reduce each bin's samples, channels back to axis 1.
-  const std::string binned = w.op("Reshape", {values, w.i64s({0, out_h, samples, out_w, samples, -1})});
-  const std::string reduce = mode == "max" ? "ReduceMax" : "ReduceMean";
-  const std::string bins = w.op(reduce, {binned, w.i64s({2, 4})}, {attr_i("keepdims", 0)});
+  // (R, out_h, S_h, out_w, S_w, C): reduce each bin's samples, channels back to axis 1.
+  const std::string binned = w.op(
+      "Reshape", {values, w.op("Concat", {w.i64s({0, out_h}), sy.per_bin, w.i64s({out_w}), sx.per_bin, w.i64s({-1})},
+                               {attr_i("axis", 0)})});
+  std::string bins;
+  if (mode == "max") {
+    bins = w.op("ReduceMax", {binned, w.i64s({2, 4})}, {attr_i("keepdims", 0)});
+    // (A box with no samples at all, zero in size, gives zeros, as ONNX Runtime does.)
+    if (adaptive) bins = w.op("Where", {w.op("IsInf", {bins}, {attr_i("detect_positive", 0)}), w.scalar(0.0), bins});
+  } else if (!adaptive) {
+    bins = w.op("ReduceMean", {binned, w.i64s({2, 4})}, {attr_i("keepdims", 0)});
+  } else {
+    // The mean over the box's own samples (at least one), (R, 1, 1, 1) against (R, out_h, out_w, C).
+    const std::string count = w.op("Max", {w.op("Mul", {sy.count, sx.count}), w.scalar(1.0)});
+    bins = w.op("Div", {w.op("ReduceSum", {binned, w.i64s({2, 4})}, {attr_i("keepdims", 0)}),
+                        w.op("Unsqueeze", {count, w.i64s({2, 3})})});
+  }
   w.op("Transpose", {bins}, {attr_ints("perm", {0, 3, 1, 2})}, c.node.output(0));
   return expansion_jvp(c, g);
 }

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import onnax
 import onnx
 import pytest
 from ad_oracle import (
@@ -88,6 +87,19 @@ CASES = [
         roi_model(output_height=2, output_width=3, sampling_ratio=2, mode="max"),
         {"rois": boxes(-2.5, 6.0)},
     ),
+    # Adaptive sampling (sampling_ratio 0, the default): bins of 0.75 to 2.5 pixels take 1 to 3
+    # samples per axis, a different count per box.
+    Case("adaptive-avg", roi_model(output_height=2, output_width=2), {"rois": boxes(0.0, 6.0)}),
+    Case(
+        "adaptive-avg-output-half-pixel-past-the-border",
+        roi_model(output_height=2, output_width=3, coordinate_transformation_mode="output_half_pixel"),
+        {"rois": boxes(-2.5, 6.0)},
+    ),
+    Case(
+        "adaptive-max-past-the-border",
+        roi_model(output_height=2, output_width=2, mode="max", spatial_scale=0.75),
+        {"rois": boxes(-2.5, 6.0)},
+    ),
 ]
 IDS = [c.id for c in CASES]
 INPUTS = ["X", "rois"]
@@ -125,11 +137,12 @@ def test_f32(case: Case) -> None:
     check_grad(as_float(case.model), INPUTS, "loss", gens=case.gens, oracle_model=case.model)
 
 
-def test_adaptive_sampling_is_refused() -> None:
-    with pytest.raises(onnax.OnnaxError) as err:
-        onnax.jvp(roi_model(output_height=2, output_width=2), inputs=INPUTS)
-    msg = str(err.value)
-    assert "ai.onnx::RoiAlign" in msg and "sampling_ratio=0" in msg and "Fix:" in msg, msg
+def test_adaptive_sampling_counts_differ_per_box() -> None:
+    # The premise of the adaptive cases: their boxes need different sample counts (ceil of the
+    # bin size), so the masks matter.
+    rois = boxes(0.0, 6.0)(np.random.default_rng(0), np.dtype(np.float64))
+    heights = (rois[:, 3] - rois[:, 1] - 0.0) / 2  # half_pixel: no minimum size, 2 bins
+    assert len(set(np.ceil(heights).astype(int))) > 1, heights
 
 
 @pytest.mark.parametrize("case", CASES, ids=IDS)
