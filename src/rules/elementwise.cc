@@ -302,6 +302,9 @@ void register_elementwise_derivatives(DerivativeRules& r) {
   rr.jvp("Gelu", gelu_jvp);
   auto identity = [](D& c) -> Vs { return {c.t(0)}; };
   rr.jvp("Identity", identity);
+  // OptionalGetElement of a tensor (opset 18 accepts plain tensors) returns it; an optional
+  // input carries no tangent (only tensors are differentiated).
+  rr.jvp("OptionalGetElement", identity);
   rr.jvp("Dropout", [](D& c) -> Vs {
     // Inference (training_mode absent or a known false): the identity. Training: the
     // tangent passes through the node's own mask, scaled like the data.

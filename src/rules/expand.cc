@@ -29,17 +29,21 @@ onnx::TypeProto type_of(const Facts& f) {
 
 // The function body of `c.node` at the model's opset, or nullopt-like false.
 bool function_body(JvpCtx& c, onnx::FunctionProto& fp) {
-  const auto* schema = onnx::OpSchemaRegistry::Schema(c.node.op_type(), static_cast<int>(c.opset), c.node.domain());
+  // (An op of another domain, e.g. ai.onnx.preview, at the model's opset for that domain.)
+  const bool default_domain = c.node.domain().empty() || c.node.domain() == "ai.onnx";
+  const auto imported = c.b.opsets().find(default_domain ? std::string() : c.node.domain());
+  const int version = default_domain || imported == c.b.opsets().end() ? static_cast<int>(c.opset) : imported->second;
+  const auto* schema = onnx::OpSchemaRegistry::Schema(c.node.op_type(), version, c.node.domain());
   if (schema == nullptr) return false;
   if (schema->HasContextDependentFunction()) {
     std::vector<onnx::TypeProto> types;
     for (int i = 0; i < c.node.input_size(); ++i)
       types.push_back(c.has(i) ? type_of(c.b.facts(c.xs[i])) : onnx::TypeProto{});
     onnx::FunctionBodyBuildContextImpl ctx(c.node, types);
-    if (schema->BuildContextDependentFunction(ctx, fp, static_cast<int>(c.opset))) return true;
+    if (schema->BuildContextDependentFunction(ctx, fp, version)) return true;
   }
   if (schema->HasFunction()) {
-    const onnx::FunctionProto* f = schema->GetFunction(static_cast<int>(c.opset));
+    const onnx::FunctionProto* f = schema->GetFunction(version);
     if (f != nullptr) {
       fp = *f;
       return true;
@@ -170,6 +174,8 @@ void register_expanded_derivatives(DerivativeRules& r) {
        {"Attention", "RotaryEmbedding", "CenterCropPad", "Swish", "SwiGLU", "CausalConvWithState",
         "NegativeLogLikelihoodLoss", "SoftmaxCrossEntropyLoss", "MeanVarianceNormalization", "LinearAttention"})
     r.jvp(op, expand_jvp);
+  // Ops of other domains are registered as "domain::op".
+  r.jvp("ai.onnx.preview::FlexAttention", expand_jvp);
 }
 
 }  // namespace onnax

@@ -8,6 +8,7 @@
 #include "rules/conv_batched_weight.h"
 #include "rules/derivative.h"
 #include "rules/window.h"
+#include "transforms/subgraph.h"
 
 namespace onnax {
 namespace {
@@ -210,6 +211,18 @@ BatchResult roi_align_rule(BatchCtx& c) {
   return all_batched({split_batch(c, b.clone(c.node, ins)[0], rois)});  // (Bv*R, ...) -> (Bv, R, ...)
 }
 
+// FlexAttention (ai.onnx.preview): Q, K and V lead with the batch N; the vmap batch merges into
+// it. Score and probability modifiers see (B*N, H, L, S) tensors, which is the same
+// elementwise computation unless a modifier reads a value of the enclosing graph (a per-example
+// bias, say, whose broadcast against N would break): those take the per-example Scan.
+BatchResult flex_attention_rule(BatchCtx& c) {
+  for (const auto& a : c.node.attribute())
+    if (a.has_g() && !graph_outer_reads(a.g()).empty()) return scan_fallback(c);
+  const V q = c.materialize(0);
+  const Vs ins = {merge_batch(c, q), merge_batch(c, c.materialize(1)), merge_batch(c, c.materialize(2))};
+  return all_batched({split_batch(c, c.b.clone(c.node, ins)[0], q)});
+}
+
 void register_nn_rules(BatchRules& r) {
   for (const char* op : {"AveragePool", "LpPool", "GlobalAveragePool", "GlobalMaxPool", "GlobalLpPool", "LRN",
                          "DepthToSpace", "SpaceToDepth"})
@@ -226,6 +239,7 @@ void register_nn_rules(BatchRules& r) {
   r.add("", "GridSample", 16, grid_sample_rule);
   r.add("", "DeformConv", 19, deform_conv_rule);
   r.add("", "RoiAlign", 16, roi_align_rule);
+  r.add("ai.onnx.preview", "FlexAttention", 1, flex_attention_rule);
 }
 
 }  // namespace onnax

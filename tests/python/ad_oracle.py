@@ -736,6 +736,37 @@ def check_vmap_of(
     )
 
 
+def inline_function_op(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` with its one function op replaced by the op's ONNX function body (context-
+    dependent bodies built for the node's input types), inlined: an oracle for derivatives taken
+    through the op that does not go through onnax's own expansion code."""
+    import onnx.inliner
+
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    node = out.graph.node[0]
+    versions = {o.domain: o.version for o in out.opset_import}
+    types = {i.name: i.type for i in out.graph.input}
+    schema = onnx.defs.get_schema(node.op_type, versions[node.domain], node.domain)
+    body = onnx.FunctionProto()
+    if schema.has_context_dependent_function:
+        body.ParseFromString(
+            schema.get_context_dependent_function(
+                node.SerializeToString(),
+                [types.get(i, onnx.TypeProto()).SerializeToString() for i in node.input],
+            )
+        )
+    else:
+        body.CopyFrom(schema.get_function_with_opset_version(versions[node.domain]))
+    body.domain = "oracle.fn"
+    if not body.opset_import:
+        body.opset_import.extend([onnx.helper.make_opsetid("", versions[""])])
+    node.domain = "oracle.fn"
+    out.functions.append(body)
+    out.opset_import.append(onnx.helper.make_opsetid("oracle.fn", 1))
+    return onnx.inliner.inline_local_functions(out)
+
+
 def ad_error(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> str:
     """Calls an onnax transform expecting ``onnax.OnnaxError`` (a ValueError); returns the text."""
     import onnax

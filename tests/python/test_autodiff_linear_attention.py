@@ -8,9 +8,18 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-import onnx.inliner
 import pytest
-from ad_oracle import Tol, check_grad, check_hvp, check_jvp, check_vjp_dot, make_ad_model, scalarize, uniform
+from ad_oracle import (
+    Tol,
+    check_grad,
+    check_hvp,
+    check_jvp,
+    check_vjp_dot,
+    inline_function_op,
+    make_ad_model,
+    scalarize,
+    uniform,
+)
 from onnx import TensorProto, helper
 
 D = TensorProto.DOUBLE
@@ -33,25 +42,7 @@ def model(rule: str) -> onnx.ModelProto:
 
 
 def inlined(m: onnx.ModelProto) -> onnx.ModelProto:
-    """The model with its one node replaced by the node's ONNX function body."""
-    out = onnx.ModelProto()
-    out.CopyFrom(m)
-    node = out.graph.node[0]
-    types = {i.name: i.type for i in out.graph.input}
-    schema = onnx.defs.get_schema(node.op_type, out.opset_import[0].version)
-    body = onnx.FunctionProto()
-    body.ParseFromString(
-        schema.get_context_dependent_function(
-            node.SerializeToString(), [types.get(i, onnx.TypeProto()).SerializeToString() for i in node.input]
-        )
-    )
-    body.domain = "oracle.fn"
-    if not body.opset_import:
-        body.opset_import.extend([helper.make_opsetid("", out.opset_import[0].version)])
-    node.domain = "oracle.fn"
-    out.functions.append(body)
-    out.opset_import.append(helper.make_opsetid("oracle.fn", 1))
-    return onnx.inliner.inline_local_functions(out)
+    return inline_function_op(m)
 
 
 RULES = ["gated", "delta"]

@@ -195,6 +195,7 @@ for _op, _gen, _attrs in [
     ("Acosh", uniform(S, 1.2, 3.0), {}),
     ("Atanh", uniform(S, -0.9, 0.9), {}),
     ("Identity", normal(S), {}),
+    ("OptionalGetElement", normal(S), {}),  # (of a plain tensor: the identity)
     ("Softmax", normal(S), {}),
     ("LogSoftmax", normal(S), {}),
 ]:
