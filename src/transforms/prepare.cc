@@ -406,6 +406,19 @@ Prepared prepare_in_place(onnx::ModelProto& model, const std::string& mode) {
 
 namespace {
 
+// Whether `g` or a subgraph of it has a default-domain node of type `op`.
+bool contains_op(const onnx::GraphProto& g, std::string_view op) {
+  for (const auto& n : g.node()) {
+    if (n.op_type() == op && (n.domain().empty() || n.domain() == "ai.onnx")) return true;
+    for (const auto& a : n.attribute()) {
+      if (a.has_g() && contains_op(a.g(), op)) return true;
+      for (const auto& sg : a.graphs())
+        if (contains_op(sg, op)) return true;
+    }
+  }
+  return false;
+}
+
 void prepare_graph(Prepared& p, const std::string& mode) {
   int64_t opset = default_opset(*p.model);
   const std::string interval = "supported: " + std::to_string(kMinOpset) + "-" + std::to_string(kMaxOpset) + " (" +
@@ -430,6 +443,12 @@ void prepare_graph(Prepared& p, const std::string& mode) {
                      ". Fix: inline them before transforming (onnx.inliner.inline_local_functions)");
     }
   }
+  if (opset < 9 && contains_op(*p.graph, "Scan"))
+    diag::fail(Error::Kind::kVersion,
+               mode + ": the model's ai.onnx opset is " + std::to_string(opset) +
+                   " and it has a Scan, whose opset-8 form (a batch axis and sequence_lens) the ONNX version "
+                   "converter does not upgrade correctly. Fix: re-export the model at opset 9 or newer (" +
+                   std::to_string(kMinOpset) + " or newer avoids any conversion)");
   if (opset < kMinOpset) {
     try {
       mutable_graph(p);

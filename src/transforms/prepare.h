@@ -19,7 +19,7 @@ namespace onnax {
 
 inline constexpr int64_t kMinOpset = 18;
 inline constexpr int64_t kMaxOpset = 28;
-inline constexpr int64_t kMinConvertibleOpset = 13;
+inline constexpr int64_t kMinConvertibleOpset = 7;
 
 struct Prepared {
   // The model being transformed, whose graph becomes the result's: a private copy of the

@@ -244,8 +244,8 @@ def bad_model(kind: str) -> onnx.ModelProto:
         )
     if kind == "dangling":
         return make([helper.make_node("Add", ["x", "ghost"], ["y"])], x, y)
-    if kind == "opset11":
-        return make([helper.make_node("Relu", ["x"], ["y"])], x, y, opset=11)
+    if kind == "opset6":
+        return make([helper.make_node("Relu", ["x"], ["y"])], x, y, opset=6)
     if kind == "opset30":
         return make([helper.make_node("Relu", ["x"], ["y"])], x, y, opset=30)
     if kind == "unknown-op":
@@ -263,7 +263,7 @@ def bad_model(kind: str) -> onnx.ModelProto:
     [
         ("cycle", ["cycle"]),
         ("dangling", ["'ghost'"]),
-        ("opset11", ["opset is 11", "18-28"]),
+        ("opset6", ["opset is 6", "18-28", "7-17"]),
         ("opset30", ["opset is 30", "18-28"]),
         ("unknown-op", ["com.example::Frobnicate", "'x'"]),
     ],

@@ -470,9 +470,56 @@ def test_in_axes_bad_type(bad: object) -> None:
 
 
 def test_unsupported_old_opset_raises() -> None:
-    m = make_model([node("Relu", ["xin"], ["out"])], [("xin", F, [2, 3])], ["out"], opset=7)
+    m = make_model([node("Relu", ["xin"], ["out"])], [("xin", F, [2, 3])], ["out"], opset=6)
     msg = vmap_error(m, in_axes=0)
-    assert "opset" in msg and "7" in msg, msg
+    assert "opset is 6" in msg and "7-17 are upgraded" in msg and "Fix:" in msg, msg
+
+
+@pytest.mark.parametrize("opset", [7, 9, 11])
+def test_old_opsets_are_upgraded(opset: int) -> None:
+    # BatchNormalization, then a nearest 2x upsampling in each opset's spelling (Upsample by
+    # attribute, Upsample by input, Resize with a roi): the result matches a loop of the source.
+    inits = {
+        "s": np.array([1.5, 0.5], np.float32),
+        "b": np.array([0.1, -0.2], np.float32),
+        "m": np.array([0.3, -0.1], np.float32),
+        "v": np.array([1.2, 0.8], np.float32),
+        "scales": np.array([1.0, 1.0, 2.0, 2.0], np.float32),
+        "roi": np.zeros((0,), np.float32),
+    }
+    if opset < 9:
+        up = node("Upsample", ["h"], ["out"], scales=[1.0, 1.0, 2.0, 2.0])
+    elif opset < 10:
+        up = node("Upsample", ["h", "scales"], ["out"])
+    else:
+        up = node("Resize", ["h", "roi", "scales"], ["out"])
+    used = {i for n in (up,) for i in n.input} | {"s", "b", "m", "v"}
+    nodes = [node("BatchNormalization", ["x", "s", "b", "m", "v"], ["h"]), up]
+    m = make_model(
+        nodes,
+        [("x", F, [1, 2, 2, 3])],
+        ["out"],
+        initializers={k: v for k, v in inits.items() if k in used},
+        opset=opset,
+    )
+    with pytest.warns(UserWarning, match=f"upgraded the model from ai.onnx opset {opset} to 18"):
+        out = assert_vmap_matches(m, 0, 0)
+    versions = {o.domain: o.version for o in out.opset_import}
+    assert versions.get("", versions.get("ai.onnx")) == 18
+
+
+def test_opset_8_scan_is_refused() -> None:
+    # The version converter does not upgrade Scan-8 (batch axis, sequence_lens) correctly.
+    body = onnx.helper.make_graph(
+        [node("Add", ["s_in", "x_in"], ["s_out"]), node("Identity", ["s_out"], ["y_out"])],
+        "body",
+        [onnx.helper.make_tensor_value_info(n, F, [2]) for n in ("s_in", "x_in")],
+        [onnx.helper.make_tensor_value_info(n, F, [2]) for n in ("s_out", "y_out")],
+    )
+    scan = node("Scan", ["", "s0", "xs"], ["s", "ys"], body=body, num_scan_inputs=1)
+    m = make_model([scan], [("s0", F, [1, 2]), ("xs", F, [1, 3, 2])], ["s", "ys"], opset=8)
+    msg = vmap_error(m, in_axes=0)
+    assert "opset is 8" in msg and "Scan" in msg and "Fix: re-export the model at opset 9" in msg, msg
 
 
 def test_in_axes_accepts_boundary_values() -> None:
