@@ -14,10 +14,8 @@
 #include <vector>
 
 namespace onnax {
-namespace {
 
-// Constant one-hot kernels (C*K, 1, k...) in row-major window order, as `like`'s dtype.
-V window_kernels(BatchCtx& c, int64_t channels, const std::vector<int64_t>& kernel) {
+V window_kernels(Builder& b, int64_t channels, const std::vector<int64_t>& kernel, V like) {
   int64_t k_total = 1;
   for (int64_t k : kernel) k_total *= k;
   onnx::TensorProto t;
@@ -27,12 +25,10 @@ V window_kernels(BatchCtx& c, int64_t channels, const std::vector<int64_t>& kern
   for (int64_t k : kernel) t.add_dims(k);
   for (int64_t o = 0; o < channels * k_total; ++o)
     for (int64_t j = 0; j < k_total; ++j) t.add_float_data(j == o % k_total ? 1.0f : 0.0f);
-  V e = c.b.tensor_const(t);
-  if (c.dtype(0) != onnx::TensorProto::FLOAT) e = c.b.op1("CastLike", {e, c.in[0]});
+  V e = b.tensor_const(t);
+  if (b.facts(like).dtype != onnx::TensorProto::FLOAT) e = b.op1("CastLike", {e, like});
   return e;
 }
-
-}  // namespace
 
 std::optional<BatchResult> conv_batched_weight(BatchCtx& c) {
   const Facts* xf = c.facts[0];
@@ -57,7 +53,7 @@ std::optional<BatchResult> conv_batched_weight(BatchCtx& c) {
   Attrs window_attrs{Attr::i("group", channels.value()), Attr::ints("kernel_shape", kernel)};
   for (const char* name : {"auto_pad", "dilations", "pads", "strides"})
     if (const auto* a = c.attr(name)) window_attrs.push_back(Attr{*a});
-  V kernels = window_kernels(c, channels.value(), kernel);
+  V kernels = window_kernels(c.b, channels.value(), kernel, c.in[0]);
   V x = c.in[0];
   if (c.batched[0]) x = c.b.reshape(x, c.b.concat({c.b.i64s({-1}), c.b.shape_of(x, 2)}, 0));
   V patches = c.b.op1("Conv", {x, kernels}, window_attrs);

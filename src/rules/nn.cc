@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <climits>
 #include <functional>
+#include <optional>
 
 #include "rules/batching.h"
 #include "rules/conv_batched_weight.h"
@@ -619,6 +620,44 @@ V conv_weight_grad(TransposeCtx& c, const Window& w, V x, V ct, V kdims) {
   return b.transpose(cropped, swap);
 }
 
+// The weight's cotangent from the forward Conv's own windows, when the channel count and the
+// kernel are static: the windows of x (a Conv with one-hot kernels and the node's pads,
+// strides, dilations), then per group dW[m, q] = sum over examples and output positions of
+// ct[n, m, s] * windows[n, q, s]. Under vmap the window Conv's kernels are shared and the
+// contraction is an Einsum, so per-example weight gradients stay vectorized, where the
+// correlation form (conv_weight_grad) is a Conv whose kernel is the batched cotangent.
+std::optional<V> conv_weight_grad_by_windows(TransposeCtx& c, int64_t spatial) {
+  auto& b = c.b;
+  const Facts& xf = b.facts(c.in(0));
+  if (!xf.has_shape || xf.rank() != spatial + 2 || !xf.dims[1].known()) return std::nullopt;
+  const int64_t channels = xf.dims[1].value();
+  std::vector<int64_t> kernel = c.attr_ints("kernel_shape");
+  if (kernel.empty()) {
+    const V w = b.witness(c.in(1)).valid() ? b.witness(c.in(1)) : c.in(1);
+    const Facts& wf = b.facts(w);
+    if (!wf.has_shape || wf.rank() != spatial + 2) return std::nullopt;
+    for (int64_t k = 0; k < spatial; ++k) {
+      if (!wf.dims[static_cast<size_t>(2 + k)].known()) return std::nullopt;
+      kernel.push_back(wf.dims[static_cast<size_t>(2 + k)].value());
+    }
+  }
+  const int64_t group = c.attr_i("group", 1);
+  if (static_cast<int64_t>(kernel.size()) != spatial || group < 1 || channels % group != 0) return std::nullopt;
+  int64_t k_total = 1;
+  for (int64_t k : kernel) k_total *= k;
+  Attrs window_attrs{Attr::i("group", channels), Attr::ints("kernel_shape", kernel)};
+  for (const char* name : {"auto_pad", "dilations", "pads", "strides"})
+    if (const auto* a = c.attr(name)) window_attrs.push_back(Attr{*a});
+  const V windows = b.op1("Conv", {c.in(0), window_kernels(b, channels, kernel, c.in(0))}, window_attrs);
+  const int64_t q = channels / group * k_total;
+  const V p = b.reshape(windows, b.i64s({0, group, q, -1}));                                   // (N, g, Q, S)
+  const V ct = b.reshape(c.ct(), b.concat({b.i64s({0, group, -1}), b.shape_of(p, 3, 4)}, 0));  // (N, g, M/g, S)
+  const V dw = b.op1("Einsum", {ct, p}, {Attr::s("equation", "ngms,ngqs->gmq")});
+  std::vector<int64_t> shape{-1, channels / group};
+  shape.insert(shape.end(), kernel.begin(), kernel.end());
+  return b.reshape(dw, b.i64s(shape));  // (M, C/g, k...)
+}
+
 Vs conv_transpose_rule(TransposeCtx& c) {
   if (c.linear(0) && c.linear(1)) c.unsupported("both input and weight are tangents (not linear)");
   const int64_t spatial = c.rank(c.in(c.linear(0) ? 0 : 1)) - 2;
@@ -626,7 +665,10 @@ Vs conv_transpose_rule(TransposeCtx& c) {
   Window w = window_geometry(c.b, c.node, spatial, in_sp, kernel_dims(c, spatial));
   Vs out(c.ins.size());
   if (c.linear(0)) out[0] = conv_input_transpose(c, w, in_sp);
-  if (c.linear(1)) out[1] = conv_weight_grad(c, w, c.in(0), c.ct(), kernel_dims(c, spatial));
+  if (c.linear(1)) {
+    const std::optional<V> by_windows = conv_weight_grad_by_windows(c, spatial);
+    out[1] = by_windows ? *by_windows : conv_weight_grad(c, w, c.in(0), c.ct(), kernel_dims(c, spatial));
+  }
   return out;
 }
 

@@ -15,6 +15,7 @@ graphs, serialization round trips).
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -1986,6 +1987,58 @@ def test_per_example_grad_softmax_xent_int_labels() -> None:
 def test_per_example_grad_batched_param() -> None:
     m = mlp(act="Tanh", batch=None)
     check_per_example_grad(m, (0, 0, 0, None, None, 0), gens=mlp_gens(None))
+
+
+def conv_loss(xs: tuple, ws: tuple, **attrs: Any) -> onnx.ModelProto:
+    """loss = sum(relu(conv(x, w) + b) * c) for one example (or a minibatch of them)."""
+    probe = onnx.shape_inference.infer_shapes(
+        build([node("Conv", ["x", "w"], ["y"], **attrs)], [In("x", xs), In("w", ws)], outputs=["y"])
+    )
+    y_shape = tuple(d.dim_value for d in probe.graph.output[0].type.tensor_type.shape.dim)
+    coef = np.random.default_rng(len(y_shape)).standard_normal(y_shape)
+    return build(
+        [
+            node("Conv", ["x", "w", "b"], ["y"], **attrs),
+            node("Relu", ["y"], ["r"]),
+            node("Mul", ["r", "c"], ["rc"]),
+            node("ReduceSum", ["rc"], ["loss"], keepdims=0),
+        ],
+        [In("x", xs), In("w", ws), In("b", (ws[0],))],
+        inits={"c": coef},
+        outputs=["loss"],
+    )
+
+
+# Per-example weight gradients of convolutions (DP-SGD's case): the weight's cotangent is a
+# contraction of the forward windows with the output cotangent, so vmap keeps it vectorized
+# (no per-example Scan) for every geometry.
+PER_EXAMPLE_CONVS = {
+    "basic": conv_loss((1, 2, 5, 5), (3, 2, 3, 3)),
+    "minibatch-strides-pads": conv_loss((2, 2, 6, 5), (3, 2, 3, 3), strides=[2, 2], pads=[1, 0, 1, 2]),
+    "dilations": conv_loss((1, 2, 7, 6), (2, 2, 2, 3), dilations=[2, 1]),
+    # (float32: the input's cotangent is a grouped ConvTranspose, which ONNX Runtime runs in
+    # float32 only and the reference evaluator not at all)
+    "groups": as_float(conv_loss((1, 4, 5, 5), (6, 2, 3, 3), group=2, pads=[1, 1, 1, 1])),
+    "depthwise": conv_loss((1, 3, 5, 5), (3, 1, 3, 3), group=3),
+    "same-upper-s2": conv_loss((1, 2, 5, 5), (2, 2, 3, 3), auto_pad="SAME_UPPER", strides=[2, 2]),
+    "1d": conv_loss((1, 2, 9), (3, 2, 3), strides=[2]),
+    "3d": conv_loss((1, 2, 4, 4, 3), (2, 2, 2, 2, 2)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PER_EXAMPLE_CONVS))
+def test_per_example_conv_grads_are_vectorized(name: str) -> None:
+    m = PER_EXAMPLE_CONVS[name]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # (a per-example Scan warns)
+        vm = check_per_example_grad(m, (0, None, None), inputs=["x", "w", "b"], output="loss")
+    assert not {"Scan", "Loop"} & {n.op_type for n in vm.graph.node}
+
+
+@pytest.mark.parametrize("name", ["basic", "depthwise", "same-upper-s2"])
+def test_conv_grad_hvp(name: str) -> None:
+    # Second order through the windows' contraction (forward over reverse).
+    check_hvp(PER_EXAMPLE_CONVS[name], ["w", "x"], ["x", "w", "b"], "loss")
 
 
 # --------------------------------------------------------------------------------------------
