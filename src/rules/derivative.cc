@@ -48,6 +48,14 @@ V JvpCtx::like_out(V t, int k) const {
   return b.expand(t, b.shape_of(ys[k]));
 }
 
+V JvpCtx::term(V t, int k) const {
+  const V y = k < static_cast<int>(ys.size()) ? ys[static_cast<size_t>(k)] : V{};
+  if (!t.valid() || !y.valid()) return t;
+  b.set_witness(t, y);
+  if (b.facts(t).rank() < 0 && b.facts(y).rank() >= 0) b.set_facts(t, b.facts(y));
+  return t;
+}
+
 void JvpCtx::unsupported(const std::string& what, const std::string& fix) const {
   const std::string domain = node.domain().empty() ? "ai.onnx" : node.domain();
   diag::fail(Error::Kind::kUnsupported, "jvp: cannot differentiate " + domain + "::" + node.op_type() + " (opset " +
@@ -83,10 +91,17 @@ void TransposeCtx::unsupported(const std::string& what, const std::string& fix) 
 
 namespace {
 
+// The length of a run-time shape `s` (the rank it describes), as an int64 scalar. Spelled
+// Shape+Squeeze, not Size: ONNX Runtime 1.31's data propagation takes Size of a shape whose
+// values it knows for the product of those values, and then rejects shapes built from it.
+V length_of(Builder& b, V s) {
+  return b.op1("Squeeze", {b.op1("Shape", {s}), b.i64s({0})});
+}
+
 // Sums `ct` over its leading axes beyond `rank` (a run-time int64 scalar): the broadcast
 // operand's missing leading dims, when ranks are known only at run time.
 V sum_leading(Builder& b, V ct, V rank) {
-  V extra = b.op1("Sub", {b.op1("Size", {b.op1("Shape", {ct})}), rank});
+  V extra = b.op1("Sub", {length_of(b, b.op1("Shape", {ct})), rank});
   V lead = b.op1("Range", {b.i64(0), extra, b.i64(1)});
   return b.op1("ReduceSum", {ct, lead}, {Attr::i("keepdims", 0), Attr::i("noop_with_empty_axes", 1)});
 }
@@ -102,7 +117,7 @@ V broadcast_shapes(Builder& b, V s1, int64_t r1, V s2, int64_t r2) {
     const V p1 = pad(s1, r1), p2 = pad(s2, r2);
     return b.op1("Where", {b.op1("Equal", {p1, b.i64(1)}), p2, p1});
   }
-  V n1 = b.op1("Size", {s1}), n2 = b.op1("Size", {s2});
+  V n1 = length_of(b, s1), n2 = length_of(b, s2);
   V n = b.op1("Max", {n1, n2});
   auto padded = [&](V s, V len) {
     V missing = b.op1("Reshape", {b.op1("Sub", {n, len}), b.i64s({1})});
@@ -170,12 +185,33 @@ V computed_shape(Builder& b, V t, int depth) {
     // Reduced axes (constant) become 1 with keepdims, disappear without.
     const V x = tn->inputs[0];
     const int64_t rx = rank_of(x);
-    const std::vector<int64_t>* axes =
-        tn->inputs.size() > 1 && tn->inputs[1].valid() ? b.known_i64(tn->inputs[1]) : nullptr;
-    if (rx < 0 || axes == nullptr || axes->empty()) return V{};
-    bool keepdims = true;
-    for (const auto& a : tn->node->attribute())
+    const V axes_in = tn->inputs.size() > 1 ? tn->inputs[1] : V{};
+    const std::vector<int64_t>* axes = axes_in.valid() ? b.known_i64(axes_in) : nullptr;
+    bool keepdims = true, noop_with_empty = false;
+    for (const auto& a : tn->node->attribute()) {
       if (a.name() == "keepdims") keepdims = a.i() != 0;
+      if (a.name() == "noop_with_empty_axes") noop_with_empty = a.i() != 0;
+    }
+    if (axes_in.valid() && axes == nullptr && !b.tangent(axes_in)) {
+      // Axes known only at run time: which positions they hit, from the input's run-time shape.
+      const V sx = runtime_shape(b, x, depth + 1);
+      if (!sx.valid()) return V{};
+      const V r = length_of(b, sx);
+      const V ax = b.reshape(axes_in, b.i64s({1, -1}));
+      const V normalized = b.op1("Where", {b.op1("Less", {ax, b.i64(0)}), b.op1("Add", {ax, r}), ax});
+      const V positions = b.unsqueeze(b.op1("Range", {b.i64(0), r, b.i64(1)}), {1});  // (r, 1)
+      const V hits =
+          b.op1("ReduceSum",
+                {b.op1("Cast", {b.op1("Equal", {positions, normalized})}, {Attr::i("to", onnx::TensorProto::INT64)}),
+                 b.i64s({1})},
+                {Attr::i("keepdims", 0)});
+      V reduced = b.op1("Greater", {hits, b.i64(0)});
+      // (No axes: every axis, unless noop_with_empty_axes.)
+      if (!noop_with_empty) reduced = b.op1("Or", {reduced, b.op1("Equal", {b.op1("Size", {axes_in}), b.i64(0)})});
+      return keepdims ? b.op1("Where", {reduced, b.i64(1), sx})
+                      : b.op1("Compress", {sx, b.op1("Not", {reduced})}, {Attr::i("axis", 0)});
+    }
+    if (rx < 0 || axes == nullptr || axes->empty()) return V{};
     std::vector<int64_t> reduced(static_cast<size_t>(rx), 0), kept;
     for (int64_t a : *axes) reduced[static_cast<size_t>(a < 0 ? a + rx : a)] = 1;
     const V sx = runtime_shape(b, x, depth + 1);
@@ -225,7 +261,7 @@ V unbroadcast(Builder& b, V ct, V target, V witness) {
                  "Fix: declare the shapes of the model's inputs and intermediate values (value_info)");
     // Everything at run time: sum the extra leading axes, then every axis where the operand has
     // size 1 (a no-op where the cotangent has size 1 too).
-    const V rank = b.op1("Size", {shape});
+    const V rank = length_of(b, shape);
     V out = sum_leading(b, ct, rank);
     V ones = b.op1("Equal", {shape, b.i64(1)});
     V idx = b.op1("Range", {b.i64(0), rank, b.i64(1)});

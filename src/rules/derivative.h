@@ -52,6 +52,10 @@ class JvpCtx {
   // Tangent `t` broadcast to primal output k's shape (tangents always have their primal's
   // shape; a tangent of a broadcast operand must be expanded).
   V like_out(V t, int k = 0) const;
+  // Marks `t`, a term of the tangent that already has primal output k's shape (the op on one
+  // operand's tangent and the others' primals: ta * b, conv(tx, W), ...), with output k as its
+  // primal twin, so reverse mode reads its run-time shape where facts do not tell it. Returns t.
+  V term(V t, int k = 0) const;
   // Re-emits the node itself on new inputs (for ops linear in some inputs).
   V same_op(const Vs& inputs) const { return b.clone(node, inputs)[0]; }
   Vs same_op_all(const Vs& inputs) const { return b.clone(node, inputs); }

@@ -277,10 +277,13 @@ void register_elementwise_derivatives(DerivativeRules& r) {
   rr.jvp("Neg", [](D& c) -> Vs { return {c.b.neg(c.t(0))}; });
   rr.jvp("Add", [](D& c) -> Vs { return {c.like_out(c.b.add(c.t(0), c.t(1)))}; });
   rr.jvp("Sub", [](D& c) -> Vs { return {c.like_out(c.b.sub(c.t(0), c.t(1)))}; });
-  rr.jvp("Mul", [](D& c) -> Vs { return {c.like_out(c.b.add(c.b.mul(c.t(0), c.x(1)), c.b.mul(c.x(0), c.t(1))))}; });
+  // (Each product term has the output's shape: its primal twin is the output.)
+  rr.jvp("Mul", [](D& c) -> Vs {
+    return {c.like_out(c.b.add(c.term(c.b.mul(c.t(0), c.x(1))), c.term(c.b.mul(c.x(0), c.t(1)))))};
+  });
   rr.jvp("Div", [](D& c) -> Vs {
-    V t = c.b.div(c.t(0), c.x(1));
-    if (c.t(1).valid()) t = c.b.sub(t, c.b.div(c.b.mul(c.t(1), c.y()), c.x(1)));
+    V t = c.term(c.b.div(c.t(0), c.x(1)));
+    if (c.t(1).valid()) t = c.b.sub(t, c.term(c.b.div(c.term(c.b.mul(c.t(1), c.y())), c.x(1))));
     return {c.like_out(t)};
   });
   rr.jvp("Sum", [](D& c) -> Vs {

@@ -439,17 +439,10 @@ void register_matmul_derivatives(DerivativeRules& r) {
   r.jvp("Det", det_jvp);
   r.jvp("MatMul", [](D& c) -> Vs {
     // A tangent has its primal's shape, so each term has the output's shape (no broadcast to
-    // undo): its primal twin is the output, which reverse mode reads shapes from when ranks are
-    // unknown.
-    auto term = [&](V a, V m) {
-      const V t = c.b.op1("MatMul", {a, m});
-      if (c.y(0).valid()) {
-        c.b.set_witness(t, c.y(0));
-        if (c.b.facts(t).rank() < 0) c.b.set_facts(t, c.b.facts(c.y(0)));
-      }
-      return t;
-    };
-    return {c.b.add(c.t(0).valid() ? term(c.t(0), c.x(1)) : V{}, c.t(1).valid() ? term(c.x(0), c.t(1)) : V{})};
+    // undo, no Expand): its primal twin is the output.
+    const V ta = c.t(0).valid() ? c.term(c.b.op1("MatMul", {c.t(0), c.x(1)})) : V{};
+    const V tb = c.t(1).valid() ? c.term(c.b.op1("MatMul", {c.x(0), c.t(1)})) : V{};
+    return {c.b.add(ta, tb)};
   });
   r.transpose("MatMul", matmul_transpose);
   r.jvp("Gemm", gemm_jvp);

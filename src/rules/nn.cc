@@ -547,8 +547,9 @@ Vs maxpool_jvp(D& c) {
 Vs conv_jvp(D& c) {
   auto& b = c.b;
   V t;
-  if (c.t(0).valid()) t = b.clone(c.node, {c.t(0), c.x(1)})[0];
-  if (c.t(1).valid()) t = b.add(t, b.clone(c.node, {c.x(0), c.t(1)})[0]);
+  // (Each term has the output's shape, without the bias: its primal twin is the output.)
+  if (c.t(0).valid()) t = c.term(b.clone(c.node, {c.t(0), c.x(1)})[0]);
+  if (c.t(1).valid()) t = b.add(t, c.term(b.clone(c.node, {c.x(0), c.t(1)})[0]));
   if (c.has(2) && c.t(2).valid()) t = b.add(t, c.like_out(per_channel(b, c.t(2), c.rank(0))));
   return {c.like_out(t)};
 }

@@ -195,3 +195,39 @@ def test_product_with_an_ambiguous_layout_is_refused() -> None:
     model, _ = PRODUCTS["matrix-times-batched"]
     msg = ad_error(onnax.grad, model, inputs=["x", "A"], output="loss")
     assert "ai.onnx::MatMul" in msg and "rank of operand 1 is unknown" in msg and "Fix:" in msg, msg
+
+
+# --------------------------------------------------------------------------------------------
+# Reductions over axes given at run time, kept as size-1 dims and broadcast back. Inside a
+# rule's JVP the reduced tangent has no primal twin and unknown dims, so only the reduction's
+# run-time shape tells reverse mode to sum the cotangent over the broadcast axis.
+
+
+def runtime_axes_model(op: str, keepdims: int) -> onnx.ModelProto:
+    """r = op(x, axes) (axes an int64 input); y = (x - r) * c for keepdims, else r * c;
+    loss = sum(y * y)."""
+    nodes = [helper.make_node(op, ["x", "axes"], ["r"], keepdims=keepdims)]
+    if keepdims:
+        nodes.append(helper.make_node("Sub", ["x", "r"], ["d"]))
+    nodes += [
+        helper.make_node("Mul", ["d" if keepdims else "r", "c"], ["y"]),
+        helper.make_node("Mul", ["y", "y"], ["y2"]),
+        helper.make_node("ReduceSum", ["y2"], ["loss"], keepdims=0),
+    ]
+    rng = np.random.default_rng(keepdims)
+    return make_ad_model(
+        nodes,
+        [("x", D, [3, 4]), ("axes", I64, [1])],
+        [("loss", D, [])],
+        initializers={"c": rng.standard_normal((3, 4) if keepdims else (3,))},
+        infer=False,
+    )
+
+
+@pytest.mark.parametrize("keepdims", [1, 0])
+@pytest.mark.parametrize("op", ["ReduceLogSumExp", "ReduceL2", "ReduceSum"])
+def test_runtime_axes_reduction_grad(op: str, keepdims: int) -> None:
+    m = runtime_axes_model(op, keepdims)
+    gens = {"axes": lambda rng, dtype: np.array([1], dtype=np.int64)}
+    check_grad(m, ["x"], "loss", gens=gens)
+    check_vjp_dot(m, ["x"], gens=gens)
