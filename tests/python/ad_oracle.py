@@ -736,6 +736,69 @@ def check_vmap_of(
     )
 
 
+def battery(
+    cases: Sequence[Any],
+    ids: Sequence[str],
+    *,
+    inputs: Callable[[Any], Sequence[str]],
+    hvp_wrt: Callable[[Any], Sequence[str]],
+    per_example_axes: Callable[[Any], Sequence[int | None]],
+    gens: Callable[[Any], Mapping[str, ADGen] | None] = lambda case: getattr(case, "gens", None),
+    oracle: Callable[[Any], onnx.ModelProto | None] = lambda case: None,
+    loss: str = "loss",
+) -> tuple[Callable[..., None], ...]:
+    """The derivative checks every rule's cases get, as parametrized pytest functions (assign
+    them to module names starting with ``test_``): jvp against FD, vjp by the dot-product test,
+    grad against FD, HVP against FD of the gradient, per-example gradients against a loop.
+    ``cases`` carry a ``model``; the callables give each case's selected inputs, HVP
+    directions, per-example ``in_axes``, input generators and an optional float64 oracle model
+    (for ops ONNX Runtime cannot run in float64)."""
+    import pytest
+
+    each = pytest.mark.parametrize("case", list(cases), ids=list(ids))
+
+    @each
+    def test_jvp(case: Any) -> None:
+        check_jvp(case.model, inputs(case), gens=gens(case), oracle_model=oracle(case))
+
+    @each
+    def test_vjp_dot(case: Any) -> None:
+        check_vjp_dot(case.model, inputs(case), gens=gens(case))
+
+    @each
+    def test_grad(case: Any) -> None:
+        check_grad(case.model, inputs(case), loss, gens=gens(case), oracle_model=oracle(case))
+
+    @each
+    def test_hvp(case: Any) -> None:
+        check_hvp(case.model, hvp_wrt(case), inputs(case), loss, gens=gens(case), oracle_model=oracle(case))
+
+    @each
+    def test_per_example_grad(case: Any) -> None:
+        check_per_example_grad(case.model, per_example_axes(case), inputs(case), loss, gens=gens(case))
+
+    return test_jvp, test_vjp_dot, test_grad, test_hvp, test_per_example_grad
+
+
+def float32_battery(
+    cases: Sequence[Any],
+    ids: Sequence[str],
+    *,
+    inputs: Callable[[Any], Sequence[str]],
+    gens: Callable[[Any], Mapping[str, ADGen] | None] = lambda case: getattr(case, "gens", None),
+    loss: str = "loss",
+) -> Callable[..., None]:
+    """jvp and grad of each case's model in float32 against FD of the float64 model."""
+    import pytest
+
+    @pytest.mark.parametrize("case", list(cases), ids=list(ids))
+    def test_f32(case: Any) -> None:
+        check_jvp(as_float(case.model), inputs(case), gens=gens(case), oracle_model=case.model)
+        check_grad(as_float(case.model), inputs(case), loss, gens=gens(case), oracle_model=case.model)
+
+    return test_f32
+
+
 def inline_function_op(model: onnx.ModelProto) -> onnx.ModelProto:
     """``model`` with its one function op replaced by the op's ONNX function body (context-
     dependent bodies built for the node's input types), inlined: an oracle for derivatives taken

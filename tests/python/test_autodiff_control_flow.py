@@ -24,13 +24,10 @@ import onnx
 import pytest
 from ad_oracle import (
     ADGen,
-    as_float,
+    battery,
     check_grad,
-    check_hvp,
-    check_jvp,
-    check_per_example_grad,
-    check_vjp_dot,
     fixed,
+    float32_battery,
     make_ad_model,
     normal,
     scalarize,
@@ -407,36 +404,10 @@ CASES = [
 IDS = [c.id for c in CASES]
 
 
-@pytest.mark.parametrize("case", CASES, ids=IDS)
-def test_jvp(case: Case) -> None:
-    check_jvp(case.model, case.inputs, gens=case.gens)
-
-
-@pytest.mark.parametrize("case", CASES, ids=IDS)
-def test_vjp_dot(case: Case) -> None:
-    check_vjp_dot(case.model, case.inputs, gens=case.gens)
-
-
-@pytest.mark.parametrize("case", CASES, ids=IDS)
-def test_grad(case: Case) -> None:
-    check_grad(case.model, case.inputs, "loss", gens=case.gens)
-
-
-@pytest.mark.parametrize("case", CASES, ids=IDS)
-def test_hvp(case: Case) -> None:
-    check_hvp(case.model, case.hvp_wrt, case.inputs, "loss", gens=case.gens)
-
-
-@pytest.mark.parametrize("case", CASES, ids=IDS)
-def test_per_example_grad(case: Case) -> None:
-    assert case.in_axes is not None
-    check_per_example_grad(case.model, case.in_axes, case.inputs, "loss", gens=case.gens)
-
-
-@pytest.mark.parametrize("case", CASES, ids=IDS)
-def test_f32(case: Case) -> None:
-    check_jvp(as_float(case.model), case.inputs, gens=case.gens, oracle_model=case.model)
-    check_grad(as_float(case.model), case.inputs, "loss", gens=case.gens, oracle_model=case.model)
+test_jvp, test_vjp_dot, test_grad, test_hvp, test_per_example_grad = battery(
+    CASES, IDS, inputs=lambda c: c.inputs, hvp_wrt=lambda c: c.hvp_wrt, per_example_axes=lambda c: c.in_axes
+)
+test_f32 = float32_battery(CASES, IDS, inputs=lambda c: c.inputs)
 
 
 def test_grad_of_grad_through_a_loop() -> None:

@@ -17,12 +17,8 @@ import numpy as np
 import onnx
 import pytest
 from ad_oracle import (
-    as_float,
-    check_grad,
-    check_hvp,
-    check_jvp,
-    check_per_example_grad,
-    check_vjp_dot,
+    battery,
+    float32_battery,
     make_ad_model,
     normal,
 )
@@ -98,36 +94,15 @@ CASES = [
 IDS = [c.id for c in CASES]
 
 
-@pytest.mark.parametrize("case", CASES, ids=IDS)
-def test_jvp(case: Case) -> None:
-    check_jvp(case.model, case.inputs, gens=case.gens)
-
-
-@pytest.mark.parametrize("case", CASES, ids=IDS)
-def test_vjp_dot(case: Case) -> None:
-    check_vjp_dot(case.model, case.inputs, gens=case.gens)
-
-
-@pytest.mark.parametrize("case", CASES, ids=IDS)
-def test_grad(case: Case) -> None:
-    check_grad(case.model, case.inputs, "loss", gens=case.gens)
-
-
-@pytest.mark.parametrize("case", CASES, ids=IDS)
-def test_hvp(case: Case) -> None:
-    check_hvp(case.model, ["offset", "W"], case.inputs, "loss", gens=case.gens)
-
-
-@pytest.mark.parametrize("case", CASES, ids=IDS)
-def test_per_example_grad(case: Case) -> None:
-    axes = tuple(0 if name in ("X", "offset", "mask") else None for name in case.inputs)
-    check_per_example_grad(case.model, axes, case.inputs, "loss", gens=case.gens)
-
-
-@pytest.mark.parametrize("case", CASES, ids=IDS)
-def test_f32(case: Case) -> None:
-    check_jvp(as_float(case.model), case.inputs, gens=case.gens, oracle_model=case.model)
-    check_grad(as_float(case.model), case.inputs, "loss", gens=case.gens, oracle_model=case.model)
+test_jvp, test_vjp_dot, test_grad, test_hvp, test_per_example_grad = battery(
+    CASES,
+    IDS,
+    inputs=lambda c: c.inputs,
+    hvp_wrt=lambda c: ["offset", "W"],
+    # Per-example images, offsets and masks with shared weights.
+    per_example_axes=lambda c: tuple(0 if name in ("X", "offset", "mask") else None for name in c.inputs),
+)
+test_f32 = float32_battery(CASES, IDS, inputs=lambda c: c.inputs)
 
 
 @pytest.mark.parametrize("case", CASES, ids=IDS)

@@ -18,11 +18,8 @@ import onnx
 import pytest
 from ad_oracle import (
     as_float,
-    check_grad,
-    check_hvp,
-    check_jvp,
-    check_per_example_grad,
-    check_vjp_dot,
+    battery,
+    float32_battery,
     make_ad_model,
     make_feeds,
     run,
@@ -85,35 +82,11 @@ CASES = [
 IDS = [c.id for c in CASES]
 
 
-@pytest.mark.parametrize("case", CASES, ids=IDS)
-def test_jvp(case: Case) -> None:
-    check_jvp(case.model, ["X", "G"], gens=case.gens)
-
-
-@pytest.mark.parametrize("case", CASES, ids=IDS)
-def test_vjp_dot(case: Case) -> None:
-    check_vjp_dot(case.model, ["X", "G"], gens=case.gens)
-
-
-@pytest.mark.parametrize("case", CASES, ids=IDS)
-def test_grad(case: Case) -> None:
-    check_grad(case.model, ["X", "G"], "loss", gens=case.gens)
-
-
-@pytest.mark.parametrize("case", CASES, ids=IDS)
-def test_hvp(case: Case) -> None:
-    check_hvp(case.model, ["G", "X"], ["X", "G"], "loss", gens=case.gens)
-
-
-@pytest.mark.parametrize("case", CASES, ids=IDS)
-def test_per_example_grad(case: Case) -> None:
-    check_per_example_grad(case.model, (0, 0), ["X", "G"], "loss", gens=case.gens)
-
-
-@pytest.mark.parametrize("case", CASES, ids=IDS)
-def test_f32(case: Case) -> None:
-    check_jvp(as_float(case.model), ["X", "G"], gens=case.gens, oracle_model=case.model)
-    check_grad(as_float(case.model), ["X", "G"], "loss", gens=case.gens, oracle_model=case.model)
+XG = ["X", "G"]
+test_jvp, test_vjp_dot, test_grad, test_hvp, test_per_example_grad = battery(
+    CASES, IDS, inputs=lambda c: XG, hvp_wrt=lambda c: ["G", "X"], per_example_axes=lambda c: (0, 0)
+)
+test_f32 = float32_battery(CASES, IDS, inputs=lambda c: XG)
 
 
 def test_opset_16_spellings() -> None:

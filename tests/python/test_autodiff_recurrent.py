@@ -26,11 +26,8 @@ import onnx
 import pytest
 from ad_oracle import (
     as_float,
-    check_grad,
-    check_hvp,
-    check_jvp,
+    battery,
     check_per_example_grad,
-    check_vjp_dot,
     make_ad_model,
     make_feeds,
     run,
@@ -382,30 +379,15 @@ def test_oracle_matches_the_op(case: Case) -> None:
         np.testing.assert_allclose(got[name], want[name], rtol=2e-5, atol=2e-5, err_msg=name)
 
 
-@pytest.mark.parametrize("case", CASES, ids=IDS)
-def test_jvp(case: Case) -> None:
-    check_jvp(case.model, case.inputs, oracle_model=case.oracle)
-
-
-@pytest.mark.parametrize("case", CASES, ids=IDS)
-def test_vjp_dot(case: Case) -> None:
-    check_vjp_dot(case.model, case.inputs)
-
-
-@pytest.mark.parametrize("case", CASES, ids=IDS)
-def test_grad(case: Case) -> None:
-    check_grad(case.model, case.inputs, "loss", oracle_model=case.oracle)
-
-
-@pytest.mark.parametrize("case", CASES, ids=IDS)
-def test_hvp(case: Case) -> None:
-    check_hvp(case.model, case.hvp_wrt, case.inputs, "loss", oracle_model=case.oracle)
-
-
-@pytest.mark.parametrize("case", CASES, ids=IDS)
-def test_per_example_grad(case: Case) -> None:
-    runtime = [name for name, _, _ in runtime_inputs(case.spec)]
-    check_per_example_grad(case.model, (0,) * len(runtime), case.inputs, "loss")
+# (float64 oracle models: ONNX Runtime has no float64 LSTM or RNN)
+test_jvp, test_vjp_dot, test_grad, test_hvp, test_per_example_grad = battery(
+    CASES,
+    IDS,
+    inputs=lambda c: c.inputs,
+    hvp_wrt=lambda c: c.hvp_wrt,
+    per_example_axes=lambda c: (0,) * len(runtime_inputs(c.spec)),
+    oracle=lambda c: c.oracle,
+)
 
 
 @pytest.mark.parametrize("direction", ["forward", "reverse", "bidirectional"])

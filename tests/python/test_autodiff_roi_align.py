@@ -16,12 +16,9 @@ import numpy as np
 import onnx
 import pytest
 from ad_oracle import (
-    as_float,
-    check_grad,
-    check_hvp,
-    check_jvp,
+    battery,
     check_per_example_grad,
-    check_vjp_dot,
+    float32_battery,
     make_ad_model,
 )
 from onnx import TensorProto, helper
@@ -105,36 +102,14 @@ IDS = [c.id for c in CASES]
 INPUTS = ["X", "rois"]
 
 
-@pytest.mark.parametrize("case", CASES, ids=IDS)
-def test_jvp(case: Case) -> None:
-    check_jvp(case.model, INPUTS, gens=case.gens)
-
-
-@pytest.mark.parametrize("case", CASES, ids=IDS)
-def test_vjp_dot(case: Case) -> None:
-    check_vjp_dot(case.model, INPUTS, gens=case.gens)
-
-
-@pytest.mark.parametrize("case", CASES, ids=IDS)
-def test_grad(case: Case) -> None:
-    check_grad(case.model, INPUTS, "loss", gens=case.gens)
-
-
-@pytest.mark.parametrize("case", CASES, ids=IDS)
-def test_hvp(case: Case) -> None:
-    check_hvp(case.model, ["rois", "X"], INPUTS, "loss", gens=case.gens)
-
-
-@pytest.mark.parametrize("case", CASES, ids=IDS)
-def test_per_example_grad(case: Case) -> None:
-    # Per-example feature maps with shared boxes.
-    check_per_example_grad(case.model, (0, None), INPUTS, "loss", gens=case.gens)
-
-
-@pytest.mark.parametrize("case", CASES, ids=IDS)
-def test_f32(case: Case) -> None:
-    check_jvp(as_float(case.model), INPUTS, gens=case.gens, oracle_model=case.model)
-    check_grad(as_float(case.model), INPUTS, "loss", gens=case.gens, oracle_model=case.model)
+test_jvp, test_vjp_dot, test_grad, test_hvp, test_per_example_grad = battery(
+    CASES,
+    IDS,
+    inputs=lambda c: INPUTS,
+    hvp_wrt=lambda c: ["rois", "X"],
+    per_example_axes=lambda c: (0, None),  # per-example feature maps with shared boxes
+)
+test_f32 = float32_battery(CASES, IDS, inputs=lambda c: INPUTS)
 
 
 def test_adaptive_sampling_counts_differ_per_box() -> None:
