@@ -7,6 +7,7 @@
 #include <cctype>
 #include <cstring>
 #include <deque>
+#include <limits>
 #include <stdexcept>
 
 #include "facts/fast_shapes.h"
@@ -788,6 +789,13 @@ V Builder::reshape(V x, V shape) {
         if ((*k)[i] > 0) f.dims[i] = Dim::of((*k)[i]);
     }
   }
+  set_facts(y, f);
+  return y;
+}
+
+V Builder::reverse_first_axis(V x) {
+  const Facts f = facts(x);
+  const V y = op1("Slice", {x, i64s({-1}), i64s({std::numeric_limits<int64_t>::min()}), i64s({0}), i64s({-1})});
   set_facts(y, f);
   return y;
 }

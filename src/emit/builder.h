@@ -214,6 +214,8 @@ class Builder {
   V concat(const std::vector<V>& parts, int64_t axis);
   V reshape(V x, V shape);
   V expand(V x, V shape);
+  // `x` with its axis 0 in reverse order (a Slice with step -1); keeps x's facts.
+  V reverse_first_axis(V x);
 
   // If `v` is a Constant/initializer this builder knows, its int64 values.
   const std::vector<int64_t>* known_i64(V v) const;

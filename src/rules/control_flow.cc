@@ -535,8 +535,7 @@ Vs loop_transpose(TransposeCtx& c) {
     const V twin = b.witness(c.in(2 + k));
     const V rest = b.shape_of(twin, 1);
     const V stacked = r[linear_states.size() + q];
-    const V in_order = b.op1(
-        "Slice", {stacked, b.i64s({-1}), b.i64s({std::numeric_limits<int64_t>::min()}), b.i64s({0}), b.i64s({-1})});
+    const V in_order = b.reverse_first_axis(stacked);
     const V rows = b.reshape(in_order, b.concat({trips, rest}, 0));
     const V missing = b.sub(b.shape_of(twin, 0, 1), trips);
     const int32_t dtype = b.facts(c.in(2 + k)).dtype;
@@ -675,9 +674,7 @@ Vs scan_jvp(JvpCtx& c) {
     }
     if (out_dirs[static_cast<size_t>(j)]) {
       const V w = b.witness(tj);
-      const Facts f = b.facts(tj);
-      tj = b.op1("Slice", {tj, b.i64s({-1}), b.i64s({INT64_MIN}), b.i64s({0}), b.i64s({-1})});
-      b.set_facts(tj, f);
+      tj = b.reverse_first_axis(tj);
       if (w.valid()) b.set_witness(tj, w);
     }
     if (axis != 0) tj = b.transpose(tj, to_axis);

@@ -331,8 +331,7 @@ Vs recurrent_jvp(JvpCtx& c) {
       if (reverse)  // (the loop ran over time reversed; the op's Y is in time order)
         steps = lens_v.valid()
                     ? b.op1("ReverseSequence", {steps, lens_v}, {Attr::i("batch_axis", 1), Attr::i("time_axis", 0)})
-                    : b.op1("Slice", {steps, b.i64s({-1}), b.i64s({std::numeric_limits<int64_t>::min()}), b.i64s({0}),
-                                      b.i64s({-1})});
+                    : b.reverse_first_axis(steps);
       known.values[outs.back()] = steps;
       known.values[outs[0]] = b.op1("Gather", {h_by_direction, di_v}, {Attr::i("axis", 0)});
       if (cell == Cell::kLstm) known.values[outs[1]] = b.op1("Gather", {c_by_direction, di_v}, {Attr::i("axis", 0)});
