@@ -416,6 +416,9 @@ void register_elementwise_derivatives(DerivativeRules& r) {
   for (const char* op : {"Floor", "Ceil", "Round", "Sign", "Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual",
                          "IsNaN", "IsInf", "Not", "And", "Or", "Xor"})
     r.zero(op);
+  // MelWeightMatrix depends on its edge frequencies only through the FFT bins they floor to
+  // (the triangles are drawn between integer bins), so it is piecewise constant in them.
+  r.zero("MelWeightMatrix");
   // Integer, bool and string results: nothing to differentiate.
   for (const char* op : {"BitShift", "BitwiseAnd", "BitwiseNot", "BitwiseOr", "BitwiseXor", "RegexFullMatch",
                          "StringConcat", "StringSplit", "NonMaxSuppression"})

@@ -1867,6 +1867,28 @@ def test_irfft_cropped_bins_match_numpy(n: int) -> None:
     )
 
 
+def test_mel_weight_matrix_is_piecewise_constant_in_its_edges() -> None:
+    # The filters are drawn between the integer FFT bins the edge frequencies floor to: the
+    # derivative is zero (as for Floor), and finite differences between jumps agree.
+    i64 = TensorProto.INT64
+    nodes = [
+        node("Constant", [], ["bins"], value=onnx.helper.make_tensor("bins", i64, [], [8])),
+        node("Constant", [], ["n_fft"], value=onnx.helper.make_tensor("n_fft", i64, [], [64])),
+        node("Constant", [], ["rate"], value=onnx.helper.make_tensor("rate", i64, [], [8000])),
+        node(
+            "MelWeightMatrix",
+            ["bins", "n_fft", "rate", "low", "high"],
+            ["y"],
+            output_datatype=TensorProto.DOUBLE,
+        ),
+    ]
+    m = build(nodes, [In("low", ()), In("high", ())], opset=18)
+    gens = {"low": uniform((), 100.0, 300.0), "high": uniform((), 3000.0, 3500.0)}
+    jm = check_jvp(m, ["low", "high"], gens=gens, tol=Tol(1e-6, 1e-6))
+    feeds = {"low": np.float64(210.0), "high": np.float64(3210.0), "low_tangent": 1.0, "high_tangent": 1.0}
+    np.testing.assert_array_equal(run(jm, feeds)["y_tangent"], 0.0)
+
+
 def test_lppool_dilations_need_opset19_diagnostic() -> None:
     m = build([node("LpPool", ["x"], ["y"], kernel_shape=[2], dilations=[2])], [In("x", (1, 1, 5))])
     msg = _raises(onnax.jvp, m)
