@@ -86,14 +86,27 @@ g (float[6] x, int64[2] s) => (float[2, 3] y) {
 
 TEST(VmapDiagnostics, OpsetOutsideIntervalGivesVersionAndInterval) {
   auto m = parse(R"(
-<ir_version: 7, opset_import: ["" : 11]>
+<ir_version: 3, opset_import: ["" : 6]>
 g (float[3] x) => (float[3] y) { y = Relu(x) }
 )");
   Error::Kind kind{};
   std::string msg = error_of([&] { vmap(m, {}); }, &kind);
   EXPECT_EQ(kind, Error::Kind::kVersion);
-  EXPECT_NE(msg.find("opset is 11"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("opset is 6"), std::string::npos) << msg;
   EXPECT_NE(msg.find("18-28"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("7-17 are upgraded"), std::string::npos) << msg;
+}
+
+TEST(VmapDiagnostics, OldOpsetIsUpgradedWithANotice) {
+  auto m = parse(R"(
+<ir_version: 7, opset_import: ["" : 11]>
+g (float[3] x) => (float[3] y) { y = Relu(x) }
+)");
+  onnx::ModelProto out = vmap(m, {});
+  int64_t version = -1;
+  for (const auto& o : out.opset_import())
+    if (o.domain().empty()) version = o.version();
+  EXPECT_EQ(version, 18);
 }
 
 TEST(VmapDiagnostics, CycleAndDanglingInputAreInvalidModels) {
