@@ -102,6 +102,15 @@ std::string vjp_serialized(const std::string& model, const Selection& selection)
 std::string grad_serialized(const std::string& model, const std::optional<std::vector<std::string>>& inputs,
                             const std::optional<std::string>& output);
 
+// In place: the transform of `model` itself, left in it (the model may live on a protobuf
+// arena, whose nodes are then never allocated or freed one by one; the onnax command works
+// this way). On error the model is left in an unspecified but valid state.
+void vmap_in_place(onnx::ModelProto& model, const VmapOptions& options);
+void jvp_in_place(onnx::ModelProto& model, const Selection& selection);
+void vjp_in_place(onnx::ModelProto& model, const Selection& selection);
+void grad_in_place(onnx::ModelProto& model, const std::optional<std::vector<std::string>>& inputs,
+                   const std::optional<std::string>& output);
+
 // Model I/O. load_model resolves external data relative to the file's directory so the
 // returned model is self-contained; save_model writes tensors to an external data file next
 // to the output when the model would exceed protobuf's 2 GB message limit (or when asked).

@@ -1,5 +1,6 @@
 #include "cli/cli.h"
 
+#include <google/protobuf/arena.h>
 #include <onnax/onnax.h>
 
 #include <filesystem>
@@ -9,6 +10,7 @@
 
 #include "cli/args.h"
 #include "cli/check_command.h"
+#include "io/model_io.h"
 
 namespace onnax::cli {
 namespace {
@@ -58,15 +60,22 @@ Axis parse_axis(const std::string& s, const std::string& option) {
 
 // Loads `in`, applies `fn`, writes `out` (never over the input).
 int transform_file(const std::string& mode, const std::string& in, const std::string& out, bool external,
-                   const std::function<onnx::ModelProto(onnx::ModelProto&&)>& fn) {
+                   const std::function<void(onnx::ModelProto&)>& transform_in_place) {
   if (in.empty()) throw UsageError{mode + " needs an input model"};
   if (out.empty()) throw UsageError{mode + " needs -o OUT.onnx"};
   std::error_code ec;
   if (std::filesystem::equivalent(in, out, ec))
     throw UsageError{"-o '" + out +
                      "' is the input file; onnax never overwrites its input. Choose another output path"};
-  onnx::ModelProto result = fn(load_model(in));
-  save_model(result, out, external);
+  // The model and its result on one arena: no node is allocated or freed one by one.
+  google::protobuf::ArenaOptions options;
+  options.start_block_size = 64 * 1024;
+  options.max_block_size = 4 * 1024 * 1024;
+  google::protobuf::Arena arena(options);
+  onnx::ModelProto& model = *google::protobuf::Arena::CreateMessage<onnx::ModelProto>(&arena);
+  load_model_into(in, model);
+  transform_in_place(model);
+  save_model(model, out, external);
   std::cerr << "onnax: wrote " << out << "\n";
   return 0;
 }
@@ -126,7 +135,7 @@ int cmd_vmap(const std::vector<std::string>& args) {
     else
       throw UsageError{"unexpected argument '" + a + "'"};
   }
-  return transform_file("vmap", in, out, external, [&](onnx::ModelProto&& m) { return vmap(std::move(m), opt); });
+  return transform_file("vmap", in, out, external, [&](onnx::ModelProto& m) { vmap_in_place(m, opt); });
 }
 
 // jvp / vjp / grad: selections by graph name.
@@ -162,10 +171,10 @@ int cmd_derivative(const std::string& mode, const std::vector<std::string>& args
     else
       throw UsageError{"unexpected argument '" + a + "'"};
   }
-  return transform_file(mode, in, out, external, [&](onnx::ModelProto&& m) {
-    if (mode == "jvp") return jvp(std::move(m), Selection{inputs, outputs});
-    if (mode == "vjp") return vjp(std::move(m), Selection{inputs, outputs});
-    return grad(std::move(m), inputs, outputs ? std::optional<std::string>((*outputs)[0]) : std::nullopt);
+  return transform_file(mode, in, out, external, [&](onnx::ModelProto& m) {
+    if (mode == "jvp") return jvp_in_place(m, Selection{inputs, outputs});
+    if (mode == "vjp") return vjp_in_place(m, Selection{inputs, outputs});
+    grad_in_place(m, inputs, outputs ? std::optional<std::string>((*outputs)[0]) : std::nullopt);
   });
 }
 

@@ -314,6 +314,12 @@ void parse_model_into(const std::string& bytes, onnx::ModelProto& m) {
 }
 
 onnx::ModelProto load_model(const std::string& path) {
+  onnx::ModelProto m;
+  load_model_into(path, m);
+  return m;
+}
+
+void load_model_into(const std::string& path, onnx::ModelProto& m) {
   std::error_code ec;
   const auto status = fs::status(path, ec);
   if (!fs::exists(status))
@@ -326,12 +332,10 @@ onnx::ModelProto load_model(const std::string& path) {
     diag::fail(
         Error::Kind::kInvalidModel,
         "'" + path + "' is empty (0 bytes), so it is not an ONNX model. Fix: re-export or re-download the model");
-  onnx::ModelProto m;
   google::protobuf::io::IstreamInputStream stream(&in);
   parse_or_fail(m, stream, "'" + path + "'");
   const fs::path base = fs::absolute(fs::path(path)).parent_path();
   for_each_tensor(m, [&](onnx::TensorProto& t) { load_external(t, base); });
-  return m;
 }
 
 void save_model(const onnx::ModelProto& model, const std::string& path, bool external_data) {

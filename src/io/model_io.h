@@ -8,5 +8,7 @@
 namespace onnax {
 
 void parse_model_into(const std::string& bytes, onnx::ModelProto& model);
+// load_model into a given message (for example one on an arena).
+void load_model_into(const std::string& path, onnx::ModelProto& model);
 
 }  // namespace onnax

@@ -549,6 +549,20 @@ onnx::ModelProto grad(onnx::ModelProto&& model, const std::optional<std::vector<
                       const std::optional<std::string>& output) {
   return differentiated(prepare(std::move(model), "grad"), Mode::kGrad, grad_selection(inputs, output));
 }
+void jvp_in_place(onnx::ModelProto& model, const Selection& selection) {
+  Prepared p = prepare_in_place(model, "jvp");
+  differentiate(p, Mode::kJvp, selection);
+}
+void vjp_in_place(onnx::ModelProto& model, const Selection& selection) {
+  Prepared p = prepare_in_place(model, "vjp");
+  differentiate(p, Mode::kVjp, selection);
+}
+void grad_in_place(onnx::ModelProto& model, const std::optional<std::vector<std::string>>& inputs,
+                   const std::optional<std::string>& output) {
+  Prepared p = prepare_in_place(model, "grad");
+  differentiate(p, Mode::kGrad, grad_selection(inputs, output));
+}
+
 std::string grad_serialized(const std::string& model, const std::optional<std::vector<std::string>>& inputs,
                             const std::optional<std::string>& output) {
   return transform_serialized(model, "grad",

@@ -510,6 +510,11 @@ onnx::ModelProto vmap(onnx::ModelProto&& source, const VmapOptions& opt) {
   return std::move(*p.model);
 }
 
+void vmap_in_place(onnx::ModelProto& model, const VmapOptions& opt) {
+  Prepared p = prepare_in_place(model, "vmap");
+  vmap_prepared(p, opt);
+}
+
 std::string vmap_serialized(const std::string& model, const VmapOptions& opt) {
   return transform_serialized(model, "vmap", [&](Prepared& p) { vmap_prepared(p, opt); });
 }

@@ -3,7 +3,10 @@
 // const overloads give, on every path that treats a private graph differently: nodes copied
 // unchanged, nodes batched in place, initializers that are outputs, unsorted graphs,
 // subgraphs and opset upgrades. The serialized entry points (parse onto an arena, transform
-// there, serialize) must give those bytes too.
+// there, serialize) and the in-place ones (on a model the caller keeps, here on an arena, as
+// the onnax command does) must give those bytes too.
+#include <google/protobuf/arena.h>
+
 #include <string>
 #include <vector>
 
@@ -12,6 +15,16 @@
 namespace onnax {
 namespace {
 using testing::parse;
+
+// `transform` applied in place to a copy of `m` on an arena, serialized.
+template <typename Fn>
+std::string in_place_on_arena(const onnx::ModelProto& m, Fn transform) {
+  google::protobuf::Arena arena;
+  onnx::ModelProto& copy = *google::protobuf::Arena::CreateMessage<onnx::ModelProto>(&arena);
+  copy = m;
+  transform(copy);
+  return copy.SerializeAsString();
+}
 
 const std::vector<std::string>& vmap_models() {
   static const std::vector<std::string> models = {
@@ -59,6 +72,7 @@ TEST(RvalueTransforms, VmapGivesTheSameBytesAsTheConstOverload) {
     onnx::ModelProto given = m;
     EXPECT_EQ(vmap(std::move(given), opt).SerializeAsString(), expected) << text;
     EXPECT_EQ(vmap_serialized(m.SerializeAsString(), opt), expected) << text;
+    EXPECT_EQ(in_place_on_arena(m, [&](onnx::ModelProto& x) { vmap_in_place(x, opt); }), expected) << text;
   }
 }
 
@@ -75,15 +89,22 @@ g (float[4] x, float[4] w, int64[4] k, float[2] unused) => (float loss, int64[4]
   onnx::ModelProto g_in = m;
   EXPECT_EQ(grad(std::move(g_in), std::vector<std::string>{"x", "w"}, "loss").SerializeAsString(), g);
   EXPECT_EQ(grad_serialized(m.SerializeAsString(), std::vector<std::string>{"x", "w"}, "loss"), g);
+  EXPECT_EQ(in_place_on_arena(m,
+                              [](onnx::ModelProto& x) {
+                                grad_in_place(x, std::vector<std::string>{"x", "w"}, "loss");
+                              }),
+            g);
   const Selection sel{std::vector<std::string>{"w"}, std::vector<std::string>{"loss"}};
   const std::string j = jvp(m, sel).SerializeAsString();
   onnx::ModelProto j_in = m;
   EXPECT_EQ(jvp(std::move(j_in), sel).SerializeAsString(), j);
   EXPECT_EQ(jvp_serialized(m.SerializeAsString(), sel), j);
+  EXPECT_EQ(in_place_on_arena(m, [&](onnx::ModelProto& x) { jvp_in_place(x, sel); }), j);
   const std::string v = vjp(m, sel).SerializeAsString();
   onnx::ModelProto v_in = m;
   EXPECT_EQ(vjp(std::move(v_in), sel).SerializeAsString(), v);
   EXPECT_EQ(vjp_serialized(m.SerializeAsString(), sel), v);
+  EXPECT_EQ(in_place_on_arena(m, [&](onnx::ModelProto& x) { vjp_in_place(x, sel); }), v);
   // Composition on a consumed intermediate: jvp(grad(f)) appends a Hessian-vector product.
   onnx::ModelProto gm = grad(m, std::vector<std::string>{"w"}, "loss");
   const std::string hvp = jvp(gm, Selection{std::vector<std::string>{"w"}, std::nullopt}).SerializeAsString();
