@@ -1,4 +1,7 @@
 // Gather/Scatter family.
+#include <limits>
+#include <vector>
+
 #include "rules/batching.h"
 #include "rules/derivative.h"
 
@@ -214,14 +217,52 @@ Vs unique_jvp(D& c) {
   return out;
 }
 
+// GatherND's transpose: a ScatterND adding the cotangent at the gathered positions, the batch
+// dims folded into one leading coordinate. (selection_transpose would first gather from an index
+// tensor the size of the data.) Needs the ranks and the index tuple's length statically.
+Vs gathernd_transpose(TransposeCtx& c) {
+  auto& b = c.b;
+  if (c.linear(1)) c.unsupported("the indices are a tangent", "differentiate with respect to the data only");
+  const V data = c.in(0), idx = c.in(1);
+  const int64_t batch = c.attr_i("batch_dims", 0);
+  const Facts& df = b.facts(b.witness(data).valid() ? b.witness(data) : data);
+  const Facts& xf = b.facts(idx);
+  const int64_t r_idx = xf.rank();
+  if (df.rank() < 0 || r_idx < 1 || !xf.dims.back().known()) return selection_transpose(c, 0);
+  const int64_t k = xf.dims.back().value();
+  const V shape = tangent_shape(c, data);
+  // Negative indices count from the end of their axis.
+  const V dims = b.op1("Slice", {shape, b.i64s({batch}), b.i64s({batch + k})});
+  const V coords = b.op1("Where", {b.op1("Less", {idx, b.i64(0)}), b.op1("Add", {idx, dims}), idx});
+  const V zero = b.scalar(0.0, b.facts(c.ct()).dtype);
+  const Attrs add{Attr::s("reduction", "add")};
+  Vs out(c.ins.size());
+  if (batch == 0) {
+    out[0] = b.op1("ScatterND", {b.expand(zero, shape), coords, c.ct()}, add);
+    return out;
+  }
+  // Batch coordinate of every index tuple: the flat position over the batch dims.
+  const V lead = b.op1("Slice", {shape, b.i64s({0}), b.i64s({batch})});
+  const V examples = b.op1("ReduceProd", {lead}, {Attr::i("keepdims", 1)});
+  V iota = b.op1("Range", {b.i64(0), b.op1("Squeeze", {examples, b.i64s({0})}), b.i64(1)});
+  iota = b.reshape(iota, b.concat({lead, b.i64s(std::vector<int64_t>(static_cast<size_t>(r_idx - 1 - batch), 1))}, 0));
+  const V per_tuple = b.unsqueeze(b.expand(iota, b.shape_of(idx, 0, r_idx - 1)), {-1});
+  const V flat_shape =
+      b.concat({examples, b.op1("Slice", {shape, b.i64s({batch}), b.i64s({std::numeric_limits<int64_t>::max()})})}, 0);
+  const V summed =
+      b.op1("ScatterND", {b.expand(zero, flat_shape), b.concat({per_tuple, coords}, r_idx - 1), c.ct()}, add);
+  out[0] = b.reshape(summed, shape);
+  return out;
+}
+
 }  // namespace
 
 void register_index_derivatives(DerivativeRules& r) {
   r.jvp("Unique", unique_jvp);
-  for (const char* op : {"Gather", "GatherElements", "GatherND"}) {
-    r.jvp(op, gather_jvp);
+  for (const char* op : {"Gather", "GatherElements", "GatherND"}) r.jvp(op, gather_jvp);
+  for (const char* op : {"Gather", "GatherElements"})
     r.transpose(op, [](TransposeCtx& c) { return selection_transpose(c, 0); });
-  }
+  r.transpose("GatherND", gathernd_transpose);
   r.jvp("ScatterElements", scatter_jvp);
   r.jvp("ScatterND", scatter_jvp);
   r.transpose("ScatterElements", [](TransposeCtx& c) { return scatter_transpose(c, "GatherElements"); });

@@ -681,6 +681,24 @@ add(
         inits={"i": i64([[[2], [0]], [[1], [1]]])},
     ),
 )
+# GatherND's transpose scatters with the batch dims folded into one coordinate: two batch
+# dims, negative and repeated index tuples, whole slices (a tuple shorter than the rank).
+add(
+    "GatherND-two-batch-dims-negative-repeated",
+    build(
+        [node("GatherND", ["x", "i"], ["y"], batch_dims=2)],
+        [In("x", (2, 3, 4, 5))],
+        inits={"i": i64(np.array([[[[1, -1], [3, 0], [1, -1]]] * 3] * 2))},
+    ),
+)
+add(
+    "GatherND-slices-negative",
+    build(
+        [node("GatherND", ["x", "i"], ["y"])],
+        [In("x", (3, 4, 2))],
+        inits={"i": i64([[[-1], [0]], [[2], [-3]]])},
+    ),
+)
 add(
     "ScatterElements-none",
     build(
