@@ -12,8 +12,9 @@ gradients, side by side in one run (ONNX Runtime, one intra-op and one inter-op 
 * for scale, one run of ``grad(f)`` on a minibatch of ``B`` (summed gradients, not per
   example: what a non-private training step computes).
 
-The per-example gradients of the first two are checked equal before timing. Each variant runs
-twice to warm up, then the median over ``--repeats`` of the mean of ``--runs`` calls.
+The per-example gradients of the first two are checked equal before timing. Timing as
+``grad_bench.time_ort``: two warm-up runs, then the median over ``--repeats`` of the mean of
+``--runs`` calls.
 
     python bench/cnn_per_example.py                 # B = 32
     python bench/cnn_per_example.py --batch 8 --repeats 3
@@ -22,20 +23,20 @@ twice to warm up, then the median over ``--repeats`` of the mean of ``--runs`` c
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 import warnings
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 import onnax
+from grad_bench import ort_session, time_ort
 
 F = TensorProto.FLOAT
 
@@ -85,26 +86,6 @@ def cnn_model(batch: int) -> onnx.ModelProto:
     return m
 
 
-def session(model: onnx.ModelProto) -> ort.InferenceSession:
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = 1
-    opts.inter_op_num_threads = 1
-    opts.log_severity_level = 3
-    return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
-
-
-def timed(fn: Callable[[], object], runs: int, repeats: int) -> float:
-    for _ in range(2):
-        fn()
-    means = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        for _ in range(runs):
-            fn()
-        means.append((time.perf_counter() - t0) / runs)
-    return statistics.median(means)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--batch", type=int, default=32)
@@ -122,7 +103,7 @@ def main() -> None:
     rng = np.random.default_rng(1)
     x = rng.standard_normal((b, 1, 3, 32, 32)).astype(np.float32)
     t = rng.standard_normal((b, 1, 10)).astype(np.float32)
-    s_vmap, s_one, s_mini = session(per_example), session(g1), session(gb)
+    s_vmap, s_one = ort_session(per_example), ort_session(g1)
     names = [o.name for o in g1.graph.output]
     vm = dict(zip(names, s_vmap.run(None, {"x": x, "t": t}), strict=True))
     for k in range(b):
@@ -130,12 +111,14 @@ def main() -> None:
         for p in params:
             got, want = vm[f"{p}_grad"][k], loop[f"{p}_grad"]
             np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-5 * float(np.abs(want).max()), err_msg=p)
-    t_vmap = timed(lambda: s_vmap.run(None, {"x": x, "t": t}), args.runs, args.repeats)
-    t_loop = timed(
-        lambda: [s_one.run(None, {"x": x[k], "t": t[k]}) for k in range(b)], args.runs, args.repeats
-    )
     xm, tm = x.reshape(b, 3, 32, 32), t.reshape(b, 10)
-    t_mini = timed(lambda: s_mini.run(None, {"x": xm, "t": tm}), args.runs, args.repeats)
+
+    def latency(model: onnx.ModelProto, run: Callable[[Any], object]) -> float:
+        return time_ort(model, run, warmup=2, repeats=args.repeats, runs=args.runs)["latency_s"]
+
+    t_vmap = latency(per_example, lambda s: s.run(None, {"x": x, "t": t}))
+    t_loop = latency(g1, lambda s: [s.run(None, {"x": x[k], "t": t[k]}) for k in range(b)])
+    t_mini = latency(gb, lambda s: s.run(None, {"x": xm, "t": tm}))
     ratio = t_loop / t_vmap
     print(f"B={b}: vmap(grad) {t_vmap * 1e3:.1f} ms, {b} runs of grad {t_loop * 1e3:.1f} ms ({ratio:.2f}x)")
     print(f"minibatch grad {t_mini * 1e3:.1f} ms (vmap(grad) takes {t_vmap / t_mini:.2f}x it)")

@@ -33,6 +33,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
 import onnax
+from grad_bench import ort_session
 
 F = TensorProto.FLOAT
 
@@ -86,14 +87,6 @@ def rnn_model(width: int, steps: int) -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
 
 
-def session(model: onnx.ModelProto) -> ort.InferenceSession:
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = 1
-    opts.inter_op_num_threads = 1
-    opts.log_severity_level = 3
-    return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
-
-
 def median_seconds(fn: Callable[[], object], repeats: int) -> float:
     fn()
     times = []
@@ -110,7 +103,7 @@ def measure(width: int, steps: int, batch: int, repeats: int) -> dict[str, float
         warnings.simplefilter("always")
         batched = onnax.vmap(grad, in_axes=0)
     per_example_map = any("per-example" in str(w.message) for w in caught)
-    one, many = session(grad), session(batched)
+    one, many = ort_session(grad), ort_session(batched)
     rng = np.random.default_rng(1)
     feeds = {
         "h0": rng.standard_normal((batch, width)).astype(np.float32),

@@ -68,10 +68,7 @@ int transform_file(const std::string& mode, const std::string& in, const std::st
     throw UsageError{"-o '" + out +
                      "' is the input file; onnax never overwrites its input. Choose another output path"};
   // The model and its result on one arena: no node is allocated or freed one by one.
-  google::protobuf::ArenaOptions options;
-  options.start_block_size = 64 * 1024;
-  options.max_block_size = 4 * 1024 * 1024;
-  google::protobuf::Arena arena(options);
+  google::protobuf::Arena arena(model_arena_options());
   onnx::ModelProto& model = *google::protobuf::Arena::CreateMessage<onnx::ModelProto>(&arena);
   load_model_into(in, model);
   transform_in_place(model);

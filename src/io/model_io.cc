@@ -308,6 +308,13 @@ onnx::ModelProto parse_model(const std::string& bytes) {
   return m;
 }
 
+google::protobuf::ArenaOptions model_arena_options() {
+  google::protobuf::ArenaOptions options;
+  options.start_block_size = 64 * 1024;
+  options.max_block_size = 4 * 1024 * 1024;
+  return options;
+}
+
 void parse_model_into(const std::string& bytes, onnx::ModelProto& m) {
   google::protobuf::io::ArrayInputStream stream(bytes.data(), static_cast<int>(bytes.size()));
   parse_or_fail(m, stream, "the given bytes");

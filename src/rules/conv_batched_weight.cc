@@ -15,6 +15,9 @@
 
 namespace onnax {
 
+namespace {
+
+// Constant one-hot kernels (C*K, 1, k...) in row-major window order, as `like`'s dtype.
 V window_kernels(Builder& b, int64_t channels, const std::vector<int64_t>& kernel, V like) {
   int64_t k_total = 1;
   for (int64_t k : kernel) k_total *= k;
@@ -30,33 +33,49 @@ V window_kernels(Builder& b, int64_t channels, const std::vector<int64_t>& kerne
   return e;
 }
 
+}  // namespace
+
+std::optional<std::vector<int64_t>> static_kernel(const onnx::NodeProto& conv, const Facts& weight, int64_t spatial) {
+  std::vector<int64_t> kernel;
+  for (const auto& a : conv.attribute())
+    if (a.name() == "kernel_shape") kernel.assign(a.ints().begin(), a.ints().end());
+  if (kernel.empty()) {
+    if (!weight.has_shape || weight.rank() != spatial + 2) return std::nullopt;
+    for (int64_t k = 0; k < spatial; ++k) {
+      const Dim& d = weight.dims[static_cast<size_t>(2 + k)];
+      if (!d.known()) return std::nullopt;
+      kernel.push_back(d.value());
+    }
+  }
+  if (static_cast<int64_t>(kernel.size()) != spatial) return std::nullopt;
+  return kernel;
+}
+
+V conv_windows(Builder& b, const onnx::NodeProto& conv, V x, int64_t channels, const std::vector<int64_t>& kernel) {
+  Attrs attrs{Attr::i("group", channels), Attr::ints("kernel_shape", kernel)};
+  for (const auto& a : conv.attribute())
+    if (a.name() == "auto_pad" || a.name() == "dilations" || a.name() == "pads" || a.name() == "strides")
+      attrs.push_back(Attr{a});
+  return b.op1("Conv", {x, window_kernels(b, channels, kernel, x)}, attrs);
+}
+
 std::optional<BatchResult> conv_batched_weight(BatchCtx& c) {
   const Facts* xf = c.facts[0];
   const Facts* wf = c.facts[1];
   if (!xf || !wf || !xf->has_shape || !wf->has_shape || xf->rank() < 3 || wf->rank() != xf->rank()) return std::nullopt;
   const int64_t spatial = xf->rank() - 2;
   const Dim& channels = xf->dims[1];
-  std::vector<int64_t> kernel = c.attr_ints("kernel_shape");
-  if (kernel.empty())
-    for (int64_t k = 0; k < spatial; ++k) {
-      if (!wf->dims[2 + k].known()) return std::nullopt;
-      kernel.push_back(wf->dims[2 + k].value());
-    }
+  const std::optional<std::vector<int64_t>> kernel = static_kernel(c.node, *wf, spatial);
   const int64_t group = c.attr_i("group", 1);
-  if (!channels.known() || static_cast<int64_t>(kernel.size()) != spatial || group < 1 || channels.value() % group)
-    return std::nullopt;
+  if (!channels.known() || !kernel || group < 1 || channels.value() % group) return std::nullopt;
   int64_t k_total = 1;
-  for (int64_t k : kernel) k_total *= k;
+  for (int64_t k : *kernel) k_total *= k;
   const int64_t q = channels.value() / group * k_total;
 
-  // Windows of every (example's) input: a depthwise Conv with the one-hot kernels.
-  Attrs window_attrs{Attr::i("group", channels.value()), Attr::ints("kernel_shape", kernel)};
-  for (const char* name : {"auto_pad", "dilations", "pads", "strides"})
-    if (const auto* a = c.attr(name)) window_attrs.push_back(Attr{*a});
-  V kernels = window_kernels(c.b, channels.value(), kernel, c.in[0]);
+  // Windows of every (example's) input.
   V x = c.in[0];
   if (c.batched[0]) x = c.b.reshape(x, c.b.concat({c.b.i64s({-1}), c.b.shape_of(x, 2)}, 0));
-  V patches = c.b.op1("Conv", {x, kernels}, window_attrs);
+  V patches = conv_windows(c.b, c.node, x, channels.value(), *kernel);
   if (c.batched[0])
     patches =
         c.b.reshape(patches, c.b.concat({c.batch_size(), c.b.shape_of(c.in[0], 1, 2), c.b.shape_of(patches, 1)}, 0));

@@ -48,6 +48,11 @@ V JvpCtx::like_out(V t, int k) const {
   return b.expand(t, b.shape_of(ys[k]));
 }
 
+const Facts& facts_or_twin(const Builder& b, V v) {
+  const Facts& f = b.facts(v);
+  return f.rank() >= 0 || !b.witness(v).valid() ? f : b.facts(b.witness(v));
+}
+
 V JvpCtx::term(V t, int k) const {
   const V y = k < static_cast<int>(ys.size()) ? ys[static_cast<size_t>(k)] : V{};
   if (!t.valid() || !y.valid()) return t;
@@ -154,11 +159,7 @@ V computed_shape(Builder& b, V t, int depth) {
   const std::string_view type = tn->node->op_type();
   const bool same = std::find(std::begin(kSameShape), std::end(kSameShape), type) != std::end(kSameShape);
   if (same) return runtime_shape(b, tn->inputs[0], depth + 1);
-  auto rank_of = [&](V v) {
-    int64_t r = b.facts(v).rank();
-    if (r < 0 && b.witness(v).valid()) r = b.facts(b.witness(v)).rank();
-    return r;
-  };
+  auto rank_of = [&](V v) { return facts_or_twin(b, v).rank(); };
   auto slice = [&](V s, int64_t from, int64_t to) { return b.op1("Slice", {s, b.i64s({from}), b.i64s({to})}); };
   if (type == "MatMul" && tn->inputs.size() == 2) {
     // Batch dims broadcast, then [rows of a, columns of b] (ranks >= 2 known: 1-D operands drop
@@ -232,8 +233,7 @@ V computed_shape(Builder& b, V t, int depth) {
     if (!in.valid()) continue;
     const V s = runtime_shape(b, in, depth + 1);
     if (!s.valid()) return V{};
-    int64_t r = b.facts(in).rank();
-    if (r < 0 && b.witness(in).valid()) r = b.facts(b.witness(in)).rank();
+    const int64_t r = rank_of(in);
     if (!shape.valid()) {
       shape = s, rank = r;
       continue;

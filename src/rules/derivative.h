@@ -102,6 +102,9 @@ V unbroadcast(Builder& b, V ct, V target, V witness = V{});
 // from the tape nodes that made it (elementwise ops broadcast their inputs' shapes); invalid
 // when none of these tells it.
 V runtime_shape(Builder& b, V t, int depth = 0);
+// The facts of `v`, or of its primal twin when v's own facts have no rank (a tangent's facts
+// are its primal's).
+const Facts& facts_or_twin(const Builder& b, V v);
 // unbroadcast with the target tangent's recorded witness.
 inline V unbroadcast_to(Builder& b, V ct, V target) {
   return unbroadcast(b, ct, target, b.witness(target));
@@ -123,10 +126,15 @@ class DerivativeRules {
  public:
   static const DerivativeRules& instance();
   void jvp(const std::string& op, JvpRule rule) { jvp_[op] = std::move(rule); }
+  // A rule for an op of another domain (e.g. ai.onnx.preview); listed as "domain::op".
+  void jvp(const std::string& domain, const std::string& op, JvpRule rule) { jvp_[key(domain, op)] = std::move(rule); }
   void transpose(const std::string& op, TransposeRule rule) { transpose_[op] = std::move(rule); }
   // Ops whose outputs carry no derivative (integer/bool results, piecewise constant).
   void zero(const std::string& op) { zero_[op] = true; }
   const JvpRule* find_jvp(const std::string& op) const;
+  // The rule for a node, by its domain and op type; nullptr: none.
+  const JvpRule* find_jvp(const onnx::NodeProto& node) const { return find_jvp(key(node.domain(), node.op_type())); }
+  bool is_zero(const onnx::NodeProto& node) const { return is_zero(key(node.domain(), node.op_type())); }
   const TransposeRule* find_transpose(const std::string& op) const;
   bool is_zero(const std::string& op) const { return zero_.count(op) != 0; }
   std::vector<std::string> jvp_ops() const;
@@ -134,6 +142,10 @@ class DerivativeRules {
   std::vector<std::string> zero_ops() const;
 
  private:
+  // Registry key: the op type in the default domain ("" or "ai.onnx"), else "domain::op".
+  static std::string key(const std::string& domain, const std::string& op) {
+    return domain.empty() || domain == "ai.onnx" ? op : domain + "::" + op;
+  }
   std::map<std::string, JvpRule> jvp_;
   std::map<std::string, TransposeRule> transpose_;
   std::map<std::string, bool> zero_;

@@ -130,12 +130,12 @@ Vs expansion_jvp(JvpCtx& c, const onnx::GraphProto& g, const KnownPrimal* known)
       ys = c.b.clone(n, xs);
     for (int k = 0; k < n.output_size() && k < static_cast<int>(ys.size()); ++k)
       if (!n.output(k).empty()) primal[n.output(k)] = ys[k];
-    if (!active || rules.is_zero(n.op_type())) continue;
+    if (!active || rules.is_zero(n)) continue;
     bool float_out = false;
     for (const V& y : ys)  // (an unknown dtype could be float)
       float_out = float_out || (y.valid() && (c.b.facts(y).dtype == 0 || float_dtype(c.b.facts(y).dtype)));
     if (!float_out) continue;
-    const JvpRule* rule = rules.find_jvp(n.op_type());
+    const JvpRule* rule = rules.find_jvp(n);
     Vs rule_ys = ys;
     if (n.op_type() == "Softmax") {
       // Function bodies (Attention) softmax fully masked rows (NaN) and then replace them by
@@ -174,8 +174,7 @@ void register_expanded_derivatives(DerivativeRules& r) {
        {"Attention", "RotaryEmbedding", "CenterCropPad", "Swish", "SwiGLU", "CausalConvWithState",
         "NegativeLogLikelihoodLoss", "SoftmaxCrossEntropyLoss", "MeanVarianceNormalization", "LinearAttention"})
     r.jvp(op, expand_jvp);
-  // Ops of other domains are registered as "domain::op".
-  r.jvp("ai.onnx.preview::FlexAttention", expand_jvp);
+  r.jvp("ai.onnx.preview", "FlexAttention", expand_jvp);
 }
 
 }  // namespace onnax

@@ -225,7 +225,7 @@ Vs gathernd_transpose(TransposeCtx& c) {
   if (c.linear(1)) c.unsupported("the indices are a tangent", "differentiate with respect to the data only");
   const V data = c.in(0), idx = c.in(1);
   const int64_t batch = c.attr_i("batch_dims", 0);
-  const Facts& df = b.facts(b.witness(data).valid() ? b.witness(data) : data);
+  const Facts& df = facts_or_twin(b, data);
   const Facts& xf = b.facts(idx);
   const int64_t r_idx = xf.rank();
   if (df.rank() < 0 || r_idx < 1 || !xf.dims.back().known()) return selection_transpose(c, 0);

@@ -156,12 +156,7 @@ Vs matmul_transpose(TransposeCtx& c) {
   if (c.linear(0) && c.linear(1)) c.unsupported("both operands are tangents (the product is not linear)");
   const int lin = c.linear(0) ? 0 : 1;
   V a = c.in(0), m = c.in(1), ct = c.ct();
-  // The linear operand's rank may be unknown (a tangent's facts are its primal twin's).
-  auto rank_of = [&](V v) {
-    const int64_t r = b.rank(v);
-    return r >= 0 || !b.witness(v).valid() ? r : b.rank(b.witness(v));
-  };
-  const int64_t ra = rank_of(a), rb = rank_of(m);
+  const int64_t ra = facts_or_twin(b, a).rank(), rb = facts_or_twin(b, m).rank();
   Vs out(2);
   if (ra < 0 || rb < 0) {
     // A rank is unknown: products whose shapes follow the unknown operand's, whatever its rank

@@ -632,24 +632,13 @@ std::optional<V> conv_weight_grad_by_windows(TransposeCtx& c, int64_t spatial) {
   const Facts& xf = b.facts(c.in(0));
   if (!xf.has_shape || xf.rank() != spatial + 2 || !xf.dims[1].known()) return std::nullopt;
   const int64_t channels = xf.dims[1].value();
-  std::vector<int64_t> kernel = c.attr_ints("kernel_shape");
-  if (kernel.empty()) {
-    const V w = b.witness(c.in(1)).valid() ? b.witness(c.in(1)) : c.in(1);
-    const Facts& wf = b.facts(w);
-    if (!wf.has_shape || wf.rank() != spatial + 2) return std::nullopt;
-    for (int64_t k = 0; k < spatial; ++k) {
-      if (!wf.dims[static_cast<size_t>(2 + k)].known()) return std::nullopt;
-      kernel.push_back(wf.dims[static_cast<size_t>(2 + k)].value());
-    }
-  }
+  const std::optional<std::vector<int64_t>> found = static_kernel(c.node, facts_or_twin(b, c.in(1)), spatial);
   const int64_t group = c.attr_i("group", 1);
-  if (static_cast<int64_t>(kernel.size()) != spatial || group < 1 || channels % group != 0) return std::nullopt;
+  if (!found || group < 1 || channels % group != 0) return std::nullopt;
+  const std::vector<int64_t>& kernel = *found;
   int64_t k_total = 1;
   for (int64_t k : kernel) k_total *= k;
-  Attrs window_attrs{Attr::i("group", channels), Attr::ints("kernel_shape", kernel)};
-  for (const char* name : {"auto_pad", "dilations", "pads", "strides"})
-    if (const auto* a = c.attr(name)) window_attrs.push_back(Attr{*a});
-  const V windows = b.op1("Conv", {c.in(0), window_kernels(b, channels, kernel, c.in(0))}, window_attrs);
+  const V windows = conv_windows(b, c.node, c.in(0), channels, kernel);
   const int64_t q = channels / group * k_total;
   const V p = b.reshape(windows, b.i64s({0, group, q, -1}));                                   // (N, g, Q, S)
   const V ct = b.reshape(c.ct(), b.concat({b.i64s({0, group, -1}), b.shape_of(p, 3, 4)}, 0));  // (N, g, M/g, S)

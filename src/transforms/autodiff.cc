@@ -326,9 +326,8 @@ void differentiate(Prepared& p, Mode mode, const Selection& sel) {
     if (!active || !useful) continue;
     if (!float_out) continue;  // integer/bool results carry no derivative
     const bool default_domain = node.domain().empty() || node.domain() == "ai.onnx";
-    if (default_domain && rules.is_zero(node.op_type())) continue;
-    const JvpRule* rule =
-        default_domain ? rules.find_jvp(node.op_type()) : rules.find_jvp(node.domain() + "::" + node.op_type());
+    if (rules.is_zero(node)) continue;
+    const JvpRule* rule = rules.find_jvp(node);
     if (!rule) {
       const std::string where = node.name().empty() ? "output '" + node.output(0) + "'" : "node '" + node.name() + "'";
       const std::string label = (default_domain ? std::string("ai.onnx") : node.domain()) + "::" + node.op_type() +

@@ -11,10 +11,7 @@ namespace onnax {
 
 std::string transform_serialized(const std::string& model, const std::string& mode,
                                  const std::function<void(Prepared&)>& transform) {
-  google::protobuf::ArenaOptions options;
-  options.start_block_size = 64 * 1024;  // (the default starts at 256 bytes)
-  options.max_block_size = 4 * 1024 * 1024;
-  google::protobuf::Arena arena(options);
+  google::protobuf::Arena arena(model_arena_options());
   onnx::ModelProto& source = *google::protobuf::Arena::CreateMessage<onnx::ModelProto>(&arena);
   parse_model_into(model, source);
   std::string out;

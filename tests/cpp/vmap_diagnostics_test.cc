@@ -97,7 +97,7 @@ g (float[3] x) => (float[3] y) { y = Relu(x) }
   EXPECT_NE(msg.find("7-17 are upgraded"), std::string::npos) << msg;
 }
 
-TEST(VmapDiagnostics, OldOpsetIsUpgradedWithANotice) {
+TEST(VmapDiagnostics, OldOpsetIsUpgradedTo18) {
   auto m = parse(R"(
 <ir_version: 7, opset_import: ["" : 11]>
 g (float[3] x) => (float[3] y) { y = Relu(x) }
