@@ -403,6 +403,7 @@ const DerivativeRules& DerivativeRules::instance() {
     register_control_flow_derivatives(r);
     register_recurrent_derivatives(r);
     register_grid_sample_derivatives(r);
+    register_resize_derivatives(r);
     register_deform_conv_derivatives(r);
     register_roi_align_derivatives(r);
     return r;

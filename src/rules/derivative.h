@@ -169,7 +169,8 @@ Vs expand_jvp(JvpCtx& c);
 // its inputs (by their names), each differentiated with its own rule. Each expansion node is
 // emitted again for the primal values its rule needs, except a node whose every output is in
 // `known`: the primal values the caller already has (by value, or as another expansion value
-// of the same value, by name), such as a Loop whose results the op's own outputs hold.
+// of the same value, by name), such as a Loop whose results the op's own outputs hold. The
+// expansion may also read the values in `known` as inputs (e.g. the shape of the op's output).
 struct KnownPrimal {
   std::unordered_map<std::string, V> values;
   std::unordered_map<std::string, std::string> same_as;
@@ -177,6 +178,7 @@ struct KnownPrimal {
 Vs expansion_jvp(JvpCtx& c, const onnx::GraphProto& expansion, const KnownPrimal* known = nullptr);
 void register_recurrent_derivatives(DerivativeRules& r);
 void register_grid_sample_derivatives(DerivativeRules& r);
+void register_resize_derivatives(DerivativeRules& r);
 void register_deform_conv_derivatives(DerivativeRules& r);
 void register_roi_align_derivatives(DerivativeRules& r);
 

@@ -89,6 +89,8 @@ Vs expansion_jvp(JvpCtx& c, const onnx::GraphProto& g, const KnownPrimal* known)
     primal[c.node.input(i)] = c.xs[i];
     if (c.t(i).valid()) tangent[c.node.input(i)] = c.ts[i];
   }
+  if (known)
+    for (const auto& [name, v] : known->values) primal[name] = v;
   auto lookup = [](const std::unordered_map<std::string, V>& m, const std::string& n) {
     auto it = m.find(n);
     return it == m.end() ? V{} : it->second;

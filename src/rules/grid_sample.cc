@@ -24,24 +24,6 @@ struct Tap {
   std::string weight;  // float [N, P] (empty: 1)
 };
 
-// ONNX Runtime's bicubic coefficients (A = -0.75) for the fractional position t in [0, 1), taps
-// at floor - 1 .. floor + 2.
-std::vector<std::string> cubic_weights(ExpansionWriter& w, const std::string& t) {
-  const double a = -0.75;
-  auto poly = [&](const std::string& x, const std::vector<double>& c) {  // c[0] x^3 + c[1] x^2 + c[2] x + c[3]
-    std::string acc = w.scalar(c[0]);
-    for (size_t k = 1; k < c.size(); ++k) acc = w.op("Add", {w.op("Mul", {acc, x}), w.scalar(c[k])});
-    return acc;
-  };
-  const std::string one = w.scalar(1.0);
-  const std::string t1 = w.op("Add", {t, one});             // distance to floor - 1
-  const std::string s = w.op("Sub", {one, t});              // distance to floor + 1
-  const std::string s1 = w.op("Add", {s, one});             // distance to floor + 2
-  const std::vector<double> far{a, -5 * a, 8 * a, -4 * a};  // |d| in [1, 2)
-  const std::vector<double> near{a + 2, -(a + 3), 0, 1};    // |d| in [0, 1)
-  return {poly(t1, far), poly(t, near), poly(s, near), poly(s1, far)};
-}
-
 Vs grid_sample_jvp(JvpCtx& c) {
   const int64_t rank = c.rank(0);
   if (rank < 3) c.unsupported("X has rank " + std::to_string(rank), "give X a batch, a channel and spatial dims");
@@ -97,7 +79,7 @@ Vs grid_sample_jvp(JvpCtx& c) {
         t.push_back({base, w.op("Sub", {one, frac})});
         t.push_back({w.op("Add", {base, w.i64(1)}), frac});
       } else {
-        const std::vector<std::string> cw = cubic_weights(w, frac);
+        const std::vector<std::string> cw = cubic_weights(w, frac, -0.75);
         for (int k = 0; k < 4; ++k) t.push_back({w.op("Add", {base, w.i64(k - 1)}), cw[static_cast<size_t>(k)]});
       }
     }

@@ -420,101 +420,6 @@ Vs groupnorm_jvp(D& c) {
   return {t.valid() ? like_input(b, t, c.x(0)) : t};
 }
 
-// Resize is linear in X for fixed roi/scales/sizes (every mode interpolates with weights that
-// depend only on the geometry), so its tangent is the Resize of X's tangent. The constant
-// extrapolation_value of tf_crop_and_resize is not part of the linear map: the tangent uses 0.
-// roi and scales carry no derivative (zero almost everywhere, as for Floor or Round) where
-// they only pick the output size or which element is copied: in nearest mode; roi outside
-// tf_crop_and_resize (which ignores it); scales under align_corners and tf_crop_and_resize,
-// whose sampling positions depend on the output size alone (without antialias, whose filter
-// width follows the scale). Otherwise the derivative is not implemented.
-bool resize_piecewise_constant_in(D& c, int i) {
-  const std::string mode = node_s(c.node, "mode", "nearest");
-  const std::string coords = node_s(c.node, "coordinate_transformation_mode", "half_pixel");
-  if (mode == "nearest") return true;
-  if (i == 1) return coords != "tf_crop_and_resize";
-  return (coords == "align_corners" || coords == "tf_crop_and_resize") && c.attr_i("antialias", 0) == 0;
-}
-
-Vs resize_jvp(D& c) {
-  for (int i : {1, 2})
-    if (c.t(i).valid() && !resize_piecewise_constant_in(c, i))
-      c.unsupported(std::string("the derivative with respect to ") + (i == 1 ? "roi" : "scales") + " (input " +
-                        std::to_string(i) + ") is not implemented; only X is differentiable",
-                    "make '" + c.node.input(i) + "' a constant (initializer) or leave it out of the selected inputs");
-  if (!c.t(0).valid()) return {V{}};
-  Vs ins = c.xs;
-  ins[0] = c.t(0);
-  Attrs zero;
-  if (c.attr("extrapolation_value")) zero.push_back(Attr::f("extrapolation_value", 0.0f));
-  V out = c.b.clone(c.node, ins, zero)[0];
-  // Keep the rank known when inference cannot see it (e.g. after a GroupNormalization).
-  if (c.b.facts(out).rank() < 0 && c.b.facts(c.t(0)).rank() >= 0)
-    c.b.set_facts(out, Facts::of(c.b.facts(c.t(0)).dtype, std::vector<Dim>(c.b.facts(c.t(0)).rank(), Dim{})));
-  return {out};
-}
-
-// Resize interpolates each resized axis independently (nearest, linear, cubic, antialiased or
-// not), so X -> Y is a product of per-axis matrices M_a (out_a x in_a) and the transpose
-// applies each M_a^T. M_a^T is Resize itself applied to an identity matrix E (in_a x in_a)
-// along its last axis (scale 1 on the first, which every mode maps to itself), so the
-// interpolation weights are exactly the op's. Axes whose constant size equals the static
-// input size are the identity and skipped; with run-time scales every listed axis is applied.
-Vs resize_transpose(TransposeCtx& c) {
-  auto& b = c.b;
-  if (c.linear(1) || c.linear(2) || c.linear(3))
-    c.unsupported("roi, scales or sizes is a tangent (Resize is linear in X only)",
-                  "treat roi/scales/sizes as constants (initializers)");
-  const std::string policy = node_s(c.node, "keep_aspect_ratio_policy", "stretch");
-  const bool by_sizes = c.in(3).valid();
-  if (by_sizes && policy != "stretch")
-    c.unsupported("keep_aspect_ratio_policy=" + policy + " couples the axes; reverse mode supports 'stretch'",
-                  "use jvp (forward mode), or resize by scales or by sizes with keep_aspect_ratio_policy='stretch'");
-  const int64_t r = c.rank(c.in(0));
-  std::vector<int64_t> axes = c.attr_ints("axes");
-  if (axes.empty())
-    for (int64_t a = 0; a < r; ++a) axes.push_back(a);
-  const int64_t k = static_cast<int64_t>(axes.size());
-  const int32_t dt = b.facts(c.ct()).dtype;
-  const Facts& xf = b.facts(c.in(0));
-  const std::vector<int64_t>* sizes = by_sizes ? b.known_i64(c.in(3)) : nullptr;
-  V xshape = tangent_shape(c, c.in(0));
-  V ct = c.ct();
-  for (int64_t j = 0; j < k; ++j) {
-    const int64_t a = axes[j] < 0 ? axes[j] + r : axes[j];
-    if (sizes && xf.has_shape && xf.dims[a].known() && (*sizes)[j] == xf.dims[a].value()) continue;
-    V n = b.op1("Slice", {xshape, b.i64s({a}), b.i64s({a + 1})});
-    V iota = b.op1("Range", {b.i64(0), b.op1("Squeeze", {n, b.i64s({0})}), b.i64(1)});
-    V eye = b.op1("Cast", {b.op1("Equal", {b.unsqueeze(iota, {1}), b.unsqueeze(iota, {0})})}, {Attr::i("to", dt)});
-    Vs ins{eye, V{}, V{}, V{}};
-    if (c.in(1).valid()) {
-      // tf_crop_and_resize's roi: the full range [0, 1] on E's identity axis.
-      V roi = b.op1("Gather", {c.in(1), b.i64s({j, j + k})}, {Attr::i("axis", 0)});
-      V full = b.op1("Cast", {b.i64s({0, 1})}, {Attr::i("to", b.facts(c.in(1)).dtype)});
-      ins[1] = b.op1("Gather", {b.concat({full, roi}, 0), b.i64s({0, 2, 1, 3})}, {Attr::i("axis", 0)});
-    }
-    if (by_sizes)
-      ins[3] = b.concat({n, b.op1("Gather", {c.in(3), b.i64s({j})}, {Attr::i("axis", 0)})}, 0);
-    else
-      ins[2] = b.concat({b.op1("Cast", {b.i64s({1})}, {Attr::i("to", onnx::TensorProto::FLOAT)}),
-                         b.op1("Gather", {c.in(2), b.i64s({j})}, {Attr::i("axis", 0)})},
-                        0);
-    V mt = b.clone(c.node, ins, {Attr::s("keep_aspect_ratio_policy", "stretch")}, {"axes"})[0];  // (in_a, out_a)
-    // ct (..., out_a at a, ...) -> axis a last -> @ M_a (out_a, in_a) -> back.
-    std::vector<int64_t> perm;
-    for (int64_t d = 0; d < r; ++d)
-      if (d != a) perm.push_back(d);
-    perm.push_back(a);
-    std::vector<int64_t> inv(r);
-    for (int64_t d = 0; d < r; ++d) inv[perm[d]] = d;
-    V moved = b.transpose(ct, perm);
-    ct = b.transpose(b.op1("MatMul", {moved, b.transpose(mt, {1, 0})}), inv);
-  }
-  Vs out(c.ins.size());
-  out[0] = b.reshape(ct, xshape);
-  return out;
-}
-
 Vs global_average_transpose(TransposeCtx& c) {
   auto& b = c.b;
   V shape = tangent_shape(c, c.in(0));
@@ -728,8 +633,6 @@ void register_nn_derivatives(DerivativeRules& r) {
   r.jvp("RMSNormalization", [](D& c) { return trailing_normalize_jvp(c, false); });
   r.jvp("InstanceNormalization", instancenorm_jvp);
   r.jvp("GroupNormalization", groupnorm_jvp);
-  r.jvp("Resize", resize_jvp);
-  r.transpose("Resize", resize_transpose);
   r.jvp("GlobalAveragePool", [](D& c) -> Vs { return {c.t(0).valid() ? c.same_op({c.t(0)}) : V{}}; });
   r.transpose("GlobalAveragePool", global_average_transpose);
   r.jvp("MaxPool", maxpool_jvp);

@@ -1429,6 +1429,126 @@ add(
     ),
 )
 
+# Resize with run-time scales or roi: the sampling positions move with them (linear and cubic
+# modes), so the JVP goes through Resize's expansion into Gathers along each axis. Scales are
+# FLOAT only (the FD oracle runs the FLOAT model). ONNX Runtime resizes the outer two axes of a
+# 4-D input only at scale 1 in these modes, so FD over every scale needs 2-D inputs (4-D ones
+# are checked against a float64 NumPy Resize below). The scales keep every sampling position
+# well away from the integer positions where the interpolation has kinks.
+_SCALES_2D = np.asarray([1.37, 0.71], np.float32)
+for _tag, _xs, _attrs, _scales in _table(
+    [
+        ("linear-half-pixel", (4, 5), {"mode": "linear"}, _SCALES_2D),
+        (
+            "linear-half-pixel-symmetric",
+            (4, 5),
+            {"mode": "linear", "coordinate_transformation_mode": "half_pixel_symmetric"},
+            _SCALES_2D,
+        ),
+        (
+            "linear-pytorch-half-pixel",
+            (4, 5),
+            {"mode": "linear", "coordinate_transformation_mode": "pytorch_half_pixel"},
+            _SCALES_2D,
+        ),
+        (
+            "linear-asymmetric",
+            (4, 5),
+            {"mode": "linear", "coordinate_transformation_mode": "asymmetric"},
+            np.asarray([1.37, 0.77], np.float32),
+        ),
+        ("cubic-half-pixel", (5, 4), {"mode": "cubic"}, np.asarray([0.77, 1.63], np.float32)),
+        (
+            "cubic-exclude-outside",
+            (5, 4),
+            {"mode": "cubic", "exclude_outside": 1, "cubic_coeff_a": -0.5},
+            np.asarray([0.77, 1.63], np.float32),
+        ),
+        (
+            "cubic-asymmetric",
+            (4, 5),
+            {"mode": "cubic", "coordinate_transformation_mode": "asymmetric"},
+            np.asarray([1.37, 0.77], np.float32),
+        ),
+        (
+            "linear-axes-attr",
+            (1, 2, 4, 5),
+            {"mode": "linear", "axes": [3, 2]},
+            np.asarray([0.71, 1.37], np.float32),
+        ),
+    ]
+):
+    add(
+        f"Resize-{_tag}-scales-tangent",
+        build(
+            [node("Resize", ["x", "", "scales"], ["y"], **_attrs)],
+            [In("x", _xs, F), In("scales", (len(_scales),), F)],
+        ),
+        {"scales": fixed(_scales)},
+        variants="native",
+        float_only=True,
+        eps=2e-3,
+    )
+# tf_crop_and_resize moves its sampling positions with roi; some land outside the input
+# (extrapolation_value there, no derivative). (Cubic is checked against NumPy below: the
+# reference evaluator's float64 cubic Resize is only float32-accurate, too coarse for FD.)
+add(
+    "Resize-tf-crop-and-resize-linear-roi-tangent",
+    build(
+        [
+            node(
+                "Resize",
+                ["x", "roi", "", "sizes"],
+                ["y"],
+                mode="linear",
+                coordinate_transformation_mode="tf_crop_and_resize",
+                extrapolation_value=1.5,
+            )
+        ],
+        [In("x", (1, 1, 4, 5)), In("roi", (8,))],
+        inits={"sizes": i64([1, 1, 3, 6])},
+    ),
+    {"roi": fixed(np.asarray([0, 0, 0.13, -0.21, 1, 1, 0.83, 1.17]))},
+)
+# Sizes kept to the aspect ratio: reverse mode goes through the expansion (no Resize spelling
+# of the transpose), forward mode resizes the tangent.
+for _tag, _xs, _attrs, _sizes in _table(
+    [
+        (
+            "nearest-not-larger",
+            (1, 1, 4, 6),
+            {"mode": "nearest", "keep_aspect_ratio_policy": "not_larger"},
+            [7, 7],
+        ),
+        (
+            "nearest-not-smaller",
+            (1, 2, 5, 3),
+            {"mode": "nearest", "keep_aspect_ratio_policy": "not_smaller"},
+            [3, 4],
+        ),
+        (
+            "linear-not-larger",
+            (1, 2, 5, 3),
+            {"mode": "linear", "keep_aspect_ratio_policy": "not_larger"},
+            [3, 4],
+        ),
+        (
+            "cubic-not-smaller",
+            (1, 1, 4, 6),
+            {"mode": "cubic", "keep_aspect_ratio_policy": "not_smaller"},
+            [7, 7],
+        ),
+    ]
+):
+    add(
+        f"Resize-keep-aspect-{_tag}",
+        build(
+            [node("Resize", ["x", "", "", "sizes"], ["y"], axes=[2, 3], **_attrs)],
+            [In("x", _xs)],
+            inits={"sizes": i64(_sizes)},
+        ),
+    )
+
 # Function ops differentiated through their ONNX function body (Attention, ...)
 for _tag, _ins, _shapes, _attrs in _table(
     [
@@ -1833,25 +1953,39 @@ def _raises(fn: Any, *args: Any, **kwargs: Any) -> str:
     return str(err.value)
 
 
-def test_resize_scales_tangent_diagnostic() -> None:
+def test_resize_antialias_scales_tangent_diagnostic() -> None:
     m = build(
-        [node("Resize", ["x", "", "scales"], ["y"], mode="linear")],
-        [In("x", (1, 1, 2, 2), F), In("scales", (4,), F)],
+        [node("Resize", ["x", "", "scales"], ["y"], mode="linear", antialias=1)],
+        [In("x", (1, 1, 4, 4), F), In("scales", (4,), F)],
     )
     msg = _raises(onnax.jvp, m)
     assert "jvp: cannot differentiate ai.onnx::Resize (opset 18)" in msg
-    assert "with respect to scales (input 2)" in msg and "make 'scales' a constant" in msg, msg
+    assert "antialias filters span a scale-dependent number of taps" in msg, msg
+    assert "Fix: treat scales/roi as constants (initializers), or resize without antialias" in msg, msg
+    onnax.jvp(m, inputs=["x"])  # X alone is fine
 
 
-def test_resize_keep_aspect_ratio_reverse_diagnostic() -> None:
+def test_resize_keep_aspect_ratio_antialias_reverse_diagnostic() -> None:
     m = build(
-        [node("Resize", ["x", "", "", "sizes"], ["y"], mode="linear", keep_aspect_ratio_policy="not_larger")],
+        [
+            node(
+                "Resize",
+                ["x", "", "", "sizes"],
+                ["y"],
+                mode="linear",
+                antialias=1,
+                keep_aspect_ratio_policy="not_larger",
+            )
+        ],
         [In("x", (1, 1, 2, 4))],
         inits={"sizes": i64([1, 1, 3, 3])},
     )
     onnax.jvp(m)  # forward mode is fine
     msg = _raises(onnax.vjp, m)
-    assert "ai.onnx::Resize" in msg and "keep_aspect_ratio_policy=not_larger couples the axes" in msg, msg
+    assert (
+        "ai.onnx::Resize" in msg
+        and "keep_aspect_ratio_policy=not_larger with antialias couples the axes" in msg
+    )
     assert "Fix: use jvp (forward mode)" in msg, msg
 
 
