@@ -361,9 +361,19 @@ onnx::NodeProto* Builder::new_node(std::string_view type, bool for_tape) {
   }
   auto* n = out_.add_node();
   n->set_op_type(type.data(), type.size());
-  const std::string_view name = node_names_.fresh_view(name_base('/', type, false));
-  n->set_name(name.data(), name.size());
   return n;
+}
+
+void Builder::name_node(onnx::NodeProto* n) {
+  // After its first output: that name is unique among values, so among the nodes named so, and
+  // node scopes' fresh names avoid value names. Only a source node (or a subgraph's) may
+  // already have it. This spares interning a second name per node in the node scope.
+  if (n->output_size() > 0 && !n->output(0).empty() && !node_names_.contains(n->output(0))) {
+    n->set_name(n->output(0));
+    return;
+  }
+  const std::string_view name = node_names_.fresh_view(name_base('/', n->op_type(), false), &value_names_);
+  n->set_name(name.data(), name.size());
 }
 
 void Builder::add_inputs(onnx::NodeProto* n, const Vs& inputs) const {
@@ -418,6 +428,7 @@ Vs Builder::emit(std::string_view type, const Vs& inputs, const Attrs& attrs, in
     n->add_output(nm.data(), nm.size());
     outs.push_back(add_value(nm, Facts{}));
   }
+  if (!for_tape) name_node(n);
   finish(*n, inputs, outs, recorded);
   return outs;
 }
@@ -440,6 +451,7 @@ V Builder::op_named(std::string_view type, const Vs& inputs, const Attrs& attrs,
   for (const auto& a : attrs) *n->add_attribute() = a.proto;
   n->add_output(output_name);
   V out = add_value(interned(output_name), Facts{});
+  name_node(n);
   finish(*n, inputs, {out});
   return out;
 }
@@ -516,6 +528,7 @@ Vs Builder::clone(const onnx::NodeProto& node, const Vs& inputs, const Attrs& ov
     n->add_output(nm.data(), nm.size());
     outs.push_back(add_value(nm, Facts{}));
   }
+  if (!for_tape) name_node(n);
   finish(*n, inputs, outs);
   return outs;
 }
@@ -612,16 +625,14 @@ V Builder::scalar(double value, int32_t dtype) {
 }
 
 V Builder::tensor_const(const onnx::TensorProto& t) {
-  std::string saved = origin_;
-  origin_ = "onnax_const";
   auto* n = new_node("Constant", false);
-  origin_ = saved;
   auto* a = n->add_attribute();
   a->set_name("value");
   a->set_type(onnx::AttributeProto::TENSOR);
   *a->mutable_t() = t;
   const std::string_view nm = value_names_.fresh_view("onnax_const");
   n->add_output(nm.data(), nm.size());
+  name_node(n);
   Facts f;
   f.dtype = t.data_type();
   f.has_shape = true;

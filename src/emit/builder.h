@@ -247,6 +247,8 @@ class Builder {
   // gets no node name, no input names and unnamed outputs; its record on the tape holds the
   // values, and only ONNX's inference (on a copy) needs names.
   onnx::NodeProto* new_node(std::string_view type, bool for_tape);
+  // Names a graph node once its outputs are named.
+  void name_node(onnx::NodeProto* n);
   bool reads_tangent(const Vs& inputs) const;
   bool bound_for_tape(const Vs& inputs) const;
   std::string_view name_base(char separator, std::string_view type, bool lowercase);

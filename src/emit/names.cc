@@ -92,11 +92,11 @@ int Interner::intern(std::string_view name, bool* added) {
   return id;
 }
 
-std::string_view NameScope::fresh_view(std::string_view base) {
+std::string_view NameScope::fresh_view(std::string_view base, const NameScope* avoid) {
   if (base.empty()) base = "v";
   bool added = false;
   const int base_id = names_.intern(base, &added);
-  if (added) return names_.name(base_id);
+  if (added && !(avoid && avoid->contains(base))) return names_.name(base_id);
   if (static_cast<size_t>(base_id) >= next_suffix_.size()) next_suffix_.resize(static_cast<size_t>(base_id) + 1, 0);
   for (;;) {
     const int suffix = ++next_suffix_[static_cast<size_t>(base_id)];
@@ -104,7 +104,7 @@ std::string_view NameScope::fresh_view(std::string_view base) {
     candidate_.push_back('_');
     candidate_.append(std::to_string(suffix));
     const int id = names_.intern(candidate_, &added);
-    if (added) return names_.name(id);
+    if (added && !(avoid && avoid->contains(candidate_))) return names_.name(id);
   }
 }
 

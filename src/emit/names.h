@@ -78,11 +78,15 @@ class NameScope {
   int size() const { return names_.size(); }
   // Makes room for `count` names in all (a hint: more can always be added).
   void expect(size_t count) { names_.reserve(count); }
-  // `base` itself when free, else base_1, base_2, ... (amortised O(1) per call).
-  std::string fresh(std::string_view base) { return std::string(fresh_view(base)); }
+  // `base` itself when free, else base_1, base_2, ... (amortised O(1) per call). With `avoid`,
+  // also a name that scope does not hold: generated nodes are named after their first output
+  // without reserving that name here, so node names come fresh of the value scope too.
+  std::string fresh(std::string_view base, const NameScope* avoid = nullptr) {
+    return std::string(fresh_view(base, avoid));
+  }
   // The same name as a view of the scope's own copy (valid while the scope lives), sparing the
   // string a caller that copies it into a proto field anyway would allocate.
-  std::string_view fresh_view(std::string_view base);
+  std::string_view fresh_view(std::string_view base, const NameScope* avoid = nullptr);
 
  private:
   Interner names_;

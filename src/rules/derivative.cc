@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <type_traits>
 
 #include "diagnostics/error.h"
 
@@ -359,29 +360,38 @@ Vs selection_transpose(TransposeCtx& c, int i) {
   return out;
 }
 
-const JvpRule* DerivativeRules::find_jvp(const std::string& op) const {
+const JvpRule* DerivativeRules::find_jvp(std::string_view op) const {
   auto it = jvp_.find(op);
   return it == jvp_.end() ? nullptr : &it->second;
 }
-const TransposeRule* DerivativeRules::find_transpose(const std::string& op) const {
+const TransposeRule* DerivativeRules::find_transpose(std::string_view op) const {
   auto it = transpose_.find(op);
   return it == transpose_.end() ? nullptr : &it->second;
 }
-std::vector<std::string> DerivativeRules::jvp_ops() const {
+
+namespace {
+template <typename Table>
+std::vector<std::string> sorted_names(const Table& table) {
   std::vector<std::string> out;
-  for (const auto& [k, v] : jvp_) out.push_back(k);
+  for (const auto& entry : table) {
+    if constexpr (std::is_same_v<std::decay_t<decltype(entry)>, std::string>)
+      out.push_back(entry);
+    else
+      out.push_back(entry.first);
+  }
+  std::sort(out.begin(), out.end());
   return out;
+}
+}  // namespace
+
+std::vector<std::string> DerivativeRules::jvp_ops() const {
+  return sorted_names(jvp_);
 }
 std::vector<std::string> DerivativeRules::transpose_ops() const {
-  std::vector<std::string> out;
-  for (const auto& [k, v] : transpose_) out.push_back(k);
-  return out;
+  return sorted_names(transpose_);
 }
-
 std::vector<std::string> DerivativeRules::zero_ops() const {
-  std::vector<std::string> out;
-  for (const auto& [k, v] : zero_) out.push_back(k);
-  return out;
+  return sorted_names(zero_);
 }
 
 bool differentiable_dtype(int32_t dt) {

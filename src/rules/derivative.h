@@ -9,7 +9,9 @@
 #include <functional>
 #include <map>
 #include <string>
+#include <string_view>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "emit/builder.h"
@@ -130,25 +132,39 @@ class DerivativeRules {
   void jvp(const std::string& domain, const std::string& op, JvpRule rule) { jvp_[key(domain, op)] = std::move(rule); }
   void transpose(const std::string& op, TransposeRule rule) { transpose_[op] = std::move(rule); }
   // Ops whose outputs carry no derivative (integer/bool results, piecewise constant).
-  void zero(const std::string& op) { zero_[op] = true; }
-  const JvpRule* find_jvp(const std::string& op) const;
+  void zero(const std::string& op) { zero_.insert(op); }
+  const JvpRule* find_jvp(std::string_view op) const;
   // The rule for a node, by its domain and op type; nullptr: none.
-  const JvpRule* find_jvp(const onnx::NodeProto& node) const { return find_jvp(key(node.domain(), node.op_type())); }
-  bool is_zero(const onnx::NodeProto& node) const { return is_zero(key(node.domain(), node.op_type())); }
-  const TransposeRule* find_transpose(const std::string& op) const;
-  bool is_zero(const std::string& op) const { return zero_.count(op) != 0; }
+  const JvpRule* find_jvp(const onnx::NodeProto& node) const {
+    return default_domain(node.domain()) ? find_jvp(node.op_type()) : find_jvp(key(node.domain(), node.op_type()));
+  }
+  bool is_zero(const onnx::NodeProto& node) const {
+    return default_domain(node.domain()) ? is_zero(node.op_type()) : is_zero(key(node.domain(), node.op_type()));
+  }
+  const TransposeRule* find_transpose(std::string_view op) const;
+  bool is_zero(std::string_view op) const { return zero_.find(op) != zero_.end(); }
+  // (Sorted by name.)
   std::vector<std::string> jvp_ops() const;
   std::vector<std::string> transpose_ops() const;
   std::vector<std::string> zero_ops() const;
 
  private:
+  static bool default_domain(const std::string& domain) { return domain.empty() || domain == "ai.onnx"; }
   // Registry key: the op type in the default domain ("" or "ai.onnx"), else "domain::op".
   static std::string key(const std::string& domain, const std::string& op) {
-    return domain.empty() || domain == "ai.onnx" ? op : domain + "::" + op;
+    return default_domain(domain) ? op : domain + "::" + op;
   }
-  std::map<std::string, JvpRule> jvp_;
-  std::map<std::string, TransposeRule> transpose_;
-  std::map<std::string, bool> zero_;
+  // Hashed, and looked up by string_view: every differentiated node and every tape node asks,
+  // so a lookup must neither allocate nor walk a tree of string comparisons.
+  struct NameHash {
+    using is_transparent = void;
+    size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+  };
+  template <typename T>
+  using Table = std::unordered_map<std::string, T, NameHash, std::equal_to<>>;
+  Table<JvpRule> jvp_;
+  Table<TransposeRule> transpose_;
+  std::unordered_set<std::string, NameHash, std::equal_to<>> zero_;
 };
 
 void register_elementwise_derivatives(DerivativeRules& r);

@@ -183,7 +183,7 @@ void rename_definitions(onnx::GraphProto& g, NameScope& scope, NameScope& node_s
     for (auto& n : *sg.mutable_node()) {
       for (auto& in : *n.mutable_input()) re(&in);
       for (auto& o : *n.mutable_output()) re(&o);
-      if (!n.name().empty()) n.set_name(node_scope.fresh(n.name()));
+      if (!n.name().empty()) n.set_name(node_scope.fresh(n.name(), &scope));
       for_each_subgraph(n, apply);
     }
   };

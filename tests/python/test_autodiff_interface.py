@@ -184,6 +184,36 @@ def test_grad_name_collision_with_existing_output() -> None:
     np.testing.assert_allclose(out[outs[2]], [2.0, -4.0])
 
 
+def _all_node_names(graph: onnx.GraphProto) -> list[str]:
+    out = []
+    for n in graph.node:
+        out.append(n.name)
+        for a in n.attribute:
+            for g in [a.g] if a.HasField("g") else list(a.graphs):
+                out.extend(_all_node_names(g))
+    return out
+
+
+def test_generated_node_names_are_unique_beside_source_names_like_them() -> None:
+    # Generated nodes take their first output's name (y_tangent_mul, ...); source nodes already
+    # named so keep their names and the generated ones move aside.
+    nodes = [
+        node("Tanh", ["x"], ["y"]),
+        node("Sigmoid", ["y"], ["z"]),
+        node("ReduceSum", ["z"], ["loss"], keepdims=0),
+    ]
+    taken = ["y_tangent_mul", "z_tangent_sub", "loss_ct_shape", "z_ct_mul"]
+    for n, name in zip(nodes, taken[:3], strict=True):
+        n.name = name
+    m = make_model(nodes, [("x", D, [2, 3])], [("loss", D, [])])
+    for result in (ad.jvp(m), ad.vjp(m), ad.grad(m), onnax.vmap(ad.grad(m), in_axes=0)):
+        names = [n for n in _all_node_names(result.graph) if n]
+        assert len(names) == len(set(names)), sorted(names)
+    for result in (ad.jvp(m), ad.vjp(m), ad.grad(m)):  # (vmap renames the nodes it rewrites)
+        assert set(taken[:3]) <= set(_all_node_names(result.graph))
+    check_grad(m, None, "loss")
+
+
 # --------------------------------------------------------------------------------------------
 # Default selections and initializers
 
