@@ -271,8 +271,8 @@ void differentiate(Prepared& p, Mode mode, const Selection& sel) {
     // primal helper, cotangent), one or two in forward mode.
     const size_t per_node = mode == Mode::kJvp ? 2 : 3;
     const size_t expected = differentiated_nodes(p, seed_ids, needed) * per_node;
+    // (Not the node scope: generated nodes take their outputs' names, see Builder::name_node.)
     p.value_names.expect(static_cast<size_t>(p.value_names.size()) + expected);
-    p.node_names.expect(static_cast<size_t>(p.node_names.size()) + expected);
   }
   const DerivativeRules& rules = DerivativeRules::instance();
   // A private graph's nodes are taken out of it and handed to the result by pointer (the same
