@@ -26,7 +26,7 @@ SOURCES = (
     ("jax_", "jax2onnx (Flax NNX), vs JAX float64"),
     ("torch_", "torch.onnx dynamo, vs torch.func float64"),
     ("gnn_", "graph network (onnx.helper), vs float64 FD / loops"),
-    ("onnx_light_", "onnx backend 'light' architectures, vmap vs loops"),
+    ("onnx_light_", "onnx backend 'light' architectures, vs JAX float64 (graph interpreted)"),
 )
 
 

@@ -112,11 +112,13 @@ Vs resize_expansion_jvp(D& c) {
     const std::string n = at(x_shape, a), out = at(out_shape, a);
     Lazy nf{[&] { return to(n, cdt); }}, outf{[&] { return to(out, cdt); }};
     Lazy last_f{[&] { return w.op("Sub", {nf(), one()}); }};
-    const std::string scale = by_scales               ? to(at(c.node.input(2), j), cdt)
-                              : !common_scale.empty() ? common_scale
-                                                      : w.op("Div", {outf(), nf()});
+    Lazy scale{[&] {
+      return by_scales               ? to(at(c.node.input(2), j), cdt)
+             : !common_scale.empty() ? common_scale
+                                     : w.op("Div", {outf(), nf()});
+    }};
     const std::string pos = to(w.op("Range", {w.i64(0), out, w.i64(1)}), cdt);
-    Lazy centered{[&] { return w.op("Sub", {w.op("Div", {w.op("Add", {pos, half()}), scale}), half()}); }};
+    Lazy centered{[&] { return w.op("Sub", {w.op("Div", {w.op("Add", {pos, half()}), scale()}), half()}); }};
     // (No division by zero in a branch Where discards: its derivative would be NaN.)
     Lazy spans{[&] { return w.op("Max", {w.op("Sub", {outf(), one()}), one()}); }};
     Lazy several{[&] { return w.op("Greater", {out, w.i64(1)}); }};
@@ -124,15 +126,15 @@ Vs resize_expansion_jvp(D& c) {
     if (coords == "half_pixel") {
       x = centered();
     } else if (coords == "half_pixel_symmetric") {
-      const std::string adjustment = w.op("Div", {outf(), w.op("Mul", {scale, nf()})});
+      const std::string adjustment = w.op("Div", {outf(), w.op("Mul", {scale(), nf()})});
       const std::string offset = w.op("Mul", {w.op("Mul", {nf(), half()}), w.op("Sub", {one(), adjustment})});
       x = w.op("Add", {offset, centered()});
     } else if (coords == "pytorch_half_pixel") {
       x = w.op("Where", {several(), centered(), zero()});
     } else if (coords == "tf_half_pixel_for_nn") {
-      x = w.op("Div", {w.op("Add", {pos, half()}), scale});
+      x = w.op("Div", {w.op("Add", {pos, half()}), scale()});
     } else if (coords == "asymmetric") {
-      x = w.op("Div", {pos, scale});
+      x = w.op("Div", {pos, scale()});
     } else if (coords == "align_corners") {
       x = w.op("Where", {several(), w.op("Div", {w.op("Mul", {pos, last_f()}), spans()}), zero()});
     } else if (crop) {

@@ -1,6 +1,7 @@
 // Shape-manipulating operators.
 #include <algorithm>
 #include <climits>
+#include <limits>
 
 #include "diagnostics/error.h"
 #include "rules/batching.h"
@@ -172,9 +173,27 @@ BatchResult compress_rule(BatchCtx& c) {
   return all_batched(c.b.clone(c.node, c.in, {Attr::i("axis", shift_axis(c.attr_i("axis", 0)))}));
 }
 
+// Trilu keeps x[..., i, j] where j - i >= k (upper) or j - i <= k (lower). A per-example k
+// selects with a mask built from each example's k; zeros come from Trilu itself with a k that
+// keeps nothing, so every element type (bool and string included) gets its own zero.
 BatchResult trilu_rule(BatchCtx& c) {
-  require_shared(c, 1, "k");
-  return all_batched(c.b.clone(c.node, c.in));
+  if (!c.has(1) || !c.batched[1]) return all_batched(c.b.clone(c.node, c.in));
+  auto& b = c.b;
+  const int64_t r = c.rank(0);  // per-example rank (>= 2)
+  const bool upper = c.attr_i("upper", 1) != 0;
+  const V x = c.materialize(0);
+  auto length = [&](int64_t axis) { return b.op1("Squeeze", {b.shape_of(x, axis, axis + 1), b.i64s({0})}); };
+  const V rows = b.op1("Range", {b.i64(0), length(r - 1), b.i64(1)});
+  const V cols = b.op1("Range", {b.i64(0), length(r), b.i64(1)});
+  const V offset = b.op1("Sub", {b.unsqueeze(cols, {0}), b.unsqueeze(rows, {1})});  // j - i: [n, m]
+  std::vector<int64_t> trailing;
+  for (int64_t a = 1; a <= r; ++a) trailing.push_back(a);
+  const V k = b.unsqueeze(b.op1("Cast", {b.reshape(c.in[1], b.i64s({-1}))}, {Attr::i("to", onnx::TensorProto::INT64)}),
+                          trailing);  // [B, 1, ..., 1]
+  const V keep = b.op1(upper ? "GreaterOrEqual" : "LessOrEqual", {offset, k});
+  const int64_t none = upper ? std::numeric_limits<int64_t>::max() / 2 : std::numeric_limits<int64_t>::min() / 2;
+  const V zeros = b.clone(c.node, {x, b.i64(none)})[0];
+  return all_batched({b.op1("Where", {keep, x, zeros})});
 }
 
 BatchResult onehot_rule(BatchCtx& c) {
