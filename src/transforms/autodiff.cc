@@ -355,7 +355,15 @@ void differentiate(Prepared& p, Mode mode, const Selection& sel) {
       }
     }
     b.set_origin(node.output(0), "_tangent");
-    Vs touts = (*rule)(ctx);
+    Vs touts;
+    try {
+      touts = (*rule)(ctx);
+    } catch (const Error& e) {
+      // Rules report as "jvp: ..." (they are JVP rules); name the transform the user called.
+      const std::string_view what = e.what();
+      if (mode == Mode::kJvp || what.rfind("jvp: ", 0) != 0) throw;
+      diag::fail(e.kind(), m + ": " + std::string(what.substr(5)));
+    }
     for (int k = 0; k < node.output_size() && k < static_cast<int>(touts.size()); ++k) {
       const std::string& o = node.output(k);
       const Facts& of = p.facts.at(output_ids[k]);  // (an empty name has id -1: unknown facts)

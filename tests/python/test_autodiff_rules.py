@@ -1962,6 +1962,8 @@ def test_resize_antialias_scales_tangent_diagnostic() -> None:
     assert "jvp: cannot differentiate ai.onnx::Resize (opset 18)" in msg
     assert "antialias filters span a scale-dependent number of taps" in msg, msg
     assert "Fix: treat scales/roi as constants (initializers), or resize without antialias" in msg, msg
+    # (reverse mode runs the same JVP rules; the message names the transform called)
+    assert _raises(onnax.vjp, m).startswith("vjp: cannot differentiate ai.onnx::Resize (opset 18)")
     onnax.jvp(m, inputs=["x"])  # X alone is fine
 
 
