@@ -229,6 +229,41 @@ def _softmax(x: Any, axis: int) -> Any:
     return jax.nn.softmax(x, axis=axis)
 
 
+def _initializers(model: onnx.ModelProto, widen: bool) -> dict[str, np.ndarray]:
+    """Stored initializer values, float ones widened to float64 when ``widen``."""
+    return {
+        t.name: _widen(numpy_helper.to_array(t)) if widen else numpy_helper.to_array(t)
+        for t in model.graph.initializer
+    }
+
+
+class Selected:
+    """The interpreted graph as ``run(params, inputs)`` over the selected initializers and
+    runtime inputs (by position), with the loss gradient over the parameters."""
+
+    def __init__(
+        self,
+        model: onnx.ModelProto,
+        loss: str,
+        params: Sequence[str],
+        inputs: Sequence[str],
+        widen: bool = True,
+    ) -> None:
+        self.f = interpret(model, widen)
+        self.params, self.inputs = list(params), list(inputs)
+        self.loss = [o.name for o in model.graph.output].index(loss)
+        stored = _initializers(model, widen)
+        self.initial = [stored[p] for p in params]  # the parameters' stored values
+
+    def run(self, ps: Sequence[Any], xs: Sequence[Any]) -> list[Any]:
+        return self.f({**dict(zip(self.params, ps, strict=True)), **dict(zip(self.inputs, xs, strict=True))})
+
+    def loss_grad(self, ps: Sequence[Any], xs: Sequence[Any]) -> Any:
+        import jax
+
+        return jax.grad(lambda p: self.run(p, xs)[self.loss])(list(ps))
+
+
 def interpret(model: onnx.ModelProto, widen: bool = True) -> Callable[[Mapping[str, Any]], list[Any]]:
     """``f(values) -> outputs``: the graph with its runtime inputs (and any initializers to
     override) taken from ``values`` by name; other initializers at their stored values, float
@@ -236,10 +271,7 @@ def interpret(model: onnx.ModelProto, widen: bool = True) -> Callable[[Mapping[s
     graph = model.graph
     if graph.sparse_initializer or model.functions:
         raise NotImplementedError("sparse initializers or model functions")
-    stored = {
-        t.name: _widen(numpy_helper.to_array(t)) if widen else numpy_helper.to_array(t)
-        for t in graph.initializer
-    }
+    stored = _initializers(model, widen)
     missing = sorted({n.op_type for n in graph.node} - set(OPS))
     if missing:
         raise NotImplementedError(f"ops without a JAX counterpart here: {missing}")
@@ -279,18 +311,9 @@ class KinkCheck:
         import jax
 
         jax.config.update("jax_enable_x64", True)
-        f = interpret(model)
-        li = [o.name for o in model.graph.output].index(loss)
-        stored = {t.name: _widen(numpy_helper.to_array(t)) for t in model.graph.initializer}
-        self.params = [stored[p] for p in params]
-        self.inputs = list(inputs)
-        self.grad = jax.jit(
-            jax.grad(
-                lambda ps, xs: f(
-                    {**dict(zip(params, ps, strict=True)), **dict(zip(inputs, xs, strict=True))}
-                )[li]
-            )
-        )
+        selected = Selected(model, loss, params, inputs)
+        self.params, self.inputs = selected.initial, selected.inputs
+        self.grad = jax.jit(selected.loss_grad)
 
     def __call__(
         self, example: Mapping[str, np.ndarray], rel: float = 1e-6, tol: float = 1e-5, directions: int = 4
@@ -332,32 +355,26 @@ def references(
 
     jax.config.update("jax_enable_x64", True)
     outputs = [o.name for o in model.graph.output]
-    li = outputs.index(loss)
     rng = np.random.default_rng(seed)
     arrays: dict[str, np.ndarray] = {}
-    stored = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    shapes = {t.name: tuple(t.dims) for t in model.graph.initializer}
     feeds32 = [np.asarray(base[n]) for n in inputs]
     stacked = {n: np.stack([ex[n] for ex in batch]) for n in inputs}
     # (Directions drawn in float32, the values the onnax graphs are fed.)
     t_x = [rng.standard_normal(x.shape).astype(np.float32) for x in feeds32]
     cts: list[np.ndarray] | None = None
-    v_p = [rng.standard_normal(stored[p].shape).astype(np.float32) for p in params]
+    v_p = [rng.standard_normal(shapes[p]).astype(np.float32) for p in params]
 
     def evaluate(widen: bool) -> dict[str, list[np.ndarray]]:
         """Every transform's outputs, in float64 (widen) or in the model's float32."""
         nonlocal cts
-        f = interpret(model, widen)
+        selected = Selected(model, loss, params, inputs, widen)
+        run, loss_grad = selected.run, selected.loss_grad
         cast = _widen if widen else (lambda a: a)
-
-        def run(ps: Sequence[Any], xs: Sequence[Any]) -> list[Any]:
-            return f({**dict(zip(params, ps, strict=True)), **dict(zip(inputs, xs, strict=True))})
-
-        def loss_grad(ps: Sequence[Any], xs: Sequence[Any]) -> Any:
-            return jax.grad(lambda p: run(p, xs)[li])(list(ps))
 
         # Compiled (op-by-op dispatch of a large network's derivatives takes minutes), with the
         # parameters as arguments: jit would embed closed-over arrays as constants.
-        p0 = [cast(stored[p]) for p in params]
+        p0 = selected.initial
         x0 = [cast(x) for x in feeds32]
         like = [np.asarray(x).dtype for x in x0]
         out: dict[str, list[np.ndarray]] = {}

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <limits>
-#include <type_traits>
 
 #include "diagnostics/error.h"
 
@@ -373,12 +372,7 @@ namespace {
 template <typename Table>
 std::vector<std::string> sorted_names(const Table& table) {
   std::vector<std::string> out;
-  for (const auto& entry : table) {
-    if constexpr (std::is_same_v<std::decay_t<decltype(entry)>, std::string>)
-      out.push_back(entry);
-    else
-      out.push_back(entry.first);
-  }
+  for (const auto& [name, rule] : table) out.push_back(name);
   std::sort(out.begin(), out.end());
   return out;
 }

@@ -11,7 +11,6 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
-#include <unordered_set>
 #include <vector>
 
 #include "emit/builder.h"
@@ -132,7 +131,7 @@ class DerivativeRules {
   void jvp(const std::string& domain, const std::string& op, JvpRule rule) { jvp_[key(domain, op)] = std::move(rule); }
   void transpose(const std::string& op, TransposeRule rule) { transpose_[op] = std::move(rule); }
   // Ops whose outputs carry no derivative (integer/bool results, piecewise constant).
-  void zero(const std::string& op) { zero_.insert(op); }
+  void zero(const std::string& op) { zero_[op] = true; }
   const JvpRule* find_jvp(std::string_view op) const;
   // The rule for a node, by its domain and op type; nullptr: none.
   const JvpRule* find_jvp(const onnx::NodeProto& node) const {
@@ -164,7 +163,7 @@ class DerivativeRules {
   using Table = std::unordered_map<std::string, T, NameHash, std::equal_to<>>;
   Table<JvpRule> jvp_;
   Table<TransposeRule> transpose_;
-  std::unordered_set<std::string, NameHash, std::equal_to<>> zero_;
+  Table<bool> zero_;
 };
 
 void register_elementwise_derivatives(DerivativeRules& r);
