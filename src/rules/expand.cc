@@ -172,9 +172,9 @@ Vs expansion_jvp(JvpCtx& c, const onnx::GraphProto& g, const KnownPrimal* known)
 
 void register_expanded_derivatives(DerivativeRules& r) {
   // Function ops whose math is easiest read from (and kept consistent with) ONNX's own body.
-  for (const char* op :
-       {"Attention", "RotaryEmbedding", "CenterCropPad", "Swish", "SwiGLU", "CausalConvWithState",
-        "NegativeLogLikelihoodLoss", "SoftmaxCrossEntropyLoss", "MeanVarianceNormalization", "LinearAttention"})
+  for (const char* op : {"Attention", "RotaryEmbedding", "CenterCropPad", "Swish", "SwiGLU", "CausalConvWithState",
+                         "NegativeLogLikelihoodLoss", "SoftmaxCrossEntropyLoss", "MeanVarianceNormalization",
+                         "LinearAttention", "DynamicQuantizeLinear"})
     r.jvp(op, expand_jvp);
   r.jvp("ai.onnx.preview", "FlexAttention", expand_jvp);
 }

@@ -98,22 +98,30 @@ inline onnx::AttributeProto attr_ints(const char* name, const std::vector<int64_
   return Attr::ints(name, v).proto;
 }
 
+// c[0] x^(n-1) + ... + c[n-1], by Horner's rule.
+inline std::string polynomial(ExpansionWriter& w, const std::string& x, const std::vector<double>& c) {
+  std::string acc = w.scalar(c[0]);
+  for (size_t k = 1; k < c.size(); ++k) acc = w.op("Add", {w.op("Mul", {acc, x}), w.scalar(c[k])});
+  return acc;
+}
+// Keys' cubic convolution kernel with parameter `a` on its two pieces: |d| in [0, 1) and [1, 2).
+inline std::vector<double> keys_near(double a) {
+  return {a + 2, -(a + 3), 0, 1};
+}
+inline std::vector<double> keys_far(double a) {
+  return {a, -5 * a, 8 * a, -4 * a};
+}
+
 // Keys' cubic convolution coefficients (ONNX Runtime's bicubic, parameter `a`: -0.75 for
 // GridSample, cubic_coeff_a for Resize) for the fractional position t in [0, 1), taps at
 // floor - 1 .. floor + 2.
 inline std::vector<std::string> cubic_weights(ExpansionWriter& w, const std::string& t, double a) {
-  auto poly = [&](const std::string& x, const std::vector<double>& c) {  // c[0] x^3 + c[1] x^2 + c[2] x + c[3]
-    std::string acc = w.scalar(c[0]);
-    for (size_t k = 1; k < c.size(); ++k) acc = w.op("Add", {w.op("Mul", {acc, x}), w.scalar(c[k])});
-    return acc;
-  };
   const std::string one = w.scalar(1.0);
-  const std::string t1 = w.op("Add", {t, one});             // distance to floor - 1
-  const std::string s = w.op("Sub", {one, t});              // distance to floor + 1
-  const std::string s1 = w.op("Add", {s, one});             // distance to floor + 2
-  const std::vector<double> far{a, -5 * a, 8 * a, -4 * a};  // |d| in [1, 2)
-  const std::vector<double> near{a + 2, -(a + 3), 0, 1};    // |d| in [0, 1)
-  return {poly(t1, far), poly(t, near), poly(s, near), poly(s1, far)};
+  const std::string t1 = w.op("Add", {t, one});  // distance to floor - 1
+  const std::string s = w.op("Sub", {one, t});   // distance to floor + 1
+  const std::string s1 = w.op("Add", {s, one});  // distance to floor + 2
+  return {polynomial(w, t1, keys_far(a)), polynomial(w, t, keys_near(a)), polynomial(w, s, keys_near(a)),
+          polynomial(w, s1, keys_far(a))};
 }
 
 }  // namespace onnax

@@ -51,22 +51,81 @@ bool piecewise_constant_in(D& c, int i) {
   return (coords == "align_corners" || coords == "tf_crop_and_resize") && c.attr_i("antialias", 0) == 0;
 }
 
-// Resize in elementary ops, one resized axis after another (every mode but antialias is
-// separable), following ONNX Runtime's kernels. Per axis: the source coordinate of each output
+// Antialiased linear or cubic resampling of `x` along axis `a` (of `rank`), as ONNX Runtime
+// filters (after Pillow): output o weighs input q by the kernel at (q - center_o) * min(scale, 1),
+// so downsampling widens the kernel by 1/scale, and the weights of each output are normalized
+// over its taps. Taps beyond the input count toward that normalization and land on the nearest
+// edge element, unless exclude_outside drops them. The number of taps follows the run-time
+// scale, so the weights form a dense out x in matrix (over input positions widened by the
+// kernel's reach) instead of a fixed set of gathered taps. Like ONNX Runtime, an axis whose
+// length does not change is copied.
+struct AntialiasAxis {
+  std::string x, center, pos, scale, n, out;  // center, pos: [out] in the coordinate type
+  int64_t a = 0, rank = 0;
+  bool cubic = false, exclude_outside = false;
+  double cubic_a = -0.75;
+  int32_t value_type = 0;
+};
+std::string antialias_along(ExpansionWriter& w, const AntialiasAxis& p) {
+  const int32_t i64 = onnx::TensorProto::INT64;
+  auto to = [&](const std::string& v, int32_t dt) { return w.op("Cast", {v}, {attr_i("to", dt)}); };
+  auto unsqueeze = [&](const std::string& v, int64_t axis) { return w.op("Unsqueeze", {v, w.i64s({axis})}); };
+  const std::string one = w.scalar(1.0), zero = w.scalar(0.0);
+  const std::string same = w.op("Equal", {p.out, p.n});
+  const std::string stretch = w.op("Where", {same, one, w.op("Min", {p.scale, one})});
+  const std::string center = w.op("Where", {same, p.pos, p.center});
+  std::string taps;
+  if (p.exclude_outside) {
+    taps = w.op("Range", {w.i64(0), p.n, w.i64(1)});
+  } else {
+    const std::string reach = w.op("Div", {w.scalar(p.cubic ? 2.0 : 1.0), stretch});  // in input steps
+    const std::string pad = w.op("Add", {to(w.op("Ceil", {reach}), i64), w.i64(1)});
+    taps = w.op("Range", {w.op("Neg", {pad}), w.op("Add", {p.n, pad}), w.i64(1)});
+  }
+  const std::string distance =
+      w.op("Abs", {w.op("Mul", {w.op("Sub", {unsqueeze(to(taps, w.dtype()), 0), unsqueeze(center, 1)}), stretch})});
+  std::string kernel;
+  if (p.cubic) {
+    const std::string far =
+        w.op("Where", {w.op("Less", {distance, w.scalar(2.0)}), polynomial(w, distance, keys_far(p.cubic_a)), zero});
+    kernel = w.op("Where", {w.op("Less", {distance, one}), polynomial(w, distance, keys_near(p.cubic_a)), far});
+  } else {
+    kernel = w.op("Relu", {w.op("Sub", {one, distance})});
+  }
+  const std::string total = w.op("ReduceSum", {kernel, w.i64s({1})}, {attr_i("keepdims", 1)});
+  if (!p.exclude_outside) {
+    const std::string edge = w.op("Clip", {taps, w.i64(0), w.op("Sub", {p.n, w.i64(1)})});
+    const std::string inputs = w.op("Range", {w.i64(0), p.n, w.i64(1)});
+    kernel = w.op("MatMul", {kernel, to(w.op("Equal", {unsqueeze(edge, 1), unsqueeze(inputs, 0)}), w.dtype())});
+  }
+  const std::string safe_total = w.op("Where", {w.op("Equal", {total, zero}), one, total});
+  const std::string weights = to(w.op("Div", {kernel, safe_total}), p.value_type);  // [out, in]
+  if (p.a == p.rank - 2) return w.op("MatMul", {weights, p.x});
+  const std::string weights_t = w.op("Transpose", {weights}, {attr_ints("perm", {1, 0})});
+  if (p.a == p.rank - 1) return w.op("MatMul", {p.x, weights_t});
+  std::vector<int64_t> perm, inverse(static_cast<size_t>(p.rank));
+  for (int64_t d = 0; d < p.rank; ++d)
+    if (d != p.a) perm.push_back(d);
+  perm.push_back(p.a);
+  for (int64_t d = 0; d < p.rank; ++d) inverse[static_cast<size_t>(perm[static_cast<size_t>(d)])] = d;
+  const std::string moved = w.op("Transpose", {p.x}, {attr_ints("perm", perm)});
+  return w.op("Transpose", {w.op("MatMul", {moved, weights_t})}, {attr_ints("perm", inverse)});
+}
+
+// Resize in elementary ops, one resized axis after another (every mode is separable),
+// following ONNX Runtime's kernels. Per axis: the source coordinate of each output
 // position (coordinate_transformation_mode, with the axis' scale from `scales`, or from `sizes`
 // and keep_aspect_ratio_policy; lengths from X and from the op's own output), then taps gathered
 // along the axis and weighted: nearest one index (nearest_mode), linear two (the coordinate
 // clamped to the input, as ONNX Runtime clamps it), cubic four (Keys' kernel with
 // cubic_coeff_a, edge-clamped indices, and under exclude_outside the taps outside the input
-// dropped and the rest renormalized). tf_crop_and_resize writes extrapolation_value where the
+// dropped and the rest renormalized); antialiased linear and cubic weigh every input element
+// (antialias_along). tf_crop_and_resize writes extrapolation_value where the
 // coordinate leaves the input. Floor, Ceil and the comparisons carry no derivative, so the
 // derivative in scales and roi is the piecewise one between sampling-grid jumps.
 // Coordinates are computed in float32, as ONNX Runtime does, or in roi's type when roi is used.
 Vs resize_expansion_jvp(D& c) {
   if (c.opset < 11) c.unsupported("Resize-10 has no roi input", "upgrade the model to opset 11 or later");
-  if (c.attr_i("antialias", 0) != 0)
-    c.unsupported("antialias filters span a scale-dependent number of taps",
-                  "treat scales/roi as constants (initializers), or resize without antialias");
   const int64_t r = c.rank(0);
   if (r < 0) c.unsupported("X's rank is unknown", "give X a static rank (shape inference or value_info)");
   const std::string mode = node_s(c.node, "mode", "nearest");
@@ -80,6 +139,7 @@ Vs resize_expansion_jvp(D& c) {
   const int64_t k = static_cast<int64_t>(axes.size());
   const bool crop = coords == "tf_crop_and_resize";
   const bool by_scales = c.has(2);
+  const bool antialias = c.attr_i("antialias", 0) != 0 && mode != "nearest";
   const int32_t xdt = c.dtype(0);
   const int32_t cdt = crop && c.has(1) ? c.dtype(1) : static_cast<int32_t>(onnx::TensorProto::FLOAT);
   const int32_t i64 = onnx::TensorProto::INT64;
@@ -150,6 +210,8 @@ Vs resize_expansion_jvp(D& c) {
       c.unsupported("coordinate_transformation_mode is '" + coords + "'",
                     "use one of the modes ONNX defines for this opset");
     }
+    // ONNX Runtime's antialiased filter centers an axis of scale 1 on the input grid, roi or not.
+    if (antialias && crop) x = w.op("Where", {w.op("Equal", {scale(), one()}), pos, x});
     // A per-position vector [out] broadcast along axis a of the running result.
     std::vector<int64_t> trailing;
     for (int64_t d = 1; d < r - a; ++d) trailing.push_back(d);
@@ -161,7 +223,20 @@ Vs resize_expansion_jvp(D& c) {
       return w.op("Mul", {gather(index), along(to(weight, xdt))});
     };
     std::string next;
-    if (mode == "nearest") {
+    if (antialias) {
+      next = antialias_along(w, {.x = cur,
+                                 .center = x,
+                                 .pos = pos,
+                                 .scale = scale(),
+                                 .n = n,
+                                 .out = out,
+                                 .a = a,
+                                 .rank = r,
+                                 .cubic = mode == "cubic",
+                                 .exclude_outside = c.attr_i("exclude_outside", 0) != 0,
+                                 .cubic_a = c.attr_f("cubic_coeff_a", -0.75f),
+                                 .value_type = xdt});
+    } else if (mode == "nearest") {
       const std::string picked = nearest == "round_prefer_floor"  ? w.op("Ceil", {w.op("Sub", {x, half()})})
                                  : nearest == "round_prefer_ceil" ? w.op("Floor", {w.op("Add", {x, half()})})
                                  : nearest == "floor"             ? w.op("Floor", {x})
@@ -214,8 +289,7 @@ Vs resize_jvp(D& c) {
   // Reverse mode of sizes kept to the aspect ratio: no Resize spelling resizes one axis with
   // the common scale to the size that scale gives, so the transpose cannot be built from Resize;
   // the expansion's Gathers transpose instead.
-  expand = expand || (c.b.has_tape() && c.t(0).valid() && !c.has(2) && c.has(3) && !stretches(c.node) &&
-                      c.attr_i("antialias", 0) == 0);
+  expand = expand || (c.b.has_tape() && c.t(0).valid() && !c.has(2) && c.has(3) && !stretches(c.node));
   if (expand) return resize_expansion_jvp(c);
   if (!c.t(0).valid()) return {V{}};
   Vs ins = c.xs;
@@ -241,10 +315,10 @@ Vs resize_transpose(TransposeCtx& c) {
     c.unsupported("roi, scales or sizes is a tangent (Resize is linear in X only)",
                   "treat roi/scales/sizes as constants (initializers)");
   const bool by_sizes = c.in(3).valid();
-  if (by_sizes && !stretches(c.node))  // (the JVP expands these in reverse mode: antialias left)
+  if (by_sizes && !stretches(c.node))  // (the JVP expands these in reverse mode)
     c.unsupported("keep_aspect_ratio_policy=" + node_s(c.node, "keep_aspect_ratio_policy", "") +
-                      " with antialias couples the axes; reverse mode supports it without antialias",
-                  "use jvp (forward mode), or resize without antialias or with keep_aspect_ratio_policy='stretch'");
+                      " couples the axes, and this Resize was not made by the JVP rule, which expands it",
+                  "use jvp (forward mode), or keep_aspect_ratio_policy='stretch'");
   const int64_t r = c.rank(c.in(0));
   std::vector<int64_t> axes = c.attr_ints("axes");
   if (axes.empty())

@@ -1172,6 +1172,28 @@ for _tag, _xs, _ss, _attrs in _table(
         float_only=True,
     )
 
+# DynamicQuantizeLinear through its function body: y_scale = (max(0, max x) - min(0, min x)) / 255
+# is differentiable (a difference of the extreme elements); y and y_zero_point are uint8.
+for _tag, _gen in _table(
+    [
+        ("both-signs", normal((3, 4))),
+        ("all-positive", fixed(np.abs(np.random.default_rng(5).standard_normal((3, 4))) + 0.1)),
+    ]
+):
+    add(
+        f"DynamicQuantizeLinear-{_tag}",
+        build(
+            [node("DynamicQuantizeLinear", ["x"], ["y", "y_scale", "y_zero_point"])],
+            [In("x", (3, 4), F)],
+            outputs=["y_scale"],
+            opset=18,
+        ),
+        {"x": _gen},
+        # ONNX Runtime quantizes FLOAT only
+        variants="native",
+        float_only=True,
+    )
+
 # Linear ops whose JVP is the op on the tangent (reverse mode only for the selections)
 _NO_TRANSPOSE = "has no transpose rule yet"
 # DFT: linear over the reals; the transpose is a (scaled) DFT in the other direction
@@ -1537,6 +1559,18 @@ for _tag, _xs, _attrs, _sizes in _table(
             (1, 1, 4, 6),
             {"mode": "cubic", "keep_aspect_ratio_policy": "not_smaller"},
             [7, 7],
+        ),
+        (
+            "linear-antialias-not-larger",
+            (1, 2, 6, 8),
+            {"mode": "linear", "antialias": 1, "keep_aspect_ratio_policy": "not_larger"},
+            [3, 3],
+        ),
+        (
+            "cubic-antialias-not-smaller",
+            (1, 1, 9, 7),
+            {"mode": "cubic", "antialias": 1, "keep_aspect_ratio_policy": "not_smaller"},
+            [4, 2],
         ),
     ]
 ):
@@ -1953,42 +1987,19 @@ def _raises(fn: Any, *args: Any, **kwargs: Any) -> str:
     return str(err.value)
 
 
-def test_resize_antialias_scales_tangent_diagnostic() -> None:
+def test_reverse_mode_names_itself_in_jvp_rule_errors() -> None:
+    # Reverse mode runs the JVP rules; an error one raises names the transform called.
     m = build(
-        [node("Resize", ["x", "", "scales"], ["y"], mode="linear", antialias=1)],
-        [In("x", (1, 1, 4, 4), F), In("scales", (4,), F)],
+        [node("Dropout", ["x", "ratio", "training"], ["y"])],
+        [In("x", (3, 4), F)],
+        inits={"ratio": np.asarray(0.3, np.float32), "training": np.asarray(True)},
     )
-    msg = _raises(onnax.jvp, m)
-    assert "jvp: cannot differentiate ai.onnx::Resize (opset 18)" in msg
-    assert "antialias filters span a scale-dependent number of taps" in msg, msg
-    assert "Fix: treat scales/roi as constants (initializers), or resize without antialias" in msg, msg
-    # (reverse mode runs the same JVP rules; the message names the transform called)
-    assert _raises(onnax.vjp, m).startswith("vjp: cannot differentiate ai.onnx::Resize (opset 18)")
-    onnax.jvp(m, inputs=["x"])  # X alone is fine
-
-
-def test_resize_keep_aspect_ratio_antialias_reverse_diagnostic() -> None:
-    m = build(
-        [
-            node(
-                "Resize",
-                ["x", "", "", "sizes"],
-                ["y"],
-                mode="linear",
-                antialias=1,
-                keep_aspect_ratio_policy="not_larger",
-            )
-        ],
-        [In("x", (1, 1, 2, 4))],
-        inits={"sizes": i64([1, 1, 3, 3])},
+    rest = (
+        "cannot differentiate ai.onnx::Dropout (opset 18) at node 'dropout_node': training-mode Dropout "
+        "draws its mask at random and the node does not output it. Fix: add the mask output"
     )
-    onnax.jvp(m)  # forward mode is fine
-    msg = _raises(onnax.vjp, m)
-    assert (
-        "ai.onnx::Resize" in msg
-        and "keep_aspect_ratio_policy=not_larger with antialias couples the axes" in msg
-    )
-    assert "Fix: use jvp (forward mode)" in msg, msg
+    assert _raises(onnax.jvp, m).startswith("jvp: " + rest)
+    assert _raises(onnax.vjp, m).startswith("vjp: " + rest)
 
 
 @pytest.mark.parametrize("n", [4, 5])

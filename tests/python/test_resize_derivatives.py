@@ -6,7 +6,9 @@ at scale 1 in linear and cubic modes (so FD over those scales fails), and the re
 evaluator's float64 cubic Resize is only float32-accurate (too coarse for FD). So this file
 carries its own Resize: separable along the axes, in float64, with ONNX Runtime's sampling
 (linear clamps the coordinate to the input, cubic clamps the tap indices, exclude_outside drops
-and renormalizes the taps outside, tf_crop_and_resize extrapolates outside the input). The
+and renormalizes the taps outside, tf_crop_and_resize extrapolates outside the input; antialias
+weighs every input element by a kernel stretched by 1/scale when downsampling, and copies an
+axis whose length does not change). The
 onnax graphs run in float32 in ONNX Runtime; jvp must match central differences of the NumPy
 Resize, and vjp must match them by the dot-product test.
 """
@@ -41,6 +43,8 @@ def _coordinate(
         return (pos + 0.5) / scale
     if mode == "asymmetric":
         return pos / scale
+    if mode == "align_corners":
+        return pos * (n - 1) / (out - 1) if out > 1 else np.zeros_like(pos)
     if mode == "tf_crop_and_resize":
         start, end = roi
         if out == 1:
@@ -59,6 +63,26 @@ def _keys(t: np.ndarray, a: float) -> list[np.ndarray]:
     return [far(t + 1), near(t), near(1 - t), far(2 - t)]
 
 
+def _antialias_weights(coord: np.ndarray, n: int, scale: float, attrs: Mapping[str, Any]) -> np.ndarray:
+    """[out, n] weights of the antialiased filter: the kernel stretched by 1/scale when
+    downsampling, normalized over its taps; taps outside the input land on the edge elements
+    (or are dropped, with exclude_outside)."""
+    stretch = min(scale, 1.0)
+    reach = (1.0 if attrs["mode"] == "linear" else 2.0) / stretch
+    pad = int(np.ceil(reach)) + 1
+    taps = np.arange(n) if attrs.get("exclude_outside", 0) else np.arange(-pad, n + pad)
+    d = np.abs((taps[None, :] - coord[:, None]) * stretch)
+    if attrs["mode"] == "linear":
+        kernel = np.maximum(0.0, 1.0 - d)
+    else:
+        a = attrs.get("cubic_coeff_a", -0.75)
+        near = ((a + 2) * d - (a + 3)) * d * d + 1
+        far = ((a * d - 5 * a) * d + 8 * a) * d - 4 * a
+        kernel = np.where(d < 1, near, np.where(d < 2, far, 0.0))
+    landing = np.clip(taps, 0, n - 1)[:, None] == np.arange(n)[None, :]
+    return (kernel @ landing) / kernel.sum(axis=1, keepdims=True)
+
+
 def resize_1d(
     x: np.ndarray, axis: int, out: int, scale: float, roi: tuple[float, float], attrs: Mapping[str, Any]
 ) -> np.ndarray:
@@ -66,7 +90,9 @@ def resize_1d(
     mode = attrs.get("coordinate_transformation_mode", "half_pixel")
     coord = _coordinate(mode, np.arange(out, dtype=np.float64), n, out, scale, roi)
     moved = np.moveaxis(x, axis, -1)
-    if attrs["mode"] == "linear":
+    if attrs.get("antialias", 0):
+        y = moved if out == n else moved @ _antialias_weights(coord, n, scale, attrs).T
+    elif attrs["mode"] == "linear":
         c = np.clip(coord, 0, n - 1)
         lo = np.floor(c).astype(np.int64)
         hi = np.minimum(lo + 1, n - 1)
@@ -111,6 +137,16 @@ CASES = [
     ),
     ("cubic-exclude-outside", {"mode": "cubic", "exclude_outside": 1, "cubic_coeff_a": -0.5}),
     ("cubic-asymmetric", {"mode": "cubic", "coordinate_transformation_mode": "asymmetric"}),
+    ("linear-antialias", {"mode": "linear", "antialias": 1}),
+    (
+        "linear-antialias-align-corners",
+        {"mode": "linear", "antialias": 1, "coordinate_transformation_mode": "align_corners"},
+    ),
+    ("cubic-antialias", {"mode": "cubic", "antialias": 1}),
+    (
+        "cubic-antialias-exclude-outside",
+        {"mode": "cubic", "antialias": 1, "exclude_outside": 1, "cubic_coeff_a": -0.5},
+    ),
     (
         "linear-tf-crop-and-resize",
         {

@@ -1004,7 +1004,13 @@ def _misc_cases() -> None:
     m = single("Trilu", ["x", "k"], [("x", F, [2, 3, 5]), ("k", I64, [])], upper=0)
     add("Trilu-lower-k_batched-x_shared", m, (None, 0), 0, gens={"k": ints(-4, 6, [])})
     m = single("Trilu", ["x", "k"], [("x", B, [4, 4]), ("k", I64, [])])
-    add("Trilu-bool-k_batched-out1", m, (1, 0), 1, gens={"x": ints(0, 2, [4, 4], np.bool_), "k": ints(-2, 3, [])})
+    add(
+        "Trilu-bool-k_batched-out1",
+        m,
+        (1, 0),
+        1,
+        gens={"x": ints(0, 2, [4, 4], np.bool_), "k": ints(-2, 3, [])},
+    )
 
     ohi = {"depth": np.array(4, np.int64), "values": np.array([0.0, 1.0], np.float32)}
     m = single("OneHot", ["idx", "depth", "values"], [("idx", I64, [3])], inits=ohi)
