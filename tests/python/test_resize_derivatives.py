@@ -10,7 +10,9 @@ and renormalizes the taps outside, tf_crop_and_resize extrapolates outside the i
 weighs every input element by a kernel stretched by 1/scale when downsampling, and copies an
 axis whose length does not change). The
 onnax graphs run in float32 in ONNX Runtime; jvp must match central differences of the NumPy
-Resize, and vjp must match them by the dot-product test.
+Resize, and vjp must match them by the dot-product test. Through the antialias expansion, the
+Hessian in scales (jvp of grad) must match central differences of the gradient, and vmap(grad)
+a loop over examples.
 """
 
 from __future__ import annotations
@@ -237,3 +239,51 @@ def test_resize_jvp_and_vjp_match_numpy_in_scales_and_roi(attrs: dict[str, Any])
         dot,
         expected,
     )
+
+
+@pytest.mark.parametrize(
+    "attrs",
+    [
+        {"mode": "linear", "antialias": 1},
+        {"mode": "cubic", "antialias": 1},
+        {"mode": "cubic", "antialias": 1, "exclude_outside": 1},
+    ],
+    ids=["linear", "cubic", "cubic-exclude-outside"],
+)
+def test_antialias_hessian_and_per_example_gradients_in_scales(attrs: dict[str, Any]) -> None:
+    # Second order and batching through the antialias expansion (its Abs, Relu, Where, Ceil,
+    # Range, MatMul each carry rules of their own): jvp(grad) in scales against central
+    # differences of the gradient, and vmap(grad) against a loop over examples.
+    x_shape, y_shape = (1, 2, 7, 9), (1, 2, 4, 6)
+    weights = np.random.default_rng(5).standard_normal(y_shape).astype(np.float32)
+    model = make_ad_model(
+        [
+            node("Resize", ["x", "", "scales"], ["y"], **attrs),
+            node("Mul", ["y", "w"], ["weighted"]),
+            node("ReduceSum", ["weighted"], ["loss"], keepdims=0),
+        ],
+        [("x", F, list(x_shape)), ("scales", F, [4])],
+        [("loss", F, [])],
+        initializers={"w": weights},
+        opset=18,
+    )
+    g = onnax.grad(model, inputs=["x", "scales"], output="loss")
+    d_scales = g.graph.output[-1].name
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal(x_shape).astype(np.float32)
+    scales = np.asarray([1, 1, 0.63, 0.71], np.float32)
+
+    h = onnax.jvp(g, inputs=["scales"])
+    direction = np.asarray([0, 0, 0.6, -0.8], np.float32)
+    hvp = run(h, {"x": x, "scales": scales, h.graph.input[-1].name: direction})[h.graph.output[-1].name]
+    eps = 1e-3
+    plus = run(g, {"x": x, "scales": scales + eps * direction})[d_scales]
+    minus = run(g, {"x": x, "scales": scales - eps * direction})[d_scales]
+    fd = (plus.astype(np.float64) - minus) / (2 * eps)
+    np.testing.assert_allclose(hvp, fd, rtol=2e-3, atol=2e-3 * np.abs(fd).max())
+
+    v = onnax.vmap(g, in_axes=[0, None])
+    xs = rng.standard_normal((3, *x_shape)).astype(np.float32)
+    batched = run(v, {"x": xs, "scales": scales})[d_scales]
+    looped = np.stack([run(g, {"x": xs[i], "scales": scales})[d_scales] for i in range(3)])
+    np.testing.assert_allclose(batched, looped, rtol=1e-5, atol=1e-5 * np.abs(looped).max())
