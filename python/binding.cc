@@ -15,10 +15,22 @@ namespace py = pybind11;
 
 namespace {
 
+// Notices become UserWarnings attributed to the caller's code: the first frame outside the
+// onnax package (the transforms reach the core through a helper or two).
 void notice_to_python(const std::string& message) {
   py::gil_scoped_acquire gil;
+  static const std::string package = [] {
+    const std::string init = py::module_::import("onnax").attr("__file__").cast<std::string>();
+    return init.substr(0, init.find_last_of("/\\") + 1);
+  }();
+  int level = 1;  // 1: the innermost Python frame, which called into the core
+  py::object frame = py::module_::import("sys").attr("_getframe")(0);
+  while (!frame.is_none() && frame.attr("f_code").attr("co_filename").cast<std::string>().rfind(package, 0) == 0) {
+    frame = frame.attr("f_back");
+    ++level;
+  }
   py::module_::import("warnings")
-      .attr("warn")(py::str("onnax: " + message), py::module_::import("builtins").attr("UserWarning"), 2);
+      .attr("warn")(py::str("onnax: " + message), py::module_::import("builtins").attr("UserWarning"), level);
 }
 
 // in_axes arrives as exactly one of: an int/None for every input (`all`), a list (one per

@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
 from onnax import _core
-from onnax._models import from_bytes, to_bytes
+from onnax._models import transform
 
 ModelT = TypeVar("ModelT")
 AxisSpec = int | None
@@ -57,8 +57,8 @@ def vmap(
     for i, axis in enumerate(outs):
         if not isinstance(axis, int) or isinstance(axis, bool):
             raise TypeError(f"out_axes[{i}] must be an int, got {axis!r}")
-    data = _core.vmap(to_bytes(model), all_inputs, positional, by_name, outs, axis_name or "")
-    return from_bytes(data, model)  # type: ignore[no-any-return]
+    name = axis_name or ""
+    return transform(model, lambda data: _core.vmap(data, all_inputs, positional, by_name, outs, name))
 
 
 def _check_axis(axis: Any, what: str) -> None:
@@ -92,8 +92,8 @@ def jvp(model: ModelT, inputs: Names = None, outputs: Names = None) -> ModelT:
     outputs default to the derivatives an earlier onnax transform generated (so
     ``jvp(grad(f), inputs=["w"])`` appends a Hessian-vector product), else every float output.
     """
-    data = _core.jvp(to_bytes(model), _names(inputs, "inputs"), _names(outputs, "outputs"))
-    return from_bytes(data, model)  # type: ignore[no-any-return]
+    selected = _names(inputs, "inputs"), _names(outputs, "outputs")
+    return transform(model, lambda data: _core.jvp(data, *selected))
 
 
 def vjp(model: ModelT, inputs: Names = None, outputs: Names = None) -> ModelT:
@@ -102,8 +102,8 @@ def vjp(model: ModelT, inputs: Names = None, outputs: Names = None) -> ModelT:
     Appends one cotangent input per selected output (``<output>_cotangent``) and returns all
     primal outputs, then the cotangents of the selected inputs (``<input>_cotangent``).
     """
-    data = _core.vjp(to_bytes(model), _names(inputs, "inputs"), _names(outputs, "outputs"))
-    return from_bytes(data, model)  # type: ignore[no-any-return]
+    selected = _names(inputs, "inputs"), _names(outputs, "outputs")
+    return transform(model, lambda data: _core.vjp(data, *selected))
 
 
 def grad(model: ModelT, inputs: Names = None, output: str | None = None) -> ModelT:
@@ -114,5 +114,5 @@ def grad(model: ModelT, inputs: Names = None, output: str | None = None) -> Mode
     """
     if output is not None and not isinstance(output, str):
         raise TypeError(f"output must be a graph name (str), got {output!r}")
-    data = _core.grad(to_bytes(model), _names(inputs, "inputs"), output)
-    return from_bytes(data, model)  # type: ignore[no-any-return]
+    selected = _names(inputs, "inputs")
+    return transform(model, lambda data: _core.grad(data, selected, output))
