@@ -8,7 +8,10 @@ nodes). For vmap and grad (w.r.t. every weight) it times, side by side in one ru
   from the core and put back into the result (``onnax._models``);
 * the whole-model path the API took before: serialize the whole model, the core's transform on
   it, parse the whole result (``_core.vmap`` / ``_core.grad`` on the full bytes);
-* the Python I/O floor: ``SerializeToString`` + ``ParseFromString`` of the source model.
+* the Python I/O floor: ``SerializeToString`` + ``ParseFromString`` of the source model;
+
+and the same for the model as an ``onnx_ir.Model``. (The byte-identity of the two paths' results
+is tested in tests/python/test_held_back_weights.py.)
 
 Each figure is the median of ``--repeats`` runs after one warm-up run.
 
@@ -26,6 +29,7 @@ from collections.abc import Callable
 import numpy as np
 import onnax
 import onnx
+import onnx_ir as ir
 from onnax import _core
 from onnx import TensorProto, helper, numpy_helper
 
@@ -78,17 +82,27 @@ def main() -> None:
     print(f"python serialize + parse of the source: {floor:.3f} s")
     print("| transform | onnax API | whole-model path | API / whole | API / python I/O |")
     print("|---|---:|---:|---:|---:|")
-    for name, api, core in [
-        ("vmap", lambda: onnax.vmap(model), lambda d: _core.vmap(d, 0, None, None, [0], "")),
+    ir_model = ir.serde.deserialize_model(model)
+
+    def whole_ir(call: Callable[[bytes], bytes]) -> ir.Model:
+        data = ir.serde.serialize_model(ir_model).SerializeToString()
+        return ir.serde.deserialize_model(onnx.ModelProto.FromString(call(data)))
+
+    vmap_core = lambda d: _core.vmap(d, 0, None, None, [0], "")  # noqa: E731
+    grad_core = lambda d: _core.grad(d, weights, "loss")  # noqa: E731
+    for name, api, core, path in [
+        ("vmap", lambda: onnax.vmap(model), vmap_core, whole),
+        ("grad", lambda: onnax.grad(model, inputs=weights, output="loss"), grad_core, whole),
+        ("vmap (onnx_ir model)", lambda: onnax.vmap(ir_model), vmap_core, whole_ir),
         (
-            "grad",
-            lambda: onnax.grad(model, inputs=weights, output="loss"),
-            lambda d: _core.grad(d, weights, "loss"),
+            "grad (onnx_ir model)",
+            lambda: onnax.grad(ir_model, inputs=weights, output="loss"),
+            grad_core,
+            whole_ir,
         ),
     ]:
-        assert api().SerializeToString() == whole(core).SerializeToString()
         t_api = median_seconds(api, args.repeats)
-        t_whole = median_seconds(lambda core=core: whole(core), args.repeats)  # type: ignore[misc]
+        t_whole = median_seconds(lambda core=core, path=path: path(core), args.repeats)  # type: ignore[misc]
         print(f"| {name} | {t_api:.3f} s | {t_whole:.3f} s | {t_api / t_whole:.2f}x | {t_api / floor:.2f}x |")
 
 
