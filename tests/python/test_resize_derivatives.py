@@ -158,6 +158,15 @@ CASES = [
         },
     ),
     (
+        "linear-antialias-tf-crop-and-resize",
+        {
+            "mode": "linear",
+            "antialias": 1,
+            "coordinate_transformation_mode": "tf_crop_and_resize",
+            "extrapolation_value": 1.5,
+        },
+    ),
+    (
         "cubic-tf-crop-and-resize",
         {
             "mode": "cubic",
