@@ -2,7 +2,7 @@
 
 Every transform takes an ``onnx_ir.Model`` or an ``onnx.ModelProto`` and returns a new model
 of the same kind; the source is never modified. The work happens in the C++ core; models
-cross into it as serialized bytes.
+cross into it as serialized bytes, their large float weights held back (onnax._models).
 """
 
 from __future__ import annotations
