@@ -62,9 +62,11 @@ def transform(model: ModelT, call: Callable[[bytes], bytes]) -> ModelT:
         # The core placed a stand-in somewhere other than the result's initializers (none of
         # today's transforms do): transform the whole model instead.
         return from_bytes(call(proto.SerializeToString()), model)  # type: ignore[no-any-return]
-    if isinstance(model, onnx.ModelProto):
+    if isinstance(model, onnx.ModelProto) or _renamed(result, held):
+        # (onnx_ir names a tensor after the value holding it when it serializes: a shared tensor
+        # under a new name would rename the source's. Renamed ones are copied.)
         _put_back(result, held)
-        return result  # type: ignore[return-value]
+        return _like(result, model)  # type: ignore[no-any-return]
     return _put_back_ir(_like(result, model), model, held)  # type: ignore[no-any-return]
 
 
@@ -150,9 +152,23 @@ def _hold_back(model: onnx.ModelProto) -> tuple[onnx.ModelProto, _Held]:
 
 
 def _held_original(t: onnx.TensorProto, held: _Held) -> onnx.TensorProto | None:
+    """The tensor the stand-in `t` holds the place of (None: `t` is no intact stand-in, so a
+    transform that reshaped or retyped one falls back to the whole model)."""
     if t.data_location != onnx.TensorProto.EXTERNAL or len(t.external_data) != 1:
         return None
-    return held.tensors.get(t.external_data[0].value)
+    original = held.tensors.get(t.external_data[0].value)
+    if original is None or t.data_type != original.data_type or list(t.dims) != list(original.dims):
+        return None
+    return original
+
+
+def _renamed(result: onnx.ModelProto, held: _Held) -> bool:
+    """Whether the transform renamed a stand-in (vmap renames an initializer it must also
+    return batched, for example)."""
+    return any(
+        (original := _held_original(t, held)) is not None and original.name != t.name
+        for t in result.graph.initializer
+    )
 
 
 def _stand_ins(result: onnx.ModelProto, held: _Held) -> int:
@@ -161,11 +177,14 @@ def _stand_ins(result: onnx.ModelProto, held: _Held) -> int:
 
 
 def _put_back(result: onnx.ModelProto, held: _Held) -> None:
-    """Replaces the stand-ins among the result's initializers by the originals."""
+    """Replaces the stand-ins among the result's initializers by the originals' data, under the
+    names the transform gave them."""
     for t in result.graph.initializer:
         original = _held_original(t, held)
         if original is not None:
+            name = t.name
             t.CopyFrom(original)
+            t.name = name
 
 
 def _put_back_ir(result: Any, source: Any, held: _Held) -> Any:

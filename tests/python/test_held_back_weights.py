@@ -191,3 +191,66 @@ def test_notices_point_at_the_callers_line() -> None:
     upgraded = [w for w in caught if "upgraded the model" in str(w.message)]
     assert upgraded, [str(w.message) for w in caught]
     assert upgraded[0].filename == __file__
+
+
+def shared_output_model() -> onnx.ModelProto:
+    """A weight that is also a graph output: vmap renames it (it must return it batched)."""
+    w = numpy_helper.from_array(np.arange(2048, dtype=np.float32).reshape(32, 64) / 2048, "W")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "W"], ["y"])],
+        "shared_output",
+        [helper.make_tensor_value_info("x", F, [4, 32])],
+        [helper.make_tensor_value_info("y", F, [4, 64]), helper.make_tensor_value_info("W", F, [32, 64])],
+        [w],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=9)
+
+
+def test_a_renamed_weight_keeps_its_new_name() -> None:
+    model = shared_output_model()
+    expected = _core.vmap(model.SerializeToString(), 0, None, None, [0], "")
+    assert "W" not in {t.name for t in onnx.ModelProto.FromString(expected).graph.initializer}  # (renamed)
+    assert onnax.vmap(model).SerializeToString() == expected
+    # onnx_ir: the renamed tensor is copied, not shared (onnx_ir would rename the source's).
+    source = onnx_ir.serde.deserialize_model(model)
+    got = onnax.vmap(source)
+    assert onnx_ir.serde.serialize_model(got) == onnx_ir.serde.serialize_model(
+        onnx_ir.serde.deserialize_model(onnx.ModelProto.FromString(expected))
+    )
+    tensor = source.graph.initializers["W"].const_value
+    assert tensor is not None and tensor.name == "W"
+    x = np.random.default_rng(0).standard_normal((3, 4, 32)).astype(np.float32)
+    import onnxruntime as ort
+
+    sess = ort.InferenceSession(onnax.vmap(model).SerializeToString(), providers=["CPUExecutionProvider"])
+    y, w = sess.run(None, {"x": x})
+    weight = numpy_helper.to_array(model.graph.initializer[0])
+    np.testing.assert_allclose(y, x @ weight, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(w, np.broadcast_to(weight, (3, 32, 64)))
+
+
+def test_a_weight_that_is_also_a_graph_input() -> None:
+    # (IR < 4 style: the initializer is the input's default value.)
+    model = mlp()
+    model.graph.input.append(helper.make_tensor_value_info("W1", F, [64, 48]))
+    for name in TRANSFORMS:
+        got = public(model, name)
+        assert isinstance(got, onnx.ModelProto)
+        assert got.SerializeToString() == whole(model, name), name
+
+
+def test_a_reshaped_stand_in_falls_back_to_the_whole_model() -> None:
+    model = mlp()
+    calls: list[bytes] = []
+
+    def call(data: bytes) -> bytes:
+        calls.append(data)
+        result = onnx.ModelProto.FromString(_core.vmap(data, 0, None, None, [0], ""))
+        if len(calls) == 1:  # a core that changed a stand-in's shape
+            stand_in = next(t for t in result.graph.initializer if t.external_data)
+            stand_in.dims[0] += 1
+        return result.SerializeToString()
+
+    got = transform(model, call)
+    assert len(calls) == 2
+    assert got.SerializeToString() == whole(model, "vmap")
