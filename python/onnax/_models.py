@@ -112,6 +112,12 @@ def _worth_holding_back(t: onnx.TensorProto) -> bool:
     )
 
 
+def _has_unknown_fields(*messages: Any) -> bool:
+    from google.protobuf import unknown_fields
+
+    return any(len(unknown_fields.UnknownFieldSet(m)) > 0 for m in messages)
+
+
 def _copy_fields(source: Any, target: Any, skip: str) -> None:
     for field, value in source.ListFields():
         if field.name == skip:
@@ -129,7 +135,9 @@ def _hold_back(model: onnx.ModelProto) -> tuple[onnx.ModelProto, _Held]:
     (an empty ModelProto when there is none), and the originals."""
     held = _Held()
     initializers = model.graph.initializer
-    if not any(_worth_holding_back(t) for t in initializers):
+    if not any(_worth_holding_back(t) for t in initializers) or _has_unknown_fields(model, model.graph):
+        # (Fields of a newer schema than the onnx package's: the copy below would drop them,
+        # the core keeps them.)
         return onnx.ModelProto(), held
     light = onnx.ModelProto()
     _copy_fields(model, light, skip="graph")

@@ -254,3 +254,12 @@ def test_a_reshaped_stand_in_falls_back_to_the_whole_model() -> None:
     got = transform(model, call)
     assert len(calls) == 2
     assert got.SerializeToString() == whole(model, "vmap")
+
+
+def test_fields_of_a_newer_schema_survive() -> None:
+    # A model-level field the onnx package does not know (number 999): the core keeps it, so
+    # the result must too.
+    model = onnx.ModelProto.FromString(mlp().SerializeToString() + bytes([0xF8, 0x3E, 0x01]))
+    got = onnax.vmap(model)
+    assert got.SerializeToString() == whole(model, "vmap")
+    assert bytes([0xF8, 0x3E, 0x01]) in got.SerializeToString()
