@@ -211,10 +211,28 @@ def _numpy_resize(
 
 @pytest.mark.parametrize("attrs", [c[1] for c in CASES], ids=[c[0] for c in CASES])
 def test_resize_jvp_and_vjp_match_numpy_in_scales_and_roi(attrs: dict[str, Any]) -> None:
+    check_against_numpy(attrs, SCALES)
+
+
+@pytest.mark.parametrize(
+    "attrs",
+    [
+        {"mode": "linear", "antialias": 1, "exclude_outside": 1},
+        {"mode": "cubic", "antialias": 1},
+    ],
+    ids=["linear-exclude-outside", "cubic"],
+)
+def test_antialias_copies_an_axis_whose_length_does_not_change(attrs: dict[str, Any]) -> None:
+    # Scale 1.1 on a length-4 axis keeps the length (4.4 -> 4): ONNX Runtime copies that axis
+    # whatever the scale, so its scale has no derivative; the other axis downsamples.
+    check_against_numpy(attrs, np.asarray([1, 1, 1.1, 0.55], np.float32))
+
+
+def check_against_numpy(attrs: Mapping[str, Any], scales: np.ndarray) -> None:
     model, names = _model(attrs)
     rng = np.random.default_rng(7)
     x = rng.standard_normal(X_SHAPE).astype(np.float32)
-    other = ROI if "roi" in names else SCALES
+    other = ROI if "roi" in names else scales
     feeds = {names[0]: x, names[1]: other}
     y = run(model, feeds)["y"]
     # The NumPy Resize reproduces the primal (as ONNX Runtime computes it, in float32).
