@@ -214,7 +214,7 @@ onnx::ValueInfoProto value_info_like(const std::string& name, const Facts& f) {
 }
 
 // Leaves the result in *p.model.
-void differentiate(Prepared& p, Mode mode, const Selection& sel) {
+void differentiate_graph(Prepared& p, Mode mode, const Selection& sel) {
   const std::string m = mode_name(mode);
   const Resolved r = resolve(p, mode, sel);
 
@@ -355,15 +355,7 @@ void differentiate(Prepared& p, Mode mode, const Selection& sel) {
       }
     }
     b.set_origin(node.output(0), "_tangent");
-    Vs touts;
-    try {
-      touts = (*rule)(ctx);
-    } catch (const Error& e) {
-      // Rules report as "jvp: ..." (they are JVP rules); name the transform the user called.
-      const std::string_view what = e.what();
-      if (mode == Mode::kJvp || what.rfind("jvp: ", 0) != 0) throw;
-      diag::fail(e.kind(), m + ": " + std::string(what.substr(5)));
-    }
+    Vs touts = (*rule)(ctx);
     for (int k = 0; k < node.output_size() && k < static_cast<int>(touts.size()); ++k) {
       const std::string& o = node.output(k);
       const Facts& of = p.facts.at(output_ids[k]);  // (an empty name has id -1: unknown facts)
@@ -509,6 +501,22 @@ void differentiate(Prepared& p, Mode mode, const Selection& sel) {
   provenance::record_step(result, "{\"transform\": " + provenance::quote(m) + ", \"inputs\": " + provenance::list(qi) +
                                       ", \"outputs\": " + provenance::list(qo) + "}");
   provenance::set_derivative_outputs(result, derivative_names);
+}
+
+// Errors name the transform the user called. Rules report under the mode that raised them:
+// JVP rules as "jvp: ", transpose rules as "vjp: ", and a control-flow body, differentiated as
+// a model of its own, as the transform it was given.
+void differentiate(Prepared& p, Mode mode, const Selection& sel) {
+  const std::string m = mode_name(mode);
+  try {
+    differentiate_graph(p, mode, sel);
+  } catch (const Error& e) {
+    const std::string_view what = e.what();
+    for (const std::string_view raised : {"jvp: ", "vjp: "})
+      if (what.starts_with(raised) && raised.substr(0, 3) != m)
+        diag::fail(e.kind(), m + ": " + std::string(what.substr(raised.size())));
+    throw;
+  }
 }
 
 }  // namespace
