@@ -4,7 +4,6 @@
 #include <onnx/shape_inference/implementation.h>
 
 #include <algorithm>
-#include <cctype>
 #include <cstring>
 #include <deque>
 #include <limits>
@@ -330,8 +329,8 @@ V Builder::existing_id(int name_id, const Facts* shared) {
 std::string_view Builder::name_base(char separator, std::string_view type, bool lowercase) {
   name_base_.assign(origin_.empty() ? std::string_view("onnax") : std::string_view(origin_));
   name_base_.push_back(separator);
-  for (char c : type)
-    name_base_.push_back(lowercase ? static_cast<char>(std::tolower(static_cast<unsigned char>(c))) : c);
+  // (Op types are ASCII; std::tolower would consult the locale for every character.)
+  for (char c : type) name_base_.push_back(lowercase && c >= 'A' && c <= 'Z' ? static_cast<char>(c - 'A' + 'a') : c);
   return name_base_;
 }
 
@@ -415,6 +414,14 @@ Vs Builder::op(std::string_view type, const Vs& inputs, const Attrs& attrs, int 
 
 Vs Builder::emit(std::string_view type, const Vs& inputs, const Attrs& attrs, int num_outputs, const Vs* recorded) {
   const bool for_tape = bound_for_tape(recorded ? *recorded : inputs);
+  std::string_view base;  // of the outputs' names
+  if (!for_tape) {
+    // The name tables of large graphs outgrow the caches: start loading the slots the first
+    // output's name (and the node's, named after it) will probe while the node is being built.
+    base = name_base('_', type, true);
+    value_names_.prefetch(base);
+    node_names_.prefetch(base);
+  }
   auto* n = new_node(type, for_tape);
   if (!for_tape) add_inputs(n, inputs);
   for (const auto& a : attrs) *n->add_attribute() = a.proto;
@@ -424,7 +431,7 @@ Vs Builder::emit(std::string_view type, const Vs& inputs, const Attrs& attrs, in
       outs.push_back(add_value(std::string_view(), Facts{}));
       continue;
     }
-    const std::string_view nm = value_names_.fresh_view(name_base('_', type, true));
+    const std::string_view nm = value_names_.fresh_view(base);
     n->add_output(nm.data(), nm.size());
     outs.push_back(add_value(nm, Facts{}));
   }

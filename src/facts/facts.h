@@ -79,10 +79,19 @@ std::optional<onnx::TensorProto> constant_tensor(const onnx::NodeProto& node);
 // The ids (in a NameScope) of every node's inputs and outputs, computed in one pass so later
 // passes never hash a name again. -1 stands for an empty (absent optional) name.
 struct NodeValueIds {
-  std::vector<int32_t> ids;       // node i: its inputs, then its outputs
-  std::vector<uint32_t> offsets;  // node i's first entry in `ids`
+  std::vector<int32_t> ids;            // node i: its inputs, then its outputs
+  std::vector<uint32_t> offsets;       // node i's first entry in `ids`
+  std::vector<uint32_t> input_counts;  // node i's number of inputs
   const int32_t* inputs(int node) const { return ids.data() + offsets[static_cast<size_t>(node)]; }
   const int32_t* outputs(int node, int input_count) const { return inputs(node) + input_count; }
+  const int32_t* outputs(int node) const { return inputs(node) + inputs_of(node); }
+  // Counts without reading the node itself (a miss to memory per node on large graphs).
+  int inputs_of(int node) const { return static_cast<int>(input_counts[static_cast<size_t>(node)]); }
+  int outputs_of(int node) const {
+    const size_t i = static_cast<size_t>(node);
+    const size_t end = i + 1 < offsets.size() ? offsets[i + 1] : ids.size();
+    return static_cast<int>(end - offsets[i] - input_counts[i]);
+  }
 };
 
 // Runs ONNX's per-node type and shape inference (and partial data propagation, so shapes

@@ -159,23 +159,26 @@ Resolved resolve(const Prepared& p, Mode mode, const Selection& sel) {
 }
 
 // Which values (by id) lie on some path to the selected outputs: only those need derivatives.
+// (Reads the index only: touching every node would be a miss to memory per node.)
 std::vector<char> needed_values(const Prepared& p, const std::vector<std::string>& outputs) {
   std::vector<char> needed(static_cast<size_t>(p.value_names.size()), 0);
   auto mark = [&](int id) {
     if (id >= 0) needed[static_cast<size_t>(id)] = 1;
   };
   for (const auto& o : outputs) mark(p.value_names.id(o));
-  const onnx::GraphProto& g = *p.graph;
-  for (int i = g.node_size() - 1; i >= 0; --i) {
-    const auto& n = g.node(i);
+  auto nested = p.nodes_with_subgraphs.rbegin();  // ascending indices, walked backwards
+  for (int i = p.graph->node_size() - 1; i >= 0; --i) {
     const int32_t* ins = p.node_ids.inputs(i);
-    const int32_t* outs = p.node_ids.outputs(i, n.input_size());
+    const int32_t* outs = p.node_ids.outputs(i);
+    const int input_count = p.node_ids.inputs_of(i), output_count = p.node_ids.outputs_of(i);
+    const bool has_bodies = nested != p.nodes_with_subgraphs.rend() && *nested == i;
+    if (has_bodies) ++nested;
     bool useful = false;
-    for (int k = 0; k < n.output_size(); ++k) useful = useful || (outs[k] >= 0 && needed[static_cast<size_t>(outs[k])]);
+    for (int k = 0; k < output_count; ++k) useful = useful || (outs[k] >= 0 && needed[static_cast<size_t>(outs[k])]);
     if (!useful) continue;
-    for (int k = 0; k < n.input_size(); ++k) mark(ins[k]);
-    if (has_subgraphs(n))
-      for (const auto& r : outer_scope_reads(n)) mark(p.value_names.id(r));
+    for (int k = 0; k < input_count; ++k) mark(ins[k]);
+    if (has_bodies)
+      for (const auto& r : outer_scope_reads(p.graph->node(i))) mark(p.value_names.id(r));
   }
   return needed;
 }
@@ -187,16 +190,15 @@ size_t differentiated_nodes(const Prepared& p, const std::vector<int>& seed_ids,
   std::vector<char> depends(needed.size(), 0);
   for (int id : seed_ids)
     if (id >= 0) depends[static_cast<size_t>(id)] = 1;
-  const onnx::GraphProto& g = *p.graph;
   size_t count = 0;
-  for (int i = 0; i < g.node_size(); ++i) {
-    const auto& n = g.node(i);
+  for (int i = 0; i < p.graph->node_size(); ++i) {
     const int32_t* ins = p.node_ids.inputs(i);
-    const int32_t* outs = p.node_ids.outputs(i, n.input_size());
+    const int32_t* outs = p.node_ids.outputs(i);
+    const int input_count = p.node_ids.inputs_of(i), output_count = p.node_ids.outputs_of(i);
     bool active = false, useful = false;
-    for (int k = 0; k < n.input_size(); ++k) active = active || (ins[k] >= 0 && depends[static_cast<size_t>(ins[k])]);
+    for (int k = 0; k < input_count; ++k) active = active || (ins[k] >= 0 && depends[static_cast<size_t>(ins[k])]);
     if (!active) continue;
-    for (int k = 0; k < n.output_size(); ++k)
+    for (int k = 0; k < output_count; ++k)
       if (outs[k] >= 0) {
         depends[static_cast<size_t>(outs[k])] = 1;
         useful = useful || needed[static_cast<size_t>(outs[k])];
@@ -281,6 +283,10 @@ void differentiate_graph(Prepared& p, Mode mode, const Selection& sel) {
   std::vector<NodePtr> owned = take_nodes(p);
 
   for (int ni = 0; ni < node_count; ++ni) {
+    // Nodes are scattered over the heap: start loading one a few nodes ahead.
+    constexpr int kAhead = 4;
+    if (ni + kAhead < node_count)
+      __builtin_prefetch(owned.empty() ? &src->node(ni + kAhead) : owned[static_cast<size_t>(ni + kAhead)].get());
     const onnx::NodeProto& node = owned.empty() ? src->node(ni) : *owned[static_cast<size_t>(ni)];
     const int32_t* input_ids = p.node_ids.inputs(ni);
     const int32_t* output_ids = p.node_ids.outputs(ni, node.input_size());

@@ -87,6 +87,8 @@ bool index_graph(const onnx::GraphProto& g, NameScope& names, NodeValueIds& inde
   index.ids.clear();
   index.offsets.clear();
   index.offsets.reserve(static_cast<size_t>(g.node_size()));
+  index.input_counts.clear();
+  index.input_counts.reserve(static_cast<size_t>(g.node_size()));
   // Size the name table and the id list once (growing them rehashes and copies), from an
   // estimate, since counting exactly would be one more pass over the nodes: most nodes have
   // one output and a few inputs; room is left for the names a transform generates.
@@ -120,6 +122,7 @@ bool index_graph(const onnx::GraphProto& g, NameScope& names, NodeValueIds& inde
     if (ni + kAhead < g.node_size())
       for (const auto& o : g.node(ni + kAhead).output()) names.prefetch(o);
     index.offsets.push_back(static_cast<uint32_t>(index.ids.size()));
+    index.input_counts.push_back(static_cast<uint32_t>(node.input_size()));
     if (!node.name().empty()) node_names.reserve(node.name());
     const bool nested = has_subgraphs(node);
     if (nested) nodes_with_subgraphs.push_back(ni);
