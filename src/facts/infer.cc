@@ -6,6 +6,7 @@
 #include <optional>
 #include <set>
 
+#include "check/node_check.h"
 #include "facts/facts.h"
 #include "facts/fast_shapes.h"
 #include "facts/schemas.h"
@@ -214,7 +215,13 @@ void infer_facts(const onnx::GraphProto& g, const std::unordered_map<std::string
     const std::string domain = n.domain() == "ai.onnx" ? "" : n.domain();
     auto op = opsets.find(domain);
     const onnx::OpSchema* schema = op == opsets.end() ? nullptr : schemas.find(n.op_type(), domain, op->second);
-    if (schema && schema->has_type_and_shape_inference_function()) {
+    // ONNX's inference functions trust the node to fit its schema: some crash on one that does
+    // not (GatherND with batch_dims -5). Such a node keeps unknown facts here; the transform
+    // reports the defect if it has to rewrite the node.
+    auto input_rank = [&](int i) {
+      return i < n.input_size() && in_facts[static_cast<size_t>(i)] ? in_facts[static_cast<size_t>(i)]->rank() : -1;
+    };
+    if (schema && schema->has_type_and_shape_inference_function() && node_defect(*schema, n, input_rank).empty()) {
       try {
         // ONNX's context takes the node mutably only because inferring a subgraph attribute
         // (If/Loop/Scan bodies) records value_info in it; give such nodes a private copy so

@@ -10,8 +10,10 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "check/node_check.h"
 #include "diagnostics/error.h"
 #include "emit/builder.h"
+#include "facts/schemas.h"
 #include "rules/derivative.h"
 #include "transforms/prepare.h"
 #include "transforms/provenance.h"
@@ -277,6 +279,8 @@ void differentiate_graph(Prepared& p, Mode mode, const Selection& sel) {
     p.value_names.expect(static_cast<size_t>(p.value_names.size()) + expected);
   }
   const DerivativeRules& rules = DerivativeRules::instance();
+  const std::unordered_map<std::string, int> opsets = model_opsets(p);
+  SchemaCache schemas;
   // A private graph's nodes are taken out of it and handed to the result by pointer (the same
   // objects, so rules and registered constants keep reading them); others are copied.
   const int node_count = src->node_size();
@@ -334,18 +338,32 @@ void differentiate_graph(Prepared& p, Mode mode, const Selection& sel) {
     const bool default_domain = node.domain().empty() || node.domain() == "ai.onnx";
     if (rules.is_zero(node)) continue;
     const JvpRule* rule = rules.find_jvp(node);
-    if (!rule) {
+    const std::string domain = default_domain ? std::string() : node.domain();
+    const auto domain_opset = opsets.find(domain);
+    const int opset = domain_opset == opsets.end() ? 0 : domain_opset->second;
+    auto label = [&] {  // (for diagnostics only)
       const std::string where = node.name().empty() ? "output '" + node.output(0) + "'" : "node '" + node.name() + "'";
-      const std::string label = (default_domain ? std::string("ai.onnx") : node.domain()) + "::" + node.op_type() +
-                                " (opset " + std::to_string(p.opset) + ") at " + where;
+      return (default_domain ? std::string("ai.onnx") : node.domain()) + "::" + node.op_type() + " (opset " +
+             std::to_string(opset) + ") at " + where;
+    };
+    if (!rule) {
       std::string why = node.op_type().rfind("Random", 0) == 0 || node.op_type() == "Bernoulli"
                             ? "random operators have no derivative"
                         : has_subgraphs(node) ? "no derivative rule for this operator (with subgraphs) yet"
                                               : "no derivative rule for this operator yet";
       diag::fail(Error::Kind::kUnsupported,
-                 m + ": cannot differentiate " + label + ": " + why + "; it lies on the path from input '" +
+                 m + ": cannot differentiate " + label() + ": " + why + "; it lies on the path from input '" +
                      std::string(p.value_names.name(from)) + "' to the selected outputs " + quoted_names(r.outputs) +
                      ". Fix: select inputs/outputs that avoid it, or compute it outside the differentiated model");
+    }
+    // Rules read the inputs and attributes their schema guarantees.
+    if (const onnx::OpSchema* schema = schemas.find(node.op_type(), domain, opset)) {
+      auto input_rank = [&](int i) { return i < node.input_size() ? p.facts.at(input_ids[i]).rank() : -1; };
+      if (const std::string defect = node_defect(*schema, node, input_rank); !defect.empty())
+        diag::fail(
+            Error::Kind::kInvalidModel,
+            m + ": invalid model: " + label() + " " + defect +
+                ". Fix: repair the node (onnx.checker.check_model(model, full_check=True) reports such defects)");
     }
     JvpCtx ctx{b, node, p.opset, {}, ys, {}, {}};
     for (int k = 0; k < node.input_size(); ++k) {

@@ -9,6 +9,7 @@
 #include <set>
 #include <unordered_map>
 
+#include "check/node_check.h"
 #include "diagnostics/error.h"
 #include "emit/builder.h"
 #include "facts/schemas.h"
@@ -336,6 +337,15 @@ void vmap_prepared(Prepared& p, const VmapOptions& opt) {
                      "tell how it treats the batch axis; batched inputs: " +
                      batched_inputs +
                      ". Fix: pass None in in_axes for the inputs that reach it, or express it with standard ops");
+    }
+    // Rules read the inputs and attributes their schema guarantees.
+    {
+      auto input_rank = [&](int i) { return i < node.input_size() ? p.facts.at(input_ids[i]).rank() : -1; };
+      if (const std::string defect = node_defect(*schema, node, input_rank); !defect.empty())
+        diag::fail(
+            Error::Kind::kInvalidModel,
+            "vmap: invalid model: " + op_label() + " " + defect +
+                ". Fix: repair the node (onnx.checker.check_model(model, full_check=True) reports such defects)");
     }
     // Nodes with subgraphs that read batched values, and ops without a vectorized rule, are
     // batched by a per-example Scan.

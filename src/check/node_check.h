@@ -1,0 +1,22 @@
+// Defects of a single node that its operator's schema rules out and that the transforms' rules
+// would otherwise trip over (reading an input that is not there, indexing by a permutation
+// that is not one): checked on the nodes a transform rewrites, just before their rule runs.
+#pragma once
+
+#include <onnx/defs/schema.h>
+#include <onnx/onnx_pb.h>
+
+#include <cstdint>
+#include <functional>
+#include <string>
+
+namespace onnax {
+
+// What is wrong with `node` as an instance of `schema`, or "" when nothing the rules rely on is:
+// a required input that is missing or has an empty name, a Transpose perm that is not a
+// permutation of the input's axes, a GatherND batch_dims beyond its inputs' ranks.
+// `input_rank(i)` is the rank of input i when known, else -1.
+std::string node_defect(const onnx::OpSchema& schema, const onnx::NodeProto& node,
+                        const std::function<int64_t(int)>& input_rank);
+
+}  // namespace onnax
