@@ -22,6 +22,12 @@ std::string required_inputs(const onnx::OpSchema& schema, const onnx::NodeProto&
   return "";
 }
 
+std::string listed(const std::vector<int64_t>& values) {
+  std::string out;
+  for (int64_t v : values) out += (out.empty() ? "" : ", ") + std::to_string(v);
+  return "[" + out + "]";
+}
+
 std::string transpose_perm(const onnx::NodeProto& node, int64_t rank) {
   for (const auto& a : node.attribute()) {
     if (a.name() != "perm") continue;
@@ -33,9 +39,7 @@ std::string transpose_perm(const onnx::NodeProto& node, int64_t rank) {
       if (p >= 0 && p < n) seen[static_cast<size_t>(p)] = 1;
     }
     if (permutation) return "";
-    std::string listed;
-    for (int64_t p : a.ints()) listed += (listed.empty() ? "" : ", ") + std::to_string(p);
-    return "has perm [" + listed + "], which is not a permutation of the axes 0.." +
+    return "has perm " + listed({a.ints().begin(), a.ints().end()}) + ", which is not a permutation of the axes 0.." +
            std::to_string((rank < 0 ? n : rank) - 1) + " of its input (rank " +
            (rank < 0 ? std::string("unknown") : std::to_string(rank)) + ")";
   }
@@ -55,15 +59,60 @@ std::string gathernd_batch_dims(const onnx::NodeProto& node, int64_t data_rank, 
   return "";
 }
 
+// Reduce*: every axis in [-rank, rank), none twice (once normalized).
+std::string reduced_axes(const onnx::NodeProto& node, const NodeInputFacts& inputs) {
+  std::vector<int64_t> axes;
+  bool given = false;
+  for (const auto& a : node.attribute())
+    if (a.name() == "axes") {
+      axes.assign(a.ints().begin(), a.ints().end());
+      given = true;
+    }
+  if (!given && node.input_size() > 1 && !node.input(1).empty()) {
+    const std::vector<int64_t>* k = inputs.constant_ints(1);
+    if (!k) return "";  // known at run time only
+    axes = *k;
+  }
+  const int64_t rank = inputs.rank(0);
+  if (rank < 0 || axes.empty()) return "";
+  std::vector<char> seen(static_cast<size_t>(rank), 0);
+  for (int64_t a : axes) {
+    const int64_t k = a < 0 ? a + rank : a;
+    if (k < 0 || k >= rank || seen[static_cast<size_t>(k)])
+      return "reduces axes " + listed(axes) + ", which must be distinct axes in [-" + std::to_string(rank) + ", " +
+             std::to_string(rank) + ") of its input (rank " + std::to_string(rank) + ")";
+    seen[static_cast<size_t>(k)] = 1;
+  }
+  return "";
+}
+
+// An `axis` attribute counting axes of input 0: in [-rank, rank) (Flatten: up to rank). Ops
+// whose axis means something else (OneHot's output axis, DFT's signal axis, a per-tensor
+// DequantizeLinear ignoring its default-like axis) are left to their rules.
+std::string axis_in_range(const std::string& op, const onnx::NodeProto& node, int64_t rank) {
+  if (rank < 0 || op == "OneHot" || op == "DFT" || op == "QuantizeLinear" || op == "DequantizeLinear" ||
+      op == "ConcatFromSequence")
+    return "";
+  const int64_t top = op == "Flatten" ? rank : rank - 1;
+  for (const auto& a : node.attribute()) {
+    if (a.name() != "axis" || a.type() != onnx::AttributeProto::INT) continue;
+    if (a.i() >= -rank && a.i() <= top) return "";
+    return "has axis " + std::to_string(a.i()) + ", outside [-" + std::to_string(rank) + ", " + std::to_string(top) +
+           "] for its input of rank " + std::to_string(rank);
+  }
+  return "";
+}
+
 }  // namespace
 
-std::string node_defect(const onnx::OpSchema& schema, const onnx::NodeProto& node,
-                        const std::function<int64_t(int)>& input_rank) {
+std::string node_defect(const onnx::OpSchema& schema, const onnx::NodeProto& node, const NodeInputFacts& inputs) {
   if (std::string why = required_inputs(schema, node); !why.empty()) return why;
   if (!schema.domain().empty()) return "";
-  if (schema.Name() == "Transpose") return transpose_perm(node, input_rank(0));
-  if (schema.Name() == "GatherND") return gathernd_batch_dims(node, input_rank(0), input_rank(1));
-  return "";
+  const std::string& op = schema.Name();
+  if (op == "Transpose") return transpose_perm(node, inputs.rank(0));
+  if (op == "GatherND") return gathernd_batch_dims(node, inputs.rank(0), inputs.rank(1));
+  if (op.rfind("Reduce", 0) == 0) return reduced_axes(node, inputs);
+  return axis_in_range(op, node, inputs.rank(0));
 }
 
 }  // namespace onnax

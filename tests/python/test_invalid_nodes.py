@@ -1,6 +1,7 @@
 """Nodes their schema rules out (a required input missing or left empty, a Transpose perm that
-is not a permutation, a GatherND batch_dims out of range) get the diagnostic contract's error from every transform, where they used
-to crash the process: rules read the inputs and attributes the schema guarantees. Each defect
+is not a permutation, a GatherND batch_dims, reduced axes or an axis attribute out of range)
+get the diagnostic contract's error from every transform, where they used to crash the process
+or yield an invalid model: rules read the inputs and attributes the schema guarantees. Each defect
 is paired with the same model repaired, whose transforms must still match an independent
 oracle (finite differences, a per-example loop), so the check cannot reject valid nodes."""
 
@@ -60,6 +61,16 @@ def gather_nd(batch_dims: int) -> onnx.ModelProto:
     )
 
 
+def reduce_sum(axes: list[int]) -> onnx.ModelProto:
+    """Sums x [2, 3, 4] over constant axes (an input since opset 13), keeping them."""
+    axes_init = {"axes": np.array(axes, dtype=np.int64)}
+    return chain(node("ReduceSum", ["x", "axes"], ["y"], name="rs", keepdims=1), [2, 3, 4], [], axes_init)
+
+
+def log_softmax(axis: int) -> onnx.ModelProto:
+    return chain(node("LogSoftmax", ["x"], ["y"], name="ls", axis=axis), [2, 3], [])
+
+
 def transpose(perm: list[int]) -> onnx.ModelProto:
     return chain(node("Transpose", ["x"], ["y"], name="tp", perm=perm), [2, 3, 4], [])
 
@@ -100,6 +111,21 @@ DEFECTS: dict[str, tuple[Callable[[], onnx.ModelProto], list[str], Callable[[], 
         lambda: gather_nd(2),
         ["ai.onnx::GatherND", "'gn'", "batch_dims 2", "data (3) and indices (2)"],
         lambda: gather_nd(1),
+    ),
+    "ReduceSum over an axis beyond the rank": (
+        lambda: reduce_sum([1, 3]),
+        ["ai.onnx::ReduceSum", "'rs'", "reduces axes [1, 3]", "[-3, 3)"],
+        lambda: reduce_sum([1, 2]),
+    ),
+    "ReduceSum over one axis twice": (
+        lambda: reduce_sum([-1, 2]),
+        ["reduces axes [-1, 2]", "distinct"],
+        lambda: reduce_sum([-1, 0]),
+    ),
+    "LogSoftmax axis beyond the rank": (
+        lambda: log_softmax(-3),
+        ["ai.onnx::LogSoftmax", "'ls'", "axis -3", "outside [-2, 1]"],
+        lambda: log_softmax(-2),
     ),
     # ONNX's own GatherND shape inference crashes on this one (onnx 1.23 in Python too).
     "GatherND with a negative batch_dims": (
