@@ -7,17 +7,34 @@
 #include <onnx/onnx_pb.h>
 
 #include <cstdint>
-#include <functional>
 #include <string>
 #include <vector>
 
 namespace onnax {
 
-// What is known about a node's inputs: input i's rank (-1 when unknown), and its int64 values
-// when it is a constant (nullptr otherwise).
-struct NodeInputFacts {
-  std::function<int64_t(int)> rank;
-  std::function<const std::vector<int64_t>*(int)> constant_ints;
+// What a transform knows about a node's inputs; asked only by the checks of the few ops that
+// need it. (An interface, not std::functions: the check runs on every rewritten node, and a
+// std::function holding a lambda with a few captures allocates.)
+class NodeInputFacts {
+ public:
+  virtual ~NodeInputFacts() = default;
+  // Input i's rank, -1 when unknown or absent.
+  virtual int64_t rank(int input) const = 0;
+  // Input i's int64 values when it is a constant, else nullptr.
+  virtual const std::vector<int64_t>* constant_ints(int input) const = 0;
+};
+
+// NodeInputFacts from two callables (e.g. lambdas over the transform's tables).
+template <typename Rank, typename ConstantInts>
+class NodeInputFactsOf final : public NodeInputFacts {
+ public:
+  NodeInputFactsOf(Rank rank, ConstantInts constant_ints) : rank_(rank), constant_ints_(constant_ints) {}
+  int64_t rank(int input) const override { return rank_(input); }
+  const std::vector<int64_t>* constant_ints(int input) const override { return constant_ints_(input); }
+
+ private:
+  Rank rank_;
+  ConstantInts constant_ints_;
 };
 
 // What is wrong with `node` as an instance of `schema`, or "" when nothing the rules rely on is:

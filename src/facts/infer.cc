@@ -219,11 +219,12 @@ void infer_facts(const onnx::GraphProto& g, const std::unordered_map<std::string
     // not (GatherND with batch_dims -5). Such a node keeps unknown facts here; the transform
     // reports the defect if it has to rewrite the node.
     // (Constant values are not looked up: ONNX checks the values it reads.)
-    const NodeInputFacts known{[&](int i) {
-                                 const Facts* f = i < n.input_size() ? in_facts[static_cast<size_t>(i)] : nullptr;
-                                 return f ? f->rank() : int64_t{-1};
-                               },
-                               [](int) -> const std::vector<int64_t>* { return nullptr; }};
+    const NodeInputFactsOf known(
+        [&](int i) {
+          const Facts* f = i < n.input_size() ? in_facts[static_cast<size_t>(i)] : nullptr;
+          return f ? f->rank() : int64_t{-1};
+        },
+        [](int) -> const std::vector<int64_t>* { return nullptr; });
     if (schema && schema->has_type_and_shape_inference_function() && node_defect(*schema, n, known).empty()) {
       try {
         // ONNX's context takes the node mutably only because inferring a subgraph attribute

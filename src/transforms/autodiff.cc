@@ -358,11 +358,11 @@ void differentiate_graph(Prepared& p, Mode mode, const Selection& sel) {
     }
     // Rules read the inputs and attributes their schema guarantees.
     if (const onnx::OpSchema* schema = schemas.find(node.op_type(), domain, opset)) {
-      const NodeInputFacts known{
+      const NodeInputFactsOf known(
           [&](int i) { return i < node.input_size() ? p.facts.at(input_ids[i]).rank() : int64_t{-1}; },
           [&](int i) {
             return i < node.input_size() && input_ids[i] >= 0 ? b.known_i64(at(primal, input_ids[i])) : nullptr;
-          }};
+          });
       if (const std::string defect = node_defect(*schema, node, known); !defect.empty())
         diag::fail(
             Error::Kind::kInvalidModel,

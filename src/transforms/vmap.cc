@@ -340,12 +340,12 @@ void vmap_prepared(Prepared& p, const VmapOptions& opt) {
     }
     // Rules read the inputs and attributes their schema guarantees.
     {
-      const NodeInputFacts known{
+      const NodeInputFactsOf known(
           [&](int i) { return i < node.input_size() ? p.facts.at(input_ids[i]).rank() : int64_t{-1}; },
           [&](int i) {
             const Mapped* m = i < node.input_size() ? in_mapped[static_cast<size_t>(i)] : nullptr;
             return m && !m->batched ? b.known_i64(m->v) : nullptr;
-          }};
+          });
       if (const std::string defect = node_defect(*schema, node, known); !defect.empty())
         diag::fail(
             Error::Kind::kInvalidModel,
