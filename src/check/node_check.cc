@@ -6,13 +6,13 @@
 namespace onnax {
 namespace {
 
-std::string required_inputs(const onnx::OpSchema& schema, const onnx::NodeProto& node) {
+std::string required_inputs(const onnx::OpSchema& schema, const onnx::NodeProto& node, const int32_t* input_ids) {
   const auto& formals = schema.inputs();
   if (node.input_size() < schema.min_input())
     return "has " + std::to_string(node.input_size()) + " input(s); its schema requires at least " +
            std::to_string(schema.min_input());
   for (int i = 0; i < node.input_size() && !formals.empty(); ++i) {
-    if (!node.input(i).empty()) continue;
+    if (input_ids[i] >= 0) continue;  // (the ids spare reading every input's name)
     // Inputs past the formal list belong to the last (variadic) formal input.
     const size_t formal = std::min(static_cast<size_t>(i), formals.size() - 1);
     if (formals[formal].GetOption() == onnx::OpSchema::Optional) continue;
@@ -105,8 +105,9 @@ std::string axis_in_range(const std::string& op, const onnx::NodeProto& node, in
 
 }  // namespace
 
-std::string node_defect(const onnx::OpSchema& schema, const onnx::NodeProto& node, const NodeInputFacts& inputs) {
-  if (std::string why = required_inputs(schema, node); !why.empty()) return why;
+std::string node_defect(const onnx::OpSchema& schema, const onnx::NodeProto& node, const int32_t* input_ids,
+                        const NodeInputFacts& inputs) {
+  if (std::string why = required_inputs(schema, node, input_ids); !why.empty()) return why;
   if (!schema.domain().empty()) return "";
   const std::string& op = schema.Name();
   if (op == "Transpose") return transpose_perm(node, inputs.rank(0));

@@ -41,6 +41,8 @@ class NodeInputFactsOf final : public NodeInputFacts {
 // a required input that is missing or has an empty name, a Transpose perm that is not a
 // permutation of the input's axes, a GatherND batch_dims beyond its inputs' ranks, reduced axes
 // (attribute or constant input) out of range or repeated, an `axis` attribute out of range.
-std::string node_defect(const onnx::OpSchema& schema, const onnx::NodeProto& node, const NodeInputFacts& inputs);
+// `input_ids` are the node's input ids in the transform's index, -1 for an empty name.
+std::string node_defect(const onnx::OpSchema& schema, const onnx::NodeProto& node, const int32_t* input_ids,
+                        const NodeInputFacts& inputs);
 
 }  // namespace onnax

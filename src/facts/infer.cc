@@ -225,7 +225,8 @@ void infer_facts(const onnx::GraphProto& g, const std::unordered_map<std::string
           return f ? f->rank() : int64_t{-1};
         },
         [](int) -> const std::vector<int64_t>* { return nullptr; });
-    if (schema && schema->has_type_and_shape_inference_function() && node_defect(*schema, n, known).empty()) {
+    if (schema && schema->has_type_and_shape_inference_function() &&
+        node_defect(*schema, n, input_ids, known).empty()) {
       try {
         // ONNX's context takes the node mutably only because inferring a subgraph attribute
         // (If/Loop/Scan bodies) records value_info in it; give such nodes a private copy so

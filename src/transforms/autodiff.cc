@@ -281,6 +281,9 @@ void differentiate_graph(Prepared& p, Mode mode, const Selection& sel) {
   const DerivativeRules& rules = DerivativeRules::instance();
   const std::unordered_map<std::string, int> opsets = model_opsets(p);
   SchemaCache schemas;
+  // Each rule is registered for one domain::op, and a model has one opset per domain: the
+  // schema is looked up once per rule (hashing a pointer), not once per node (hashing a name).
+  std::unordered_map<const JvpRule*, const onnx::OpSchema*> schema_of_rule;
   // A private graph's nodes are taken out of it and handed to the result by pointer (the same
   // objects, so rules and registered constants keep reading them); others are copied.
   const int node_count = src->node_size();
@@ -357,13 +360,15 @@ void differentiate_graph(Prepared& p, Mode mode, const Selection& sel) {
                      ". Fix: select inputs/outputs that avoid it, or compute it outside the differentiated model");
     }
     // Rules read the inputs and attributes their schema guarantees.
-    if (const onnx::OpSchema* schema = schemas.find(node.op_type(), domain, opset)) {
+    auto [known_schema, first_use] = schema_of_rule.try_emplace(rule, nullptr);
+    if (first_use) known_schema->second = schemas.find(node.op_type(), domain, opset);
+    if (const onnx::OpSchema* schema = known_schema->second) {
       const NodeInputFactsOf known(
           [&](int i) { return i < node.input_size() ? p.facts.at(input_ids[i]).rank() : int64_t{-1}; },
           [&](int i) {
             return i < node.input_size() && input_ids[i] >= 0 ? b.known_i64(at(primal, input_ids[i])) : nullptr;
           });
-      if (const std::string defect = node_defect(*schema, node, known); !defect.empty())
+      if (const std::string defect = node_defect(*schema, node, input_ids, known); !defect.empty())
         diag::fail(
             Error::Kind::kInvalidModel,
             m + ": invalid model: " + label() + " " + defect +

@@ -346,7 +346,7 @@ void vmap_prepared(Prepared& p, const VmapOptions& opt) {
             const Mapped* m = i < node.input_size() ? in_mapped[static_cast<size_t>(i)] : nullptr;
             return m && !m->batched ? b.known_i64(m->v) : nullptr;
           });
-      if (const std::string defect = node_defect(*schema, node, known); !defect.empty())
+      if (const std::string defect = node_defect(*schema, node, input_ids, known); !defect.empty())
         diag::fail(
             Error::Kind::kInvalidModel,
             "vmap: invalid model: " + op_label() + " " + defect +
