@@ -263,3 +263,54 @@ def test_fields_of_a_newer_schema_survive() -> None:
     got = onnax.vmap(model)
     assert got.SerializeToString() == whole(model, "vmap")
     assert bytes([0xF8, 0x3E, 0x01]) in got.SerializeToString()
+
+
+def test_onnx_ir_models_are_serialized_with_stand_ins() -> None:
+    # The core gets stand-ins straight from onnx_ir's serializer: the weights' bytes are never
+    # copied into a proto, and the result is the whole-model result.
+    model = mlp()
+    source = onnx_ir.serde.deserialize_model(model)
+    seen: list[onnx.ModelProto] = []
+
+    def call(data: bytes) -> bytes:
+        seen.append(onnx.ModelProto.FromString(data))
+        return _core.vmap(data, 0, None, None, [0], "")  # type: ignore[no-any-return]
+
+    got = transform(source, call)
+    assert len(seen) == 1
+    stand_ins = {t.name: t for t in seen[0].graph.initializer if t.data_location == TensorProto.EXTERNAL}
+    assert set(stand_ins) == {"W1", "W2"}
+    assert list(stand_ins["W1"].dims) == [64, 48] and stand_ins["W1"].data_type == F
+    assert not any(t.raw_data or t.float_data for t in stand_ins.values())
+    full = onnx_ir.serde.serialize_model(source)
+    weights = sum(t.ByteSize() for t in full.graph.initializer if t.name in stand_ins)
+    assert seen[0].ByteSize() < full.ByteSize() - weights + 200
+    expected = onnx_ir.serde.deserialize_model(onnx.ModelProto.FromString(whole(model, "vmap")))
+    assert onnx_ir.serde.serialize_model(got) == onnx_ir.serde.serialize_model(expected)
+
+
+def test_onnx_ir_weight_annotations_survive_holding_back() -> None:
+    # A held-back weight's value keeps its doc string, metadata and quantization annotation in
+    # what the core sees (they are the value's, not the tensor's).
+    model = mlp()
+    source = onnx_ir.serde.deserialize_model(model)
+    w1 = source.graph.initializers["W1"]
+    w1.doc_string = "first layer"
+    w1.metadata_props["origin"] = "test"
+    w1.meta["quant_parameter_tensor_names"] = {"SCALE_TENSOR": "scale"}
+    seen: list[onnx.ModelProto] = []
+
+    def call(data: bytes) -> bytes:
+        seen.append(onnx.ModelProto.FromString(data))
+        return _core.vmap(data, 0, None, None, [0], "")  # type: ignore[no-any-return]
+
+    got = transform(source, call)
+    full = onnx_ir.serde.serialize_model(source)
+    light = seen[0]
+    assert [vi for vi in light.graph.value_info] == [vi for vi in full.graph.value_info]
+    assert light.graph.quantization_annotation == full.graph.quantization_annotation
+    assert len(light.graph.quantization_annotation) == 1
+    expected = onnx_ir.serde.deserialize_model(
+        onnx.ModelProto.FromString(_core.vmap(full.SerializeToString(), 0, None, None, [0], ""))
+    )
+    assert onnx_ir.serde.serialize_model(got) == onnx_ir.serde.serialize_model(expected)
