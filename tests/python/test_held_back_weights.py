@@ -5,6 +5,7 @@ both model kinds, with the input untouched; notices must point at the caller's l
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 
 import numpy as np
 import onnax
@@ -78,6 +79,16 @@ def public(model: object, name: str) -> object:
 TRANSFORMS = ["vmap", "jvp", "vjp", "grad"]
 
 
+def recording_vmap(seen: list[onnx.ModelProto]) -> Callable[[bytes], bytes]:
+    """The core's vmap, recording each model it is given."""
+
+    def call(data: bytes) -> bytes:
+        seen.append(onnx.ModelProto.FromString(data))
+        return _core.vmap(data, 0, None, None, [0], "")  # type: ignore[no-any-return]
+
+    return call
+
+
 def test_the_model_has_weights_to_hold_back() -> None:
     sizes = {t.name: int(np.prod(t.dims)) for t in mlp().graph.initializer}
     assert sizes["W1"] >= _HOLD_BACK_MIN_ELEMENTS and sizes["W2"] >= _HOLD_BACK_MIN_ELEMENTS
@@ -87,11 +98,7 @@ def test_the_model_has_weights_to_hold_back() -> None:
 def test_the_core_sees_stand_ins_for_the_large_weights() -> None:
     model = mlp()
     seen: list[onnx.ModelProto] = []
-
-    def call(data: bytes) -> bytes:
-        seen.append(onnx.ModelProto.FromString(data))
-        return _core.vmap(data, 0, None, None, [0], "")  # type: ignore[no-any-return]
-
+    call = recording_vmap(seen)
     got = transform(model, call)
     assert len(seen) == 1
     stand_ins = {t.name for t in seen[0].graph.initializer if t.data_location == TensorProto.EXTERNAL}
@@ -271,11 +278,7 @@ def test_onnx_ir_models_are_serialized_with_stand_ins() -> None:
     model = mlp()
     source = onnx_ir.serde.deserialize_model(model)
     seen: list[onnx.ModelProto] = []
-
-    def call(data: bytes) -> bytes:
-        seen.append(onnx.ModelProto.FromString(data))
-        return _core.vmap(data, 0, None, None, [0], "")  # type: ignore[no-any-return]
-
+    call = recording_vmap(seen)
     got = transform(source, call)
     assert len(seen) == 1
     stand_ins = {t.name: t for t in seen[0].graph.initializer if t.data_location == TensorProto.EXTERNAL}
@@ -299,11 +302,7 @@ def test_onnx_ir_weight_annotations_survive_holding_back() -> None:
     w1.metadata_props["origin"] = "test"
     w1.meta["quant_parameter_tensor_names"] = {"SCALE_TENSOR": "scale"}
     seen: list[onnx.ModelProto] = []
-
-    def call(data: bytes) -> bytes:
-        seen.append(onnx.ModelProto.FromString(data))
-        return _core.vmap(data, 0, None, None, [0], "")  # type: ignore[no-any-return]
-
+    call = recording_vmap(seen)
     got = transform(source, call)
     full = onnx_ir.serde.serialize_model(source)
     light = seen[0]
