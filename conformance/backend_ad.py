@@ -141,7 +141,7 @@ def discover_models(data_dir: Path, pattern: str | None = None) -> list[ADModelI
 
 def select_subset(infos: list[ADModelInfo], keep_every: int, always_ops: set[str]) -> list[ADModelInfo]:
     """Every model of ``always_ops`` (and their expanded forms) plus every ``keep_every``-th other."""
-    return bv.select_subset(infos, keep_every, always_ops)  # type: ignore[arg-type]
+    return bv.select_subset(infos, keep_every, always_ops)  # type: ignore[arg-type, return-value]
 
 
 # --------------------------------------------------------------------------------------------
@@ -317,6 +317,7 @@ class _Ctx:
 
                 ref = ReferenceEvaluator(self.model, new_ops=[bv._spec_loop()])
                 values = ref.run(None, self.feeds, intermediate=True)
+                assert isinstance(values, dict)  # (intermediate results come by name)
                 found = any(
                     isinstance(a, np.ndarray) and a.dtype.kind == "f" and bool(np.isnan(a).any())
                     for a in values.values()
@@ -528,7 +529,7 @@ class _Worker:
 
         # Linearity: the all-at-once tangent is the sum of the per-input ones.
         for k in ctx.f_out:
-            total = sum(ctx.jv[n][k].astype(np.float64) for n in ctx.f_in)
+            total = np.asarray(sum(ctx.jv[n][k].astype(np.float64) for n in ctx.f_in), dtype=np.float64)
             ok = np.isfinite(total)
             if not ok.any():
                 continue
@@ -674,7 +675,8 @@ def _skip_message(notes: list[str]) -> str:
     return "no checkable input: " + ", ".join(kinds) if kinds else "no checkable input"
 
 
-def _worker_main(conn, _batch: int, seed: int, check_model: bool, log_path: str | None) -> None:
+def _worker_main(conn, batch: int, seed: int, check_model: bool, log_path: str | None) -> None:
+    del batch  # (the pool's common signature; this worker takes one model at a time)
     bv.serve(conn, lambda: _Worker(conn, seed, check_model), log_path)
 
 

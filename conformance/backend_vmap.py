@@ -140,7 +140,7 @@ def generate_node_data(dest: Path) -> int:
         case_dir.mkdir(parents=True, exist_ok=True)
         (case_dir / "model.onnx").write_bytes(case.model.SerializeToString())
         graph = case.model.graph
-        for k, (inputs, outputs) in enumerate(case.data_sets):
+        for k, (inputs, outputs) in enumerate(case.data_sets or []):
             ds = case_dir / f"test_data_set_{k}"
             ds.mkdir(exist_ok=True)
             for j, value in enumerate(inputs):
@@ -652,9 +652,9 @@ class _Worker:
             seconds = time.perf_counter() - t0
 
             self.stage(variant, "check")
-            problem = self._check_structure(vm, names, out_names, source_checks)
-            if problem is not None:
-                self.record(info, variant, in_axes, "failed", problem, seconds, note)
+            structure = self._check_structure(vm, names, out_names, source_checks)
+            if structure is not None:
+                self.record(info, variant, in_axes, "failed", structure, seconds, note)
                 continue
 
             self.stage(variant, "run")
@@ -692,22 +692,22 @@ class _Worker:
                 continue
 
             self.stage(variant, "compare")
-            problem = self._compare_all(expected, got, out_names)
-            if problem is not None and runner.kind == "ort":
+            mismatch = self._compare_all(expected, got, out_names)
+            if mismatch is not None and runner.kind == "ort":
                 # Cross-check on the reference evaluator: if original and vmapped model agree
                 # there, ONNX Runtime computed the vmapped model wrongly (seen: string scan
                 # outputs of Loop).  Recorded as passed with the ORT discrepancy in the note.
                 cross = self._cross_check_ref(model, vm, names, examples, feeds, out_names)
                 if cross is None:
                     note = (note + "; " if note else "") + (
-                        f"ORT mismatch ({problem[:160]}) but the ReferenceEvaluator run of the "
+                        f"ORT mismatch ({mismatch[:160]}) but the ReferenceEvaluator run of the "
                         "same vmapped model matches: ORT bug suspected"
                     )
-                    problem = None
-            if problem is None:
+                    mismatch = None
+            if mismatch is None:
                 self.record(info, variant, in_axes, "passed", "", seconds, note)
             else:
-                self.record(info, variant, in_axes, "failed", f"mismatch: {problem}", seconds, note)
+                self.record(info, variant, in_axes, "failed", f"mismatch: {mismatch}", seconds, note)
 
     def _compare_all(
         self, expected: list[list[np.ndarray]], got: list[np.ndarray], out_names: list[str]
@@ -1112,7 +1112,7 @@ def summarize(result: dict) -> dict:
 
 
 def format_table(summary: dict) -> str:
-    rows = [("operator", "passed", "failed", "unsupported", "skipped")]
+    rows: list[tuple[str, ...]] = [("operator", "passed", "failed", "unsupported", "skipped")]
     for op, cnt in summary["per_op"].items():
         rows.append((op, *(str(cnt[k]) for k in STATUSES)))
     t = summary["totals"]

@@ -9,6 +9,7 @@
 #include <limits>
 #include <stdexcept>
 
+#include "diagnostics/error.h"
 #include "facts/fast_shapes.h"
 #include "facts/schemas.h"
 
@@ -690,6 +691,20 @@ void Builder::remember_tensor(const std::string& n, const onnx::TensorProto& t) 
       break;
     default: return;
   }
+  // Rules index by these values (axes, shapes): a tensor holding another count of values than
+  // its dims say would mislead them.
+  const int64_t expected = t.dims_size() == 0 ? 1 : t.dims(0);
+  const size_t element = t.data_type() == onnx::TensorProto::INT64   ? 8
+                         : t.data_type() == onnx::TensorProto::INT32 ? 4
+                                                                     : 1;
+  if (static_cast<int64_t>(vals.size()) != expected || (t.has_raw_data() && t.raw_data().size() % element != 0))
+    diag::fail(
+        Error::Kind::kInvalidModel,
+        "invalid model: the " + diag::dtype_name(t.data_type()) + " tensor '" + n + "' has dims [" +
+            (t.dims_size() ? std::to_string(t.dims(0)) : std::string()) + "] (" + std::to_string(expected) +
+            " value(s)) but its data holds " + std::to_string(vals.size()) +
+            (t.has_raw_data() ? " (" + std::to_string(t.raw_data().size()) + " bytes of raw_data)" : std::string()) +
+            ". Fix: make its dims and its data agree (onnx.numpy_helper.from_array builds consistent tensors)");
   if (vals.size() <= 64) known_i64_[n] = std::move(vals);
 }
 
@@ -710,7 +725,12 @@ V Builder::unsqueeze(V x, const std::vector<int64_t>& axes) {
     std::vector<int64_t> sorted;
     for (int64_t a : axes) sorted.push_back(norm_axis(a, out_rank));
     std::sort(sorted.begin(), sorted.end());
-    for (int64_t a : sorted) f.dims.insert(f.dims.begin() + a, Dim::of(1));
+    const bool valid = std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end() && sorted.front() >= 0 &&
+                       sorted.back() < out_rank;
+    if (valid)
+      for (int64_t a : sorted) f.dims.insert(f.dims.begin() + a, Dim::of(1));
+    else
+      f = Facts{f.dtype, false, {}};  // (axes that do not fit x: its rank was misjudged; claim nothing)
   }
   set_facts(y, f);
   return y;

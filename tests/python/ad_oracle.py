@@ -810,7 +810,8 @@ def inline_function_op(model: onnx.ModelProto) -> onnx.ModelProto:
     node = out.graph.node[0]
     versions = {o.domain: o.version for o in out.opset_import}
     types = {i.name: i.type for i in out.graph.input}
-    schema = onnx.defs.get_schema(node.op_type, versions[node.domain], node.domain)
+    # (Any: onnx's type stubs lack the schema's function accessors its bindings have.)
+    schema: Any = onnx.defs.get_schema(node.op_type, versions[node.domain], node.domain)
     body = onnx.FunctionProto()
     if schema.has_context_dependent_function:
         body.ParseFromString(

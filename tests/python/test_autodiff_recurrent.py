@@ -35,7 +35,7 @@ from ad_oracle import (
 from onnx import TensorProto, helper, numpy_helper
 from vmap_oracle import assert_vmap_matches
 
-D = TensorProto.DOUBLE
+D = int(TensorProto.DOUBLE)
 T_STEPS, BATCH, IN, HID = 4, 2, 3, 3
 GATES = {"RNN": 1, "GRU": 3, "LSTM": 4}
 

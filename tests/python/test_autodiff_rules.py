@@ -1847,7 +1847,7 @@ def layernorm_loss():
     )
 
 
-def conv_loss():
+def composite_conv_loss():
     return build(
         [
             node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
@@ -1895,7 +1895,7 @@ add(
 )
 add("composite-unrolled-recurrence", unrolled_recurrence(), inputs=["x", "W"])
 add("composite-layernorm-loss", layernorm_loss())
-add("composite-conv-loss", conv_loss())
+add("composite-conv-loss", composite_conv_loss())
 
 
 # --------------------------------------------------------------------------------------------
@@ -2050,7 +2050,10 @@ def test_mel_weight_matrix_is_piecewise_constant_in_its_edges() -> None:
     m = build(nodes, [In("low", ()), In("high", ())], opset=18)
     gens = {"low": uniform((), 100.0, 300.0), "high": uniform((), 3000.0, 3500.0)}
     jm = check_jvp(m, ["low", "high"], gens=gens, tol=Tol(1e-6, 1e-6))
-    feeds = {"low": np.float64(210.0), "high": np.float64(3210.0), "low_tangent": 1.0, "high_tangent": 1.0}
+    feeds = {
+        k: np.asarray(v)
+        for k, v in {"low": 210.0, "high": 3210.0, "low_tangent": 1.0, "high_tangent": 1.0}.items()
+    }
     np.testing.assert_array_equal(run(jm, feeds)["y_tangent"], 0.0)
 
 
@@ -2081,7 +2084,7 @@ HVP_CASES = [
     ("softmax-xent-int-labels-W", softmax_xent(False), xent_gens(False), ["W", "b"], ["W", "b"]),
     ("fan-out-x", fan_out(), {}, ["x"], ["x"]),
     ("layernorm-x-s", layernorm_loss(), {}, ["x", "s"], None),
-    ("conv-w", conv_loss(), {}, ["w"], ["x", "w"]),
+    ("conv-w", composite_conv_loss(), {}, ["w"], ["x", "w"]),
     ("int-side-path-x", int_side_path(), {}, ["x"], None),
     (
         "mlp-initializer-params",

@@ -193,3 +193,15 @@ def test_valid_default_perm_and_optional_inputs_pass() -> None:
     check_grad(model, ["x"], "loss")
     gemm_model = chain(node("Gemm", ["x", "w", ""], ["y"], name="gm"), [2, 3], [("w", D, [3, 4])])
     check_grad(gemm_model, ["x", "w"], "loss")
+
+
+@pytest.mark.parametrize("mode", TRANSFORMS)
+def test_constant_whose_data_disagrees_with_its_dims(mode: str) -> None:
+    # Axes [1, 2] stored with dims [3]: rules would index by two axes of a three-axis claim
+    # (a mutant like this crashed vjp while unsqueezing the reduced cotangent).
+    model = reduce_sum([1, 2])
+    axes = next(t for t in model.graph.initializer if t.name == "axes")
+    axes.dims[0] = 3
+    msg = ad_error(lambda m: call(mode, m), model)
+    for word in ["int64 tensor 'axes'", "dims [3]", "holds 2", "16 bytes of raw_data", "Fix:"]:
+        assert word in msg, f"{word!r} missing from: {msg}"
