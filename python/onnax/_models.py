@@ -248,7 +248,7 @@ class _ValueWithStandIn:
         import onnx_ir as ir
 
         self._value = value
-        self.const_value = ir.Tensor(np.zeros(0, dtype=value.const_value.dtype.numpy()))
+        self.const_value = ir.Tensor(np.zeros(0, dtype=value.const_value.dtype.numpy()), name=value.name)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._value, name)

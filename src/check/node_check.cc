@@ -6,18 +6,28 @@
 namespace onnax {
 namespace {
 
+// The remedy for what ONNX's own checks also report (onnx.checker's node checks; strict shape
+// inference for attribute values).
+constexpr const char* kCheckerFix =
+    ". Fix: repair the node (onnx.checker.check_model(model, full_check=True) reports such defects)";
+
 std::string required_inputs(const onnx::OpSchema& schema, const onnx::NodeProto& node, const int32_t* input_ids) {
   const auto& formals = schema.inputs();
   if (node.input_size() < schema.min_input())
     return "has " + std::to_string(node.input_size()) + " input(s); its schema requires at least " +
-           std::to_string(schema.min_input());
+           std::to_string(schema.min_input()) + kCheckerFix;
   for (int i = 0; i < node.input_size() && !formals.empty(); ++i) {
     if (input_ids[i] >= 0) continue;  // (the ids spare reading every input's name)
     // Inputs past the formal list belong to the last (variadic) formal input.
     const size_t formal = std::min(static_cast<size_t>(i), formals.size() - 1);
-    if (formals[formal].GetOption() == onnx::OpSchema::Optional) continue;
+    const auto option = formals[formal].GetOption();
+    if (option == onnx::OpSchema::Optional) continue;
+    if (option == onnx::OpSchema::Variadic)
+      return "gives its variadic input " + std::to_string(i) + " ('" + formals[formal].GetName() +
+             "') an empty name. ONNX accepts that, but the node's rule cannot read a value that is not there. "
+             "Fix: drop the empty names from the node's inputs";
     return "gives its required input " + std::to_string(i) + " ('" + formals[formal].GetName() +
-           "') an empty name, so it has no value";
+           "') an empty name, so it has no value" + kCheckerFix;
   }
   return "";
 }
@@ -41,7 +51,7 @@ std::string transpose_perm(const onnx::NodeProto& node, int64_t rank) {
     if (permutation) return "";
     return "has perm " + listed({a.ints().begin(), a.ints().end()}) + ", which is not a permutation of the axes 0.." +
            std::to_string((rank < 0 ? n : rank) - 1) + " of its input (rank " +
-           (rank < 0 ? std::string("unknown") : std::to_string(rank)) + ")";
+           (rank < 0 ? std::string("unknown") : std::to_string(rank)) + ")" + kCheckerFix;
   }
   return "";
 }
@@ -54,12 +64,13 @@ std::string gathernd_batch_dims(const onnx::NodeProto& node, int64_t data_rank, 
     if (b >= 0 && (data_rank < 0 || b < data_rank) && (indices_rank < 0 || b < indices_rank)) return "";
     return "has batch_dims " + std::to_string(b) + ", which must be at least 0 and below the ranks of data (" +
            (data_rank < 0 ? std::string("unknown") : std::to_string(data_rank)) + ") and indices (" +
-           (indices_rank < 0 ? std::string("unknown") : std::to_string(indices_rank)) + ")";
+           (indices_rank < 0 ? std::string("unknown") : std::to_string(indices_rank)) + ")" + kCheckerFix;
   }
   return "";
 }
 
-// Reduce*: every axis in [-rank, rank), none twice (once normalized).
+// Reduce*: every axis in [-rank, rank). (An axis named twice is accepted, as ONNX's checks and
+// ONNX Runtime accept it; the rules reduce it once.)
 std::string reduced_axes(const onnx::NodeProto& node, const NodeInputFacts& inputs) {
   std::vector<int64_t> axes;
   bool given = false;
@@ -74,15 +85,10 @@ std::string reduced_axes(const onnx::NodeProto& node, const NodeInputFacts& inpu
     axes = *k;
   }
   const int64_t rank = inputs.rank(0);
-  if (rank < 0 || axes.empty()) return "";
-  std::vector<char> seen(static_cast<size_t>(rank), 0);
-  for (int64_t a : axes) {
-    const int64_t k = a < 0 ? a + rank : a;
-    if (k < 0 || k >= rank || seen[static_cast<size_t>(k)])
-      return "reduces axes " + listed(axes) + ", which must be distinct axes in [-" + std::to_string(rank) + ", " +
-             std::to_string(rank) + ") of its input (rank " + std::to_string(rank) + ")";
-    seen[static_cast<size_t>(k)] = 1;
-  }
+  for (int64_t a : axes)
+    if (rank >= 0 && (a < -rank || a >= rank))
+      return "reduces axes " + listed(axes) + ", which must lie in [-" + std::to_string(rank) + ", " +
+             std::to_string(rank) + ") for its input of rank " + std::to_string(rank) + kCheckerFix;
   return "";
 }
 
@@ -98,7 +104,7 @@ std::string axis_in_range(const std::string& op, const onnx::NodeProto& node, in
     if (a.name() != "axis" || a.type() != onnx::AttributeProto::INT) continue;
     if (a.i() >= -rank && a.i() <= top) return "";
     return "has axis " + std::to_string(a.i()) + ", outside [-" + std::to_string(rank) + ", " + std::to_string(top) +
-           "] for its input of rank " + std::to_string(rank);
+           "] for its input of rank " + std::to_string(rank) + kCheckerFix;
   }
   return "";
 }

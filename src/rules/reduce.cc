@@ -96,8 +96,8 @@ namespace {
 
 using D = JvpCtx;
 
-// The reduced axes, normalised against the input rank (all axes when none are given), or
-// nothing when they are only known at run time.
+// The reduced axes, normalised against the input rank and sorted, each once (all axes when none
+// are given), or nothing when they are only known at run time.
 std::optional<std::vector<int64_t>> reduced_axes(const onnx::NodeProto& node, Builder& b, V x, V axes_in) {
   const int64_t r = b.rank(x);
   std::vector<int64_t> axes;
@@ -115,6 +115,7 @@ std::optional<std::vector<int64_t>> reduced_axes(const onnx::NodeProto& node, Bu
   for (auto& a : axes)
     if (a < 0) a += r;
   std::sort(axes.begin(), axes.end());
+  axes.erase(std::unique(axes.begin(), axes.end()), axes.end());  // (an axis named twice is reduced once)
   return axes;
 }
 
@@ -163,7 +164,9 @@ Vs reduce_transpose(TransposeCtx& c, bool mean) {
   if (noop && (!axes_in.valid() || (k && k->empty()))) return {ct};
   if (!c.attr_i("keepdims", 1)) {
     if (axes_in.valid() && !(k && k->empty())) {
-      ct = b.op1("Unsqueeze", {ct, axes_in});
+      // An axis the reduction named twice goes back once (Unsqueeze rejects repeats).
+      const auto once = k && b.rank(c.in(0)) >= 0 ? reduced_axes(c.node, b, c.in(0), axes_in) : std::nullopt;
+      ct = once && once->size() < k->size() ? b.unsqueeze(ct, *once) : b.op1("Unsqueeze", {ct, axes_in});
     }
     // (Reducing every axis without keepdims gives a scalar, which Expand broadcasts as is.)
   }

@@ -369,10 +369,7 @@ void differentiate_graph(Prepared& p, Mode mode, const Selection& sel) {
             return i < node.input_size() && input_ids[i] >= 0 ? b.known_i64(at(primal, input_ids[i])) : nullptr;
           });
       if (const std::string defect = node_defect(*schema, node, input_ids, known); !defect.empty())
-        diag::fail(
-            Error::Kind::kInvalidModel,
-            m + ": invalid model: " + label() + " " + defect +
-                ". Fix: repair the node (onnx.checker.check_model(model, full_check=True) reports such defects)");
+        diag::fail(Error::Kind::kInvalidModel, m + ": invalid model: " + label() + " " + defect);
     }
     JvpCtx ctx{b, node, p.opset, {}, ys, {}, {}};
     for (int k = 0; k < node.input_size(); ++k) {

@@ -409,6 +409,34 @@ Prepared prepare_in_place(onnx::ModelProto& model, const std::string& mode) {
 
 namespace {
 
+// ONNX's version converter trusts the nodes it adapts (one crashes on a Reduce node with two
+// `axes` attributes): each default-domain node, subgraphs included, must first pass its
+// schema's own check, as onnx.checker runs it.
+void verify_before_conversion(const onnx::GraphProto& g, int opset, const std::string& mode) {
+  for (const auto& n : g.node()) {
+    if (n.domain().empty() || n.domain() == "ai.onnx")
+      if (const onnx::OpSchema* schema = onnx::OpSchemaRegistry::Schema(n.op_type(), opset, "")) {
+        try {
+          schema->Verify(n);
+        } catch (const std::exception& e) {
+          std::string why = e.what();
+          why = why.substr(0, why.find('\n'));  // (the rest is the checker's context lines)
+          while (!why.empty() && (why.back() == '.' || why.back() == ' ')) why.pop_back();
+          diag::fail(Error::Kind::kInvalidModel,
+                     mode + ": invalid model: ai.onnx::" + n.op_type() + " (opset " + std::to_string(opset) + ") at " +
+                         node_label(n) + ": " + why +
+                         ". Fix: repair the node (onnx.checker.check_model reports it); onnax upgrades models below "
+                         "opset " +
+                         std::to_string(kMinOpset) + " with ONNX's version converter, which needs valid nodes");
+        }
+      }
+    for (const auto& a : n.attribute()) {
+      if (a.has_g()) verify_before_conversion(a.g(), opset, mode);
+      for (const auto& sub : a.graphs()) verify_before_conversion(sub, opset, mode);
+    }
+  }
+}
+
 // Whether `g` or a subgraph of it has a default-domain node of type `op`.
 bool contains_op(const onnx::GraphProto& g, std::string_view op) {
   for (const auto& n : g.node()) {
@@ -453,6 +481,7 @@ void prepare_graph(Prepared& p, const std::string& mode) {
                    "converter does not upgrade correctly. Fix: re-export the model at opset 9 or newer (" +
                    std::to_string(kMinOpset) + " or newer avoids any conversion)");
   if (opset < kMinOpset) {
+    verify_before_conversion(*p.graph, static_cast<int>(opset), mode);
     try {
       mutable_graph(p);
       *p.model = onnx::version_conversion::ConvertVersion(*p.model, static_cast<int>(kMinOpset));

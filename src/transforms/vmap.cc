@@ -315,15 +315,17 @@ void vmap_prepared(Prepared& p, const VmapOptions& opt) {
       continue;
     }
     const std::string domain = node.domain() == "ai.onnx" ? "" : node.domain();
+    const auto domain_opset = b.opsets().find(domain);  // (each domain has its own opset)
+    const int opset = domain_opset == b.opsets().end() ? static_cast<int>(p.opset) : domain_opset->second;
     // Only for diagnostics: built when a rule fails, not for every node.
     auto op_label = [&] {
       const std::string where = node.name().empty()
                                     ? "output '" + (node.output_size() ? node.output(0) : std::string()) + "'"
                                     : "node '" + node.name() + "'";
-      return (domain.empty() ? "ai.onnx" : domain) + "::" + node.op_type() + " (opset " + std::to_string(p.opset) +
+      return (domain.empty() ? "ai.onnx" : domain) + "::" + node.op_type() + " (opset " + std::to_string(opset) +
              ") at " + where;
     };
-    const onnx::OpSchema* schema = schemas.find(node.op_type(), domain, static_cast<int>(p.opset));
+    const onnx::OpSchema* schema = schemas.find(node.op_type(), domain, opset);
     if (!schema) {
       std::string batched_inputs;
       for (int i = 0; i < node.input_size(); ++i)
@@ -347,10 +349,7 @@ void vmap_prepared(Prepared& p, const VmapOptions& opt) {
             return m && !m->batched ? b.known_i64(m->v) : nullptr;
           });
       if (const std::string defect = node_defect(*schema, node, input_ids, known); !defect.empty())
-        diag::fail(
-            Error::Kind::kInvalidModel,
-            "vmap: invalid model: " + op_label() + " " + defect +
-                ". Fix: repair the node (onnx.checker.check_model(model, full_check=True) reports such defects)");
+        diag::fail(Error::Kind::kInvalidModel, "vmap: invalid model: " + op_label() + " " + defect);
     }
     // Nodes with subgraphs that read batched values, and ops without a vectorized rule, are
     // batched by a per-example Scan.
