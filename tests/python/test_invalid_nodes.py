@@ -223,3 +223,22 @@ def test_constant_whose_data_disagrees_with_its_dims(mode: str) -> None:
     msg = ad_error(lambda m: call(mode, m), model)
     for word in ["int64 tensor 'axes'", "dims [3]", "holds 2", "16 bytes of raw_data", "Fix:"]:
         assert word in msg, f"{word!r} missing from: {msg}"
+
+
+@pytest.mark.parametrize("mode", TRANSFORMS)
+def test_a_node_below_opset_18_is_checked_before_the_version_converter(mode: str) -> None:
+    # ONNX's version converter segfaults on a ReduceMax with two `axes` attributes (opset 13).
+    model = reduce_max_13(["axes", "axes"])
+    msg = ad_error(lambda m: call(mode, m), model)
+    for word in ["invalid model: ai.onnx::ReduceMax (opset 13)", "'axes' appeared multiple times", "Fix:"]:
+        assert word in msg, f"{word!r} missing from: {msg}"
+    # The same model with one `axes` is upgraded and transformed.
+    check_grad(reduce_max_13(["axes"]), ["x"], "loss")
+
+
+def reduce_max_13(axes_attributes: list[str]) -> onnx.ModelProto:
+    middle = node("ReduceMax", ["x"], ["y"], name="rm", keepdims=1)
+    middle.attribute.extend(helper.make_attribute(name, [1]) for name in axes_attributes)
+    model = chain(middle, [2, 3, 4], [])
+    model.opset_import[0].version = 13
+    return model
