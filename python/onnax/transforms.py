@@ -48,11 +48,20 @@ def vmap(
         for name, axis in in_axes.items():
             _check_axis(axis, f"in_axes[{name!r}]")
             by_name[str(name)] = axis
-    else:
+    elif isinstance(in_axes, Sequence) and not isinstance(in_axes, str):
         positional = []
         for i, axis in enumerate(in_axes):
             _check_axis(axis, f"in_axes[{i}]")
             positional.append(axis)
+    else:
+        raise TypeError(
+            "in_axes must be an int, None, a sequence of them (one per runtime input) or a mapping "
+            f"from input names to them, got {in_axes!r}"
+        )
+    if not isinstance(out_axes, int) and not (
+        isinstance(out_axes, Sequence) and not isinstance(out_axes, str)
+    ):
+        raise TypeError(f"out_axes must be an int or a sequence of ints (one per output), got {out_axes!r}")
     outs = [out_axes] if isinstance(out_axes, int) else list(out_axes)
     for i, axis in enumerate(outs):
         if not isinstance(axis, int) or isinstance(axis, bool):

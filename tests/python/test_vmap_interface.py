@@ -462,11 +462,18 @@ def test_out_axes_wrong_count() -> None:
     assert "3" in msg and "2" in msg, msg
 
 
-@pytest.mark.parametrize("bad", [1.5, "0", True])
+@pytest.mark.parametrize("bad", [1.5, "0", True, [1.5], {"xin": "0"}])
 def test_in_axes_bad_type(bad: object) -> None:
     m = make_model([node("Relu", ["xin"], ["out"])], [("xin", F, [2, 3])], ["out"])
-    with pytest.raises((TypeError, onnax.OnnaxError)):
-        onnax.vmap(m, in_axes=bad)
+    with pytest.raises(TypeError, match=r"in_axes.* must be an int"):
+        onnax.vmap(m, in_axes=bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("bad", [1.5, "0", [0.5], None])
+def test_out_axes_bad_type(bad: object) -> None:
+    m = make_model([node("Relu", ["xin"], ["out"])], [("xin", F, [2, 3])], ["out"])
+    with pytest.raises(TypeError, match=r"out_axes.* must be an int"):
+        onnax.vmap(m, out_axes=bad)  # type: ignore[arg-type]
 
 
 def test_unsupported_old_opset_raises() -> None:
