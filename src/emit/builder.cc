@@ -299,7 +299,11 @@ V Builder::div(V a, V b) {
   return op1("Div", {a, b});
 }
 V Builder::zeros_like(V like, int32_t dtype) {
-  return expand(scalar(0.0, dtype ? dtype : facts(like).dtype), shape_of(like));
+  const int32_t dt = dtype ? dtype : facts(like).dtype;
+  // A dtype ONNX's inference could not tell (a Loop state, say) is taken from `like` when the
+  // model runs.
+  const V zero = dt ? scalar(0.0, dt) : op1("CastLike", {scalar(0.0, onnx::TensorProto::FLOAT), like});
+  return expand(zero, shape_of(like));
 }
 V Builder::neg(V a) {
   if (!a.valid()) return V{};

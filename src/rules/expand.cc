@@ -9,6 +9,7 @@
 #include <string>
 #include <unordered_map>
 
+#include "check/node_check.h"
 #include "rules/derivative.h"
 #include "transforms/prepare.h"
 #include "transforms/subgraph.h"
@@ -81,6 +82,28 @@ Vs expand_jvp(JvpCtx& c) {
   return expansion_jvp(c, g);
 }
 
+// Fails (the diagnostic contract) when a node of an expanded function body misses an input
+// its schema requires: the function op left out an optional input this body needs.
+void check_body_node(const JvpCtx& c, const onnx::NodeProto& n, const Vs& xs) {
+  if (!n.domain().empty() && n.domain() != "ai.onnx") return;
+  const onnx::OpSchema* schema = onnx::OpSchemaRegistry::Schema(n.op_type(), static_cast<int>(c.opset), "");
+  if (!schema) return;
+  std::vector<int32_t> ids(xs.size());
+  for (size_t k = 0; k < xs.size(); ++k) ids[k] = xs[k].valid() ? 0 : -1;
+  const NodeInputFactsOf known(
+      [&](int k) { return xs[static_cast<size_t>(k)].valid() ? c.b.rank(xs[static_cast<size_t>(k)]) : -1; },
+      [&](int k) { return xs[static_cast<size_t>(k)].valid() ? c.b.known_i64(xs[static_cast<size_t>(k)]) : nullptr; });
+  const std::string defect = node_defect(*schema, n, ids.data(), known);
+  if (defect.empty()) return;
+  std::string inputs_left_out;
+  for (int k = 0; k < c.node.input_size(); ++k)
+    if (c.node.input(k).empty()) inputs_left_out += (inputs_left_out.empty() ? "" : ", ") + std::to_string(k);
+  c.unsupported("its function body's " + n.op_type() + " (producing '" + (n.output_size() ? n.output(0) : "") + "') " +
+                    defect.substr(0, defect.find(". Fix:")) +
+                    (inputs_left_out.empty() ? "" : " (the node leaves out its input(s) " + inputs_left_out + ")"),
+                "give the node the optional inputs this configuration of its operator needs");
+}
+
 Vs expansion_jvp(JvpCtx& c, const onnx::GraphProto& g, const KnownPrimal* known) {
   const DerivativeRules& rules = DerivativeRules::instance();
   std::unordered_map<std::string, V> primal, tangent;
@@ -122,6 +145,9 @@ Vs expansion_jvp(JvpCtx& c, const onnx::GraphProto& g, const KnownPrimal* known)
       ts.push_back(in.empty() ? V{} : lookup(tangent, in));
       active = active || ts.back().valid();
     }
+    // A body reading an input the node left out sees it absent: fine where the body's node takes
+    // it as optional, a defect of this configuration where it requires it.
+    check_body_node(c, n, xs);
     bool all_known = known != nullptr && n.output_size() > 0;
     for (const auto& o : n.output()) all_known = all_known && (known->values.count(o) || known->same_as.count(o));
     Vs ys;

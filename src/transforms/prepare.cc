@@ -9,6 +9,7 @@
 #include <queue>
 #include <unordered_map>
 
+#include "check/node_check.h"
 #include "diagnostics/error.h"
 #include "notice.h"
 
@@ -418,6 +419,17 @@ void verify_before_conversion(const onnx::GraphProto& g, int opset, const std::s
       if (const onnx::OpSchema* schema = onnx::OpSchemaRegistry::Schema(n.op_type(), opset, "")) {
         try {
           schema->Verify(n);
+          // (and what the transforms check, as far as it shows without shapes: ONNX's own
+          // inference, which the converter runs, crashes on a GatherND batch_dims of -9)
+          std::vector<int32_t> ids(static_cast<size_t>(n.input_size()));
+          for (int k = 0; k < n.input_size(); ++k) ids[static_cast<size_t>(k)] = n.input(k).empty() ? -1 : 0;
+          const NodeInputFactsOf unknown([](int) { return int64_t{-1}; },
+                                         [](int) -> const std::vector<int64_t>* { return nullptr; });
+          if (const std::string defect = node_defect(*schema, n, ids.data(), unknown); !defect.empty())
+            diag::fail(Error::Kind::kInvalidModel, mode + ": invalid model: ai.onnx::" + n.op_type() + " (opset " +
+                                                       std::to_string(opset) + ") at " + node_label(n) + " " + defect);
+        } catch (const Error&) {
+          throw;
         } catch (const std::exception& e) {
           std::string why = e.what();
           why = why.substr(0, why.find('\n'));  // (the rest is the checker's context lines)

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import onnx
 import pytest
-from ad_oracle import ad_error, check_grad, uniform
+from ad_oracle import Tol, ad_error, check_grad, uniform
 from onnx import TensorProto, helper, numpy_helper
 from vmap_oracle import assert_vmap_matches, node
 
@@ -242,3 +242,38 @@ def reduce_max_13(axes_attributes: list[str]) -> onnx.ModelProto:
     model = chain(middle, [2, 3, 4], [])
     model.opset_import[0].version = 13
     return model
+
+
+def linear_attention(update_rule: str | None) -> onnx.ModelProto:
+    """LinearAttention (opset 27) without past_state and decay, with beta; loss = sum(tanh(y))."""
+    attrs: dict[str, object] = {"q_num_heads": 4, "kv_num_heads": 4}
+    if update_rule is not None:
+        attrs["update_rule"] = update_rule
+    middle = node("LinearAttention", ["x", "k", "v", "", "", "beta"], ["y", "state"], name="la", **attrs)
+    model = chain(middle, [2, 4, 32], [("k", D, [2, 4, 32]), ("v", D, [2, 4, 32]), ("beta", D, [2, 4, 4])])
+    model.opset_import[0].version = 27
+    model.ir_version = 13
+    return model
+
+
+def test_a_function_body_needing_an_input_the_node_left_out() -> None:
+    # The default update rule (gated_delta) needs decay: its ONNX function body reads it.
+    msg = ad_error(lambda m: onnax.grad(m, inputs=["x"], output="loss"), linear_attention(None))
+    for word in [
+        "ai.onnx::LinearAttention",
+        "function body",
+        "leaves out its input(s) 3, 4",
+        "Fix: give the node",
+    ]:
+        assert word in msg, f"{word!r} missing from: {msg}"
+    # The delta rule needs no decay: differentiated through the same body, against finite
+    # differences (beta in (0, 1), as a gate). ONNX's reference LinearAttention rounds to about
+    # 1e-7 relative, which swamps steps of 1e-6: a step of 1e-3 and a tolerance to match.
+    check_grad(
+        linear_attention("delta"),
+        ["x", "k", "v"],
+        "loss",
+        gens={"beta": uniform([2, 4, 4], 0.1, 0.9)},
+        eps=1e-3,
+        tol=Tol(1e-3, 1e-3),
+    )
