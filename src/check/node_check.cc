@@ -119,6 +119,9 @@ std::string node_defect(const onnx::OpSchema& schema, const onnx::NodeProto& nod
   if (op == "Transpose") return transpose_perm(node, inputs.rank(0));
   if (op == "GatherND") return gathernd_batch_dims(node, inputs.rank(0), inputs.rank(1));
   if (op.rfind("Reduce", 0) == 0) return reduced_axes(node, inputs);
+  if (op == "STFT" && !(node.input_size() > 2 && input_ids[2] >= 0) && !(node.input_size() > 3 && input_ids[3] >= 0))
+    return "gives neither a window (input 2) nor a frame_length (input 3), so its frame length is undefined" +
+           std::string(kCheckerFix);
   return axis_in_range(op, node, inputs.rank(0));
 }
 

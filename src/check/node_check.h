@@ -41,7 +41,8 @@ class NodeInputFactsOf final : public NodeInputFacts {
 // "" when nothing the rules rely on is: a required input missing or left empty (or a variadic
 // one left empty, which ONNX allows but no rule can read), a Transpose perm that is not a
 // permutation of the input's axes, a GatherND batch_dims beyond its inputs' ranks, reduced axes
-// (attribute or constant input) or an `axis` attribute out of range.
+// (attribute or constant input) or an `axis` attribute out of range, an STFT with neither a window
+// nor a frame_length.
 // `input_ids` are the node's input ids in the transform's index, -1 for an empty name.
 std::string node_defect(const onnx::OpSchema& schema, const onnx::NodeProto& node, const int32_t* input_ids,
                         const NodeInputFacts& inputs);

@@ -77,6 +77,13 @@ def log_softmax(axis: int) -> onnx.ModelProto:
     return chain(node("LogSoftmax", ["x"], ["y"], name="ls", axis=axis), [2, 3], [])
 
 
+def stft(frame_length: bool) -> onnx.ModelProto:
+    """STFT of a real signal [1, 32, 1], frame step 4, and a frame length of 8 if given."""
+    ints = {"step": np.asarray(4, dtype=np.int64), "length": np.asarray(8, dtype=np.int64)}
+    inputs = ["x", "step", "", "length" if frame_length else ""]
+    return chain(node("STFT", inputs, ["y"], name="st"), [1, 32, 1], [], ints)
+
+
 def transpose(perm: list[int]) -> onnx.ModelProto:
     return chain(node("Transpose", ["x"], ["y"], name="tp", perm=perm), [2, 3, 4], [])
 
@@ -122,6 +129,11 @@ DEFECTS: dict[str, tuple[Callable[[], onnx.ModelProto], list[str], Callable[[], 
         lambda: reduce_sum([1, 3]),
         ["ai.onnx::ReduceSum", "'rs'", "reduces axes [1, 3]", "[-3, 3)"],
         lambda: reduce_sum([1, 2]),
+    ),
+    "STFT with neither a window nor a frame_length": (
+        lambda: stft(False),
+        ["ai.onnx::STFT", "'st'", "neither a window (input 2) nor a frame_length (input 3)"],
+        lambda: stft(True),
     ),
     # ONNX accepts an empty name among variadic inputs; no rule can read it.
     "Sum with an empty variadic input": (
