@@ -38,7 +38,8 @@ class NodeInputFactsOf final : public NodeInputFacts {
 };
 
 // What is wrong with `node` as an instance of `schema`, with its remedy ("... . Fix: ..."), or
-// "" when nothing the rules rely on is: a required input missing or left empty (or a variadic
+// "" when nothing the rules rely on is: outputs beyond the schema's count or a required one left
+// unnamed, a required input missing or left empty (or a variadic
 // one left empty, which ONNX allows but no rule can read), a Transpose perm that is not a
 // permutation of the input's axes, a GatherND batch_dims beyond its inputs' ranks, reduced axes
 // (attribute or constant input) or an `axis` attribute out of range, an STFT with neither a window
@@ -46,5 +47,13 @@ class NodeInputFactsOf final : public NodeInputFacts {
 // `input_ids` are the node's input ids in the transform's index, -1 for an empty name.
 std::string node_defect(const onnx::OpSchema& schema, const onnx::NodeProto& node, const int32_t* input_ids,
                         const NodeInputFacts& inputs);
+
+// The name of a node's first named output ("" when none): where diagnostics locate a node
+// without a name.
+inline std::string first_output_name(const onnx::NodeProto& node) {
+  for (const auto& o : node.output())
+    if (!o.empty()) return o;
+  return "";
+}
 
 }  // namespace onnax

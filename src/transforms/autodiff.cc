@@ -345,7 +345,8 @@ void differentiate_graph(Prepared& p, Mode mode, const Selection& sel) {
     const auto domain_opset = opsets.find(domain);
     const int opset = domain_opset == opsets.end() ? 0 : domain_opset->second;
     auto label = [&] {  // (for diagnostics only)
-      const std::string where = node.name().empty() ? "output '" + node.output(0) + "'" : "node '" + node.name() + "'";
+      const std::string where =
+          node.name().empty() ? "output '" + first_output_name(node) + "'" : "node '" + node.name() + "'";
       return (default_domain ? std::string("ai.onnx") : node.domain()) + "::" + node.op_type() + " (opset " +
              std::to_string(opset) + ") at " + where;
     };

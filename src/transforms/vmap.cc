@@ -319,9 +319,8 @@ void vmap_prepared(Prepared& p, const VmapOptions& opt) {
     const int opset = domain_opset == b.opsets().end() ? static_cast<int>(p.opset) : domain_opset->second;
     // Only for diagnostics: built when a rule fails, not for every node.
     auto op_label = [&] {
-      const std::string where = node.name().empty()
-                                    ? "output '" + (node.output_size() ? node.output(0) : std::string()) + "'"
-                                    : "node '" + node.name() + "'";
+      const std::string where =
+          node.name().empty() ? "output '" + first_output_name(node) + "'" : "node '" + node.name() + "'";
       return (domain.empty() ? "ai.onnx" : domain) + "::" + node.op_type() + " (opset " + std::to_string(opset) +
              ") at " + where;
     };

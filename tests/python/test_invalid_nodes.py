@@ -50,6 +50,10 @@ def gemm(inputs: list[str]) -> onnx.ModelProto:
     return chain(node("Gemm", inputs, ["y"], name="gm"), [2, 3], [("w", D, [3, 4])])
 
 
+def gemm_outputs(outputs: list[str]) -> onnx.ModelProto:
+    return chain(node("Gemm", ["x", "w"], outputs, name="gm"), [2, 3], [("w", D, [3, 4])])
+
+
 def power(inputs: list[str]) -> onnx.ModelProto:
     return chain(node("Pow", inputs, ["y"], name="pw"), [2, 3], [("w", D, [])])
 
@@ -94,6 +98,11 @@ DEFECTS: dict[str, tuple[Callable[[], onnx.ModelProto], list[str], Callable[[], 
         lambda: matmul(["x"]),
         ["ai.onnx::MatMul", "'mm'", "has 1 input(s)", "at least 2"],
         lambda: matmul(["x", "w"]),
+    ),
+    "Gemm with two outputs": (
+        lambda: gemm_outputs(["y", "extra"]),
+        ["ai.onnx::Gemm", "'gm'", "has 2 output(s); its schema allows 1"],
+        lambda: gemm_outputs(["y"]),
     ),
     "Gemm with an empty B": (
         lambda: gemm(["x", ""]),
