@@ -34,7 +34,7 @@ std::string required_inputs(const onnx::OpSchema& schema, const onnx::NodeProto&
 }
 
 // Output counts in the schema's range, and a name for every output it requires.
-std::string required_outputs(const onnx::OpSchema& schema, const onnx::NodeProto& node) {
+std::string required_outputs(const onnx::OpSchema& schema, const onnx::NodeProto& node, const int32_t* output_ids) {
   const int count = node.output_size();
   if (count < schema.min_output() || count > schema.max_output())
     return "has " + std::to_string(count) + " output(s); its schema allows " +
@@ -45,7 +45,7 @@ std::string required_outputs(const onnx::OpSchema& schema, const onnx::NodeProto
            kCheckerFix;
   const auto& formals = schema.outputs();
   for (int i = 0; i < count && !formals.empty(); ++i) {
-    if (!node.output(i).empty()) continue;
+    if (output_ids[i] >= 0) continue;  // (as for inputs: no output name read)
     const size_t formal = std::min(static_cast<size_t>(i), formals.size() - 1);
     if (formals[formal].GetOption() == onnx::OpSchema::Single)
       return "gives its required output " + std::to_string(i) + " ('" + formals[formal].GetName() + "') an empty name" +
@@ -136,7 +136,7 @@ std::string axis_in_range(const std::string& op, const onnx::NodeProto& node, in
 std::string node_defect(const onnx::OpSchema& schema, const onnx::NodeProto& node, const int32_t* input_ids,
                         const NodeInputFacts& inputs) {
   if (std::string why = required_inputs(schema, node, input_ids); !why.empty()) return why;
-  if (std::string why = required_outputs(schema, node); !why.empty()) return why;
+  if (std::string why = required_outputs(schema, node, input_ids + node.input_size()); !why.empty()) return why;
   if (!schema.domain().empty()) return "";
   const std::string& op = schema.Name();
   if (op == "Transpose") return transpose_perm(node, inputs.rank(0));

@@ -44,7 +44,8 @@ class NodeInputFactsOf final : public NodeInputFacts {
 // permutation of the input's axes, a GatherND batch_dims beyond its inputs' ranks, reduced axes
 // (attribute or constant input) or an `axis` attribute out of range, an STFT with neither a window
 // nor a frame_length.
-// `input_ids` are the node's input ids in the transform's index, -1 for an empty name.
+// `input_ids` are the node's value ids in the transform's index (NodeValueIds): its inputs', then
+// its outputs', -1 for an empty name.
 std::string node_defect(const onnx::OpSchema& schema, const onnx::NodeProto& node, const int32_t* input_ids,
                         const NodeInputFacts& inputs);
 

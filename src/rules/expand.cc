@@ -88,8 +88,9 @@ void check_body_node(const JvpCtx& c, const onnx::NodeProto& n, const Vs& xs) {
   if (!n.domain().empty() && n.domain() != "ai.onnx") return;
   const onnx::OpSchema* schema = onnx::OpSchemaRegistry::Schema(n.op_type(), static_cast<int>(c.opset), "");
   if (!schema) return;
-  std::vector<int32_t> ids(xs.size());
-  for (size_t k = 0; k < xs.size(); ++k) ids[k] = xs[k].valid() ? 0 : -1;
+  std::vector<int32_t> ids;  // (as the index has them: inputs, then outputs)
+  for (const V& x : xs) ids.push_back(x.valid() ? 0 : -1);
+  for (const auto& out : n.output()) ids.push_back(out.empty() ? -1 : 0);
   const NodeInputFactsOf known(
       [&](int k) { return xs[static_cast<size_t>(k)].valid() ? c.b.rank(xs[static_cast<size_t>(k)]) : -1; },
       [&](int k) { return xs[static_cast<size_t>(k)].valid() ? c.b.known_i64(xs[static_cast<size_t>(k)]) : nullptr; });

@@ -421,8 +421,9 @@ void verify_before_conversion(const onnx::GraphProto& g, int opset, const std::s
           schema->Verify(n);
           // (and what the transforms check, as far as it shows without shapes: ONNX's own
           // inference, which the converter runs, crashes on a GatherND batch_dims of -9)
-          std::vector<int32_t> ids(static_cast<size_t>(n.input_size()));
-          for (int k = 0; k < n.input_size(); ++k) ids[static_cast<size_t>(k)] = n.input(k).empty() ? -1 : 0;
+          std::vector<int32_t> ids;  // (as the index has them: inputs, then outputs)
+          for (const auto& in : n.input()) ids.push_back(in.empty() ? -1 : 0);
+          for (const auto& out : n.output()) ids.push_back(out.empty() ? -1 : 0);
           const NodeInputFactsOf unknown([](int) { return int64_t{-1}; },
                                          [](int) -> const std::vector<int64_t>* { return nullptr; });
           if (const std::string defect = node_defect(*schema, n, ids.data(), unknown); !defect.empty())
