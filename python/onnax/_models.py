@@ -53,10 +53,7 @@ def transform(model: ModelT, call: Callable[[bytes], bytes]) -> ModelT:
     """Runs the core's transform ``call`` (serialized model to serialized result) on ``model``
     with its large float initializers held back, and returns the result as the same kind of
     model as ``model``."""
-    if isinstance(model, onnx.ModelProto):
-        light, held = _hold_back(model)
-    else:
-        light, held = _hold_back_ir(model)
+    light, held = _hold_back(model) if isinstance(model, onnx.ModelProto) else _hold_back_ir(_ir_model(model))
     if light is None:
         return from_bytes(call(to_bytes(model)), model)  # type: ignore[no-any-return]
     data = call(light.SerializeToString())
@@ -83,8 +80,15 @@ def _as_proto(model: Any) -> onnx.ModelProto:
         return model
     import onnx_ir as ir
 
+    return ir.serde.serialize_model(_ir_model(model))
+
+
+def _ir_model(model: Any) -> Any:
+    """`model` when it is an onnx_ir.Model; the TypeError users get for any other kind."""
+    import onnx_ir as ir
+
     if isinstance(model, ir.Model):
-        return ir.serde.serialize_model(model)
+        return model
     raise TypeError(
         f"onnax expects an onnx.ModelProto or an onnx_ir.Model, got {type(model).__name__}. "
         "Fix: load the model with onnx.load(path) or onnx_ir.load(path)"
@@ -196,8 +200,6 @@ def _hold_back_ir(model: Any) -> tuple[onnx.ModelProto | None, _Held]:
     import onnx_ir as ir
 
     held = _Held()
-    if not isinstance(model, ir.Model):
-        _as_proto(model)  # (raises the TypeError users get for other kinds)
     heavy = {
         name: value
         for name, value in model.graph.initializers.items()

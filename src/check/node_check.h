@@ -49,12 +49,4 @@ class NodeInputFactsOf final : public NodeInputFacts {
 std::string node_defect(const onnx::OpSchema& schema, const onnx::NodeProto& node, const int32_t* input_ids,
                         const NodeInputFacts& inputs);
 
-// The name of a node's first named output ("" when none): where diagnostics locate a node
-// without a name.
-inline std::string first_output_name(const onnx::NodeProto& node) {
-  for (const auto& o : node.output())
-    if (!o.empty()) return o;
-  return "";
-}
-
 }  // namespace onnax

@@ -40,4 +40,17 @@ std::string dtype_name(int32_t elem_type) {
   }
 }
 
+std::string node_location(const onnx::NodeProto& node) {
+  if (!node.name().empty()) return "node '" + node.name() + "'";
+  for (const auto& o : node.output())
+    if (!o.empty()) return "output '" + o + "'";
+  return "output ''";
+}
+
+std::string op_at(const onnx::NodeProto& node, int64_t opset) {
+  const bool default_domain = node.domain().empty() || node.domain() == "ai.onnx";
+  return (default_domain ? std::string("ai.onnx") : node.domain()) + "::" + node.op_type() + " (opset " +
+         std::to_string(opset) + ") at " + node_location(node);
+}
+
 }  // namespace onnax::diag

@@ -21,11 +21,8 @@ std::string BatchCtx::describe_input(int i) const {
 }
 
 void BatchCtx::unsupported(const std::string& what, const std::string& fix) const {
-  std::string domain = node.domain().empty() ? "ai.onnx" : node.domain();
-  std::string where = node.name().empty() ? "output '" + (node.output_size() ? node.output(0) : "") + "'"
-                                          : "node '" + node.name() + "'";
-  diag::fail(Error::Kind::kUnsupported, "vmap: cannot batch " + domain + "::" + node.op_type() + " (opset " +
-                                            std::to_string(opset) + ") at " + where + ": " + what + ". Fix: " + fix);
+  diag::fail(Error::Kind::kUnsupported,
+             "vmap: cannot batch " + diag::op_at(node, opset) + ": " + what + ". Fix: " + fix);
 }
 
 int32_t BatchCtx::out_dtype(int o) const {

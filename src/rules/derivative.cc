@@ -8,10 +8,6 @@
 namespace onnax {
 
 namespace {
-std::string where(const onnx::NodeProto& node) {
-  return node.name().empty() ? "output '" + (node.output_size() ? node.output(0) : "") + "'"
-                             : "node '" + node.name() + "'";
-}
 const onnx::AttributeProto* find_attr(const onnx::NodeProto& node, const std::string& name) {
   for (const auto& a : node.attribute())
     if (a.name() == name) return &a;
@@ -62,10 +58,8 @@ V JvpCtx::term(V t, int k) const {
 }
 
 void JvpCtx::unsupported(const std::string& what, const std::string& fix) const {
-  const std::string domain = node.domain().empty() ? "ai.onnx" : node.domain();
-  diag::fail(Error::Kind::kUnsupported, "jvp: cannot differentiate " + domain + "::" + node.op_type() + " (opset " +
-                                            std::to_string(opset) + ") at " + where(node) + ": " + what +
-                                            ". Fix: " + fix);
+  diag::fail(Error::Kind::kUnsupported,
+             "jvp: cannot differentiate " + diag::op_at(node, opset) + ": " + what + ". Fix: " + fix);
 }
 
 const onnx::AttributeProto* TransposeCtx::attr(const std::string& name) const {

@@ -10,6 +10,7 @@
 #include <unordered_map>
 
 #include "check/node_check.h"
+#include "diagnostics/error.h"
 #include "rules/derivative.h"
 #include "transforms/prepare.h"
 #include "transforms/subgraph.h"
@@ -99,7 +100,7 @@ void check_body_node(const JvpCtx& c, const onnx::NodeProto& n, const Vs& xs) {
   std::string inputs_left_out;
   for (int k = 0; k < c.node.input_size(); ++k)
     if (c.node.input(k).empty()) inputs_left_out += (inputs_left_out.empty() ? "" : ", ") + std::to_string(k);
-  c.unsupported("its function body's " + n.op_type() + " (producing '" + (n.output_size() ? n.output(0) : "") + "') " +
+  c.unsupported("its function body's " + n.op_type() + " at " + diag::node_location(n) + " " +
                     defect.substr(0, defect.find(". Fix:")) +
                     (inputs_left_out.empty() ? "" : " (the node leaves out its input(s) " + inputs_left_out + ")"),
                 "give the node the optional inputs this configuration of its operator needs");

@@ -341,15 +341,14 @@ void differentiate_graph(Prepared& p, Mode mode, const Selection& sel) {
     const bool default_domain = node.domain().empty() || node.domain() == "ai.onnx";
     if (rules.is_zero(node)) continue;
     const JvpRule* rule = rules.find_jvp(node);
-    const std::string domain = default_domain ? std::string() : node.domain();
-    const auto domain_opset = opsets.find(domain);
-    const int opset = domain_opset == opsets.end() ? 0 : domain_opset->second;
-    auto label = [&] {  // (for diagnostics only)
-      const std::string where =
-          node.name().empty() ? "output '" + first_output_name(node) + "'" : "node '" + node.name() + "'";
-      return (default_domain ? std::string("ai.onnx") : node.domain()) + "::" + node.op_type() + " (opset " +
-             std::to_string(opset) + ") at " + where;
+    // The node's domain and its opset, asked for only by diagnostics and a rule's first use (a
+    // string hash per node otherwise).
+    const std::string_view domain = default_domain ? std::string_view() : std::string_view(node.domain());
+    auto opset = [&] {
+      const auto it = opsets.find(std::string(domain));
+      return it == opsets.end() ? 0 : it->second;
     };
+    auto label = [&] { return diag::op_at(node, opset()); };
     if (!rule) {
       std::string why = node.op_type().rfind("Random", 0) == 0 || node.op_type() == "Bernoulli"
                             ? "random operators have no derivative"
@@ -362,7 +361,7 @@ void differentiate_graph(Prepared& p, Mode mode, const Selection& sel) {
     }
     // Rules read the inputs and attributes their schema guarantees.
     auto [known_schema, first_use] = schema_of_rule.try_emplace(rule, nullptr);
-    if (first_use) known_schema->second = schemas.find(node.op_type(), domain, opset);
+    if (first_use) known_schema->second = schemas.find(node.op_type(), std::string(domain), opset());
     if (const onnx::OpSchema* schema = known_schema->second) {
       const NodeInputFactsOf known(
           [&](int i) { return i < node.input_size() ? p.facts.at(input_ids[i]).rank() : int64_t{-1}; },

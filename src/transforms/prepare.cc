@@ -427,8 +427,7 @@ void verify_before_conversion(const onnx::GraphProto& g, int opset, const std::s
           const NodeInputFactsOf unknown([](int) { return int64_t{-1}; },
                                          [](int) -> const std::vector<int64_t>* { return nullptr; });
           if (const std::string defect = node_defect(*schema, n, ids.data(), unknown); !defect.empty())
-            diag::fail(Error::Kind::kInvalidModel, mode + ": invalid model: ai.onnx::" + n.op_type() + " (opset " +
-                                                       std::to_string(opset) + ") at " + node_label(n) + " " + defect);
+            diag::fail(Error::Kind::kInvalidModel, mode + ": invalid model: " + diag::op_at(n, opset) + " " + defect);
         } catch (const Error&) {
           throw;
         } catch (const std::exception& e) {
@@ -436,8 +435,7 @@ void verify_before_conversion(const onnx::GraphProto& g, int opset, const std::s
           why = why.substr(0, why.find('\n'));  // (the rest is the checker's context lines)
           while (!why.empty() && (why.back() == '.' || why.back() == ' ')) why.pop_back();
           diag::fail(Error::Kind::kInvalidModel,
-                     mode + ": invalid model: ai.onnx::" + n.op_type() + " (opset " + std::to_string(opset) + ") at " +
-                         node_label(n) + ": " + why +
+                     mode + ": invalid model: " + diag::op_at(n, opset) + ": " + why +
                          ". Fix: repair the node (onnx.checker.check_model reports it); onnax upgrades models below "
                          "opset " +
                          std::to_string(kMinOpset) + " with ONNX's version converter, which needs valid nodes");

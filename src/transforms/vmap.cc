@@ -315,15 +315,12 @@ void vmap_prepared(Prepared& p, const VmapOptions& opt) {
       continue;
     }
     const std::string domain = node.domain() == "ai.onnx" ? "" : node.domain();
-    const auto domain_opset = b.opsets().find(domain);  // (each domain has its own opset)
-    const int opset = domain_opset == b.opsets().end() ? static_cast<int>(p.opset) : domain_opset->second;
+    // Each domain has its own opset (looked up only off the default domain).
+    int opset = static_cast<int>(p.opset);
+    if (!domain.empty())
+      if (const auto it = b.opsets().find(domain); it != b.opsets().end()) opset = it->second;
     // Only for diagnostics: built when a rule fails, not for every node.
-    auto op_label = [&] {
-      const std::string where =
-          node.name().empty() ? "output '" + first_output_name(node) + "'" : "node '" + node.name() + "'";
-      return (domain.empty() ? "ai.onnx" : domain) + "::" + node.op_type() + " (opset " + std::to_string(opset) +
-             ") at " + where;
-    };
+    auto op_label = [&] { return diag::op_at(node, opset); };
     const onnx::OpSchema* schema = schemas.find(node.op_type(), domain, opset);
     if (!schema) {
       std::string batched_inputs;
