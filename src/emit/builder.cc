@@ -217,7 +217,10 @@ void Builder::finish(onnx::NodeProto& node, const Vs& inputs, const Vs& outputs,
       }
     }
   }
-  if (inference_) infer(node, inputs, outputs);
+  if (given_facts_ && outputs.size() == 1 && outputs[0].valid())
+    set_facts(outputs[0], *given_facts_);
+  else if (inference_)
+    infer(node, inputs, outputs);
   if (linear) propagate_witness(node, inputs, outputs);
   // (new_node made a tape-bound node on the tape's arena, outside the graph)
   if (to_tape) {
@@ -443,6 +446,13 @@ Vs Builder::emit(std::string_view type, const Vs& inputs, const Attrs& attrs, in
   if (!for_tape) name_node(n);
   finish(*n, inputs, outs, recorded);
   return outs;
+}
+
+V Builder::op1_known(std::string_view type, const Vs& inputs, const Attrs& attrs, Facts facts) {
+  given_facts_ = &facts;
+  const V y = op1(type, inputs, attrs);
+  given_facts_ = nullptr;
+  return y;
 }
 
 Vs Builder::op_reading(std::string_view type, const Vs& inputs, const Vs& reads, const Attrs& attrs, int num_outputs) {
@@ -818,10 +828,22 @@ V Builder::concat(const std::vector<V>& parts, int64_t axis) {
   return y;
 }
 
-V Builder::reshape(V x, V shape) {
-  V y = op1("Reshape", {x, shape});
+V Builder::reshape(V x, V shape, bool allowzero) {
+  const Attrs attrs = allowzero ? Attrs{Attr::i("allowzero", 1)} : Attrs{};
+  const int32_t dtype = facts(x).dtype;
+  // Constant target dims with no -1 (nor 0 meaning "copy") are the output's dims.
+  if (const auto* k = known_i64(shape)) {
+    bool exact = true;
+    for (int64_t d : *k) exact = exact && (d > 0 || (d == 0 && allowzero));
+    if (exact) {
+      Dims dims(k->size());
+      for (size_t i = 0; i < k->size(); ++i) dims[i] = Dim::of((*k)[i]);
+      return op1_known("Reshape", {x, shape}, attrs, Facts::of(dtype, std::move(dims)));
+    }
+  }
+  V y = op1("Reshape", {x, shape}, attrs);
   Facts f;
-  f.dtype = facts(x).dtype;
+  f.dtype = dtype;
   const Facts& sf = facts(shape);
   if (sf.has_shape && sf.rank() == 1 && sf.dims[0].known()) {
     f.has_shape = true;
@@ -842,7 +864,34 @@ V Builder::reverse_first_axis(V x) {
   return y;
 }
 
+namespace {
+// The dims of Expand(x, target) for constant target dims: x's dims broadcast against them,
+// aligned from the right. Nothing when a target dim is negative or contradicts a known dim of
+// x (an invalid node, left to ONNX's inference to report).
+std::optional<Dims> expanded_dims(const Dims& x, const std::vector<int64_t>& target) {
+  const size_t r = std::max(x.size(), target.size());
+  Dims out(r);
+  for (size_t i = 0; i < r; ++i) {
+    const Dim* xd = i + x.size() >= r ? &x[i + x.size() - r] : nullptr;
+    const int64_t* td = i + target.size() >= r ? &target[i + target.size() - r] : nullptr;
+    if (td && *td < 0) return std::nullopt;
+    if (!td || *td == 1) {
+      out[i] = xd ? *xd : Dim::of(1);
+    } else if (!xd || !xd->known() || xd->value() == 1 || xd->value() == *td) {
+      out[i] = Dim::of(*td);  // (a symbolic dim of x must be 1 or the target's)
+    } else {
+      return std::nullopt;
+    }
+  }
+  return out;
+}
+}  // namespace
+
 V Builder::expand(V x, V shape) {
+  const Facts& xf = facts(x);
+  if (const auto* k = known_i64(shape); k && xf.has_shape)
+    if (auto dims = expanded_dims(xf.dims, *k))
+      return op1_known("Expand", {x, shape}, {}, Facts::of(xf.dtype, std::move(*dims)));
   V y = op1("Expand", {x, shape});
   Facts f;
   f.dtype = facts(x).dtype;
@@ -853,6 +902,16 @@ V Builder::expand(V x, V shape) {
   }
   set_facts(y, f);
   return y;
+}
+
+V Builder::shape_value(V x) {
+  const Facts& f = facts(x);
+  bool all_known = f.has_shape;
+  for (size_t i = 0; all_known && i < f.dims.size(); ++i) all_known = f.dims[i].known();
+  if (!all_known) return shape_of(x);
+  std::vector<int64_t> dims(f.dims.size());
+  for (size_t i = 0; i < dims.size(); ++i) dims[i] = f.dims[i].value();
+  return i64s(dims);
 }
 
 }  // namespace onnax

@@ -163,6 +163,9 @@ class Builder {
   // emitted before is not emitted again: its outputs are returned.
   Vs op(std::string_view type, const Vs& inputs, const Attrs& attrs = {}, int num_outputs = 1);
   V op1(std::string_view type, const Vs& inputs, const Attrs& attrs = {}) { return op(type, inputs, attrs, 1)[0]; }
+  // op1 for a node whose output facts the caller knows exactly (a shape helper computing them
+  // from constant operands): no inference runs, which on the ONNX path costs microseconds.
+  V op1_known(std::string_view type, const Vs& inputs, const Attrs& attrs, Facts facts);
   // Emits a node whose subgraphs read `reads` from this graph by name (If branches). They count
   // as inputs where the tape is concerned: reading a tangent sends the node to the tape, whose
   // record lists them after `inputs` (the transpose rule gets them as inputs). Never reused.
@@ -212,8 +215,12 @@ class Builder {
   V transpose(V x, const std::vector<int64_t>& perm);
   V shape_of(V x, int64_t start = 0, std::optional<int64_t> end = std::nullopt);
   V concat(const std::vector<V>& parts, int64_t axis);
-  V reshape(V x, V shape);
+  // With allowzero, a 0 in `shape` means an empty dim, not "copy the input's".
+  V reshape(V x, V shape, bool allowzero = false);
   V expand(V x, V shape);
+  // The shape of `x` as a 1-D int64 value: a constant when its facts know every dim (the shape
+  // then needs no node, and the helpers above know their outputs' dims), else a Shape node.
+  V shape_value(V x);
   // `x` with its axis 0 in reverse order (a Slice with step -1); keeps x's facts.
   V reverse_first_axis(V x);
 
@@ -318,6 +325,7 @@ class Builder {
   const int32_t* source_output_ids_ = nullptr;
   struct Inference;
   std::unique_ptr<Inference> inference_;
+  const Facts* given_facts_ = nullptr;  // set by op1_known while its node is emitted
   std::unordered_map<std::string, int> opsets_;
 };
 

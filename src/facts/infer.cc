@@ -136,10 +136,24 @@ void refine_state_shapes(const onnx::NodeProto& n, std::vector<Facts>& inferred)
   }
 }
 
+// ONNX's STFT inference (opset 17 to 28, onnx 1.23) reads a missing `onesided` as 0, but the
+// operator's default is 1 (ONNX Runtime and the reference return frame_length / 2 + 1 bins).
+// Shapes computed from the wrong count broke reverse mode, so the bins are corrected here.
+void correct_stft_bins(const onnx::NodeProto& n, const Facts* in0, std::vector<Facts>& inferred) {
+  if (n.op_type() != "STFT" || !(n.domain().empty() || n.domain() == "ai.onnx") || inferred.empty()) return;
+  for (const auto& a : n.attribute())
+    if (a.name() == "onesided") return;  // stated: ONNX reads it
+  Facts& y = inferred[0];
+  if (!y.has_shape || y.rank() != 4) return;
+  const bool real = in0 && in0->has_shape && in0->rank() == 3 && in0->dims[2].known() && in0->dims[2].value() == 1;
+  y.dims[2] = real && y.dims[2].known() ? Dim::of(y.dims[2].value() / 2 + 1) : Dim{};
+}
+
 }  // namespace
 
 void refine_inferred(const onnx::NodeProto& node, const Facts* in0, std::vector<Facts>& inferred) {
   refine_state_shapes(node, inferred);
+  correct_stft_bins(node, in0, inferred);
   if (in0) keep_rank(node, *in0, inferred);
 }
 

@@ -41,7 +41,7 @@ std::vector<int64_t> JvpCtx::attr_ints(const std::string& name) const {
 V JvpCtx::like_out(V t, int k) const {
   if (!t.valid()) return t;
   if (same_static_shape(b.facts(t), b.facts(ys[k]))) return t;
-  return b.expand(t, b.shape_of(ys[k]));
+  return b.expand(t, b.shape_value(ys[k]));
 }
 
 const Facts& facts_or_twin(const Builder& b, V v) {
@@ -143,8 +143,8 @@ V runtime_shape(Builder& b, V t, int depth) {
 namespace {
 
 V computed_shape(Builder& b, V t, int depth) {
-  if (const V w = b.witness(t); w.valid()) return b.shape_of(w);
-  if (!b.tangent(t)) return b.shape_of(t);
+  if (const V w = b.witness(t); w.valid()) return b.shape_value(w);
+  if (!b.tangent(t)) return b.shape_value(t);
   const Builder::TapeNode* tn = b.tape_node_of(t);
   if (tn == nullptr || depth > 16 || tn->outputs.empty() || tn->outputs[0].id != t.id) return V{};
   // Ops whose output has the (broadcast) shape of their inputs.
@@ -246,7 +246,7 @@ V unbroadcast(Builder& b, V ct, V target, V witness) {
   const Facts& tf = b.facts(target);
   if (same_static_shape(cf, tf)) return ct;
   // The target's run-time shape: its primal twin's, else from the tape nodes that made it.
-  auto target_shape = [&] { return witness.valid() ? b.shape_of(witness) : runtime_shape(b, target); };
+  auto target_shape = [&] { return witness.valid() ? b.shape_value(witness) : runtime_shape(b, target); };
   if (!tf.has_shape) {
     const V shape = target_shape();
     if (!shape.valid())
@@ -275,9 +275,8 @@ V unbroadcast(Builder& b, V ct, V target, V witness) {
   } else if (cf.rank() > r) {
     std::vector<int64_t> lead;
     for (int64_t i = 0; i < cf.rank() - r; ++i) lead.push_back(i);
-    out = b.op1("ReduceSum", {out, b.i64s(lead)}, {Attr::i("keepdims", 0)});
     reduced.dims.erase(reduced.dims.begin(), reduced.dims.begin() + (cf.rank() - r));
-    b.set_facts(out, reduced);
+    out = b.op1_known("ReduceSum", {out, b.i64s(lead)}, {Attr::i("keepdims", 0)}, reduced);
   }
   std::vector<int64_t> axes;
   bool ambiguous = false;
@@ -298,8 +297,7 @@ V unbroadcast(Builder& b, V ct, V target, V witness) {
     V ones = b.op1("Equal", {shape, b.i64(1)});
     V idx = b.op1("Range", {b.i64(0), b.i64(r), b.i64(1)});
     V sum_axes = b.op1("Compress", {idx, ones}, {Attr::i("axis", 0)});
-    V res = b.op1("ReduceSum", {out, sum_axes}, {Attr::i("keepdims", 1), Attr::i("noop_with_empty_axes", 1)});
-    b.set_facts(res, tf);
+    V res = b.op1_known("ReduceSum", {out, sum_axes}, {Attr::i("keepdims", 1), Attr::i("noop_with_empty_axes", 1)}, tf);
     // ONNX's inference cannot type a ReduceSum over run-time axes; record the shape so later
     // transforms of the result (vmap of a gradient) still know its rank.
     b.declare(res);
@@ -307,9 +305,7 @@ V unbroadcast(Builder& b, V ct, V target, V witness) {
   }
   // (Still ambiguous here: unknown dims with no run-time shape are taken as not broadcast.)
   if (axes.empty()) return out;
-  V res = b.op1("ReduceSum", {out, b.i64s(axes)}, {Attr::i("keepdims", 1)});
-  b.set_facts(res, tf);
-  return res;
+  return b.op1_known("ReduceSum", {out, b.i64s(axes)}, {Attr::i("keepdims", 1)}, tf);
 }
 
 Vs linear_in_first_jvp(JvpCtx& c) {

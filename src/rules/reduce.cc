@@ -119,6 +119,22 @@ std::optional<std::vector<int64_t>> reduced_axes(const onnx::NodeProto& node, Bu
   return axes;
 }
 
+// How many elements of x each output element of the reduction sums (its reduced dims' product),
+// when those dims are known.
+std::optional<int64_t> reduced_count(Builder& b, const onnx::NodeProto& node, V x, V axes_in, bool noop) {
+  const Facts& f = b.facts(x);
+  if (!f.has_shape) return std::nullopt;
+  const auto axes = reduced_axes(node, b, x, axes_in);
+  if (!axes || (axes->empty() && noop)) return std::nullopt;
+  int64_t n = 1;
+  for (int64_t a : *axes) {
+    if (a < 0 || a >= f.rank() || !f.dims[static_cast<size_t>(a)].known()) return std::nullopt;
+    n *= f.dims[static_cast<size_t>(a)].value();
+  }
+  if (n <= 0) return std::nullopt;  // (an empty reduction: the run-time path divides as before)
+  return n;
+}
+
 // y with the reduced axes kept (size 1), for broadcasting against x.
 V keep_dims(D& c, V y) {
   if (c.attr_i("keepdims", 1)) return y;
@@ -171,9 +187,18 @@ Vs reduce_transpose(TransposeCtx& c, bool mean) {
     // (Reducing every axis without keepdims gives a scalar, which Expand broadcasts as is.)
   }
   V shape = tangent_shape(c, c.in(0));
+  const int32_t dt = b.facts(c.ct()).dtype;
+  if (mean) {
+    // Each input element gets 1/n of its mean's cotangent, n the number of elements reduced:
+    // a constant when the reduced dims are known (scaled before the broadcast, on fewer
+    // elements), else Size(ct) / Size(input) at run time.
+    if (const auto n = dt ? reduced_count(b, c.node, c.in(0), axes_in, noop) : std::nullopt) {
+      ct = b.op1("Mul", {ct, b.scalar(1.0 / static_cast<double>(*n), dt)});
+      mean = false;
+    }
+  }
   V out = b.expand(ct, shape);
   if (mean) {
-    const int32_t dt = b.facts(c.ct()).dtype;
     V n_out = b.op1("Cast", {b.op1("Size", {c.ct()})}, {Attr::i("to", dt)});
     V n_in = b.op1("Cast", {b.op1("ReduceProd", {shape}, {Attr::i("keepdims", 0)})}, {Attr::i("to", dt)});
     out = b.op1("Mul", {out, b.op1("Div", {n_out, n_in})});
