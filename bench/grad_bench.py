@@ -64,6 +64,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from exported_stack import blocks_for, numpy_loss, stack_loss_model, weights
 from vmap_scaling import chain_model
 
 F = TensorProto.FLOAT
@@ -502,28 +503,89 @@ def verify_chain_grad(n_nodes: int, wrt: list[str] | None) -> dict[str, Any]:
     return {"nodes": n_nodes, "wrt": names, "ok": ok, "loss": float(res["loss"]), "fd_rel_err": worst}
 
 
-def bench_scaling(sizes: list[int], repeats: int, wrt_mode: str) -> dict[str, Any]:
+def verify_stack_grad(blocks: int, wrt: list[str] | None) -> dict[str, Any]:
+    """grad of a small exported-style transformer stack in ORT (float32) against central
+    differences of the same function in float64 NumPy (exported_stack.numpy_loss)."""
+    import onnax
+
+    m = stack_loss_model(blocks)
+    gm = onnax.grad(m, inputs=wrt, output="loss")
+    names = wrt or ["x"]
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((2, 4, 16)).astype(np.float32)
+    outs = ort_session(gm).run(None, {"x": x})
+    res = dict(zip([o.name for o in gm.graph.output], outs, strict=True))
+    base = {"x": x.astype(np.float64), **{k: v.astype(np.float64) for k, v in weights(16).items()}}
+
+    def loss(point: dict[str, np.ndarray]) -> float:
+        return numpy_loss(point["x"], point, blocks)
+
+    ok = abs(float(res["loss"]) - loss(base)) <= 1e-4 * max(1.0, abs(loss(base)))
+    ok = ok and all(float(np.max(np.abs(res[f"{n}_grad"]))) > 1e-6 for n in names)  # not vacuous
+    worst, eps = 0.0, 1e-6
+    for name in names:
+        direction = rng.standard_normal(base[name].shape)
+        fd = (
+            loss({**base, name: base[name] + eps * direction})
+            - loss({**base, name: base[name] - eps * direction})
+        ) / (2 * eps)
+        an = float(np.sum(np.asarray(res[f"{name}_grad"], dtype=np.float64) * direction))
+        rel = abs(an - fd) / max(1e-8, abs(fd))
+        worst = max(worst, rel)
+        ok = ok and rel < 1e-3
+    return {
+        "nodes": len(m.graph.node),
+        "wrt": names,
+        "ok": ok,
+        "loss": float(res["loss"]),
+        "fd_rel_err": worst,
+    }
+
+
+# The models of (a): how to build one of about N nodes, what to select for --wrt weights, and
+# the small cases checked numerically before timing (nodes or blocks, selection).
+SCALING_FAMILIES: dict[str, dict[str, Any]] = {
+    "chain": {
+        "model": "vmap_scaling.chain_model(N) + ReduceSum -> loss",
+        "build": chain_loss_model,
+        "weights": ["W", "b", "s", "c"],
+        # The chain contracts: d loss / d x vanishes after a few layers, so x is checked on a
+        # 2-layer chain and the shared weights (whose gradient does not vanish) on N=600.
+        "checks": ((12, None), (600, ["W", "b", "s", "c"])),
+        "verify": verify_chain_grad,
+    },
+    "stack": {
+        "model": "exported_stack.stack_loss_model (pre-LN transformer blocks, exporter-style names)",
+        "build": lambda n: stack_loss_model(blocks_for(n)),
+        "weights": ["Wq", "Wk", "Wv", "Wo", "W1", "W2", "ln1_g", "ln2_g"],
+        "checks": ((2, None), (2, ["Wq", "W1", "ln1_g", "c2"])),
+        "verify": verify_stack_grad,
+    },
+}
+
+
+def bench_scaling(sizes: list[int], repeats: int, wrt_mode: str, family: str = "chain") -> dict[str, Any]:
     from onnax import _core as core
 
-    wrt = ["W", "b", "s", "c"] if wrt_mode == "weights" else None
+    fam = SCALING_FAMILIES[family]
+    wrt = fam["weights"] if wrt_mode == "weights" else None
     out: dict[str, Any] = {
-        "model": "vmap_scaling.chain_model(N) + ReduceSum -> loss",
+        "family": family,
+        "model": fam["model"],
         "wrt": wrt or ["x"],
         "repeats": repeats,
         "rows": [],
     }
-    # The chain contracts: d loss / d x vanishes after a few layers, so x is checked on a
-    # 2-layer chain and the shared weights (whose gradient does not vanish) on N=600.
     checks = []
-    for n_check, wrt_check in ((12, None), (600, ["W", "b", "s", "c"])):
+    for n_check, wrt_check in fam["checks"]:
         try:
-            v = verify_chain_grad(n_check, wrt_check)
+            v = fam["verify"](n_check, wrt_check)
         except Exception as exc:  # report, do not hide
-            v = {"nodes": n_check, "ok": False, **_error_record("verify chain grad", exc)}
-            print(f"  verify N={n_check} FAILED: {type(exc).__name__}: {exc}", flush=True)
+            v = {"nodes": n_check, "ok": False, **_error_record(f"verify {family} grad", exc)}
+            print(f"  verify {family} {n_check} FAILED: {type(exc).__name__}: {exc}", flush=True)
         else:
             print(
-                f"  verify grad(chain N={n_check}) w.r.t. {v['wrt']} in ORT vs float64 central "
+                f"  verify grad({family}, {v['nodes']} nodes) w.r.t. {v['wrt']} in ORT vs float64 central "
                 f"differences: {'OK' if v['ok'] else 'MISMATCH'} (rel err {v['fd_rel_err']:.1e})",
                 flush=True,
             )
@@ -531,9 +593,11 @@ def bench_scaling(sizes: list[int], repeats: int, wrt_mode: str) -> dict[str, An
     out["verification"] = {"ok": all(v["ok"] for v in checks), "checks": checks}
     for n in sizes:
         t0 = time.perf_counter()
-        data = chain_loss_model(n).SerializeToString()
+        model = fam["build"](n)
+        data = model.SerializeToString()
         gen_s = time.perf_counter() - t0
-        row: dict[str, Any] = {"n": n, "bytes": len(data)}
+        row: dict[str, Any] = {"n": n, "nodes": len(model.graph.node), "bytes": len(data)}
+        del model
         try:
             ps, ps_samples = _median(functools.partial(core.parse_serialize_seconds, data), repeats, True)
             # a warm-up grad only for the small sizes (it costs a full transform)
@@ -562,7 +626,7 @@ def bench_scaling(sizes: list[int], repeats: int, wrt_mode: str) -> dict[str, An
             )
             del result
             print(
-                f"  N={_fmt_n(n)} ({len(data) / 1e6:.1f} MB, generated in {gen_s:.1f} s): "
+                f"  N={_fmt_n(n)} ({row['nodes']} nodes, {len(data) / 1e6:.1f} MB, made in {gen_s:.1f} s): "
                 f"parse+serialize {ps:.4f} s, grad {gs:.4f} s ({gs / ps:.1f}x); result "
                 f"{row['result_bytes'] / len(data):.1f}x the bytes, its parse+serialize {rps:.4f} s "
                 f"(grad = {gs / rps:.1f}x that); bytes to bytes {bs:.4f} s ({bs / ps:.1f}x)",
@@ -794,53 +858,64 @@ def _x(rec: dict[str, Any], key: str) -> str:
     return f"{v:.2f}x" if v is not None else "-"
 
 
+def _report_scaling(a: dict[str, Any] | None, part: str) -> list[str]:
+    """Prints one (a) table; returns the targets missed."""
+    problems: list[str] = []
+    if not a:
+        return problems
+    print(
+        f"\n{part} grad transform vs parse+serialize, {a['model']}\n"
+        f"(C++, median of {a['repeats']}; wrt {a['wrt']})"
+    )
+    rows: list[tuple[str, ...]] = []
+    for r in a["rows"]:
+        if "grad_s" not in r:
+            rows.append((_fmt_n(r["n"]), "-", "ERROR", "-", "-", "-", "-", "-", "-"))
+            problems.append(f"{part} N={r['n']}: {r['error']['message']}")
+            continue
+        g1 = r.get("parse_serialize_s_growth_per_10x")
+        g2 = r.get("grad_s_growth_per_10x")
+        rows.append(
+            (
+                _fmt_n(r["n"]),
+                f"{r['parse_serialize_s']:.4f}",
+                f"{r['grad_s']:.4f}",
+                f"{r['ratio']:.1f}x",
+                f"{r['ratio_to_result']:.1f}x",
+                f"{r['grad_serialized_s']:.4f}",
+                f"{r['ratio_serialized']:.1f}x",
+                "-" if g1 is None else f"{g1:.1f}x",
+                "-" if g2 is None else f"{g2:.1f}x",
+            )
+        )
+        if r["ratio"] > 3:
+            problems.append(f"{part} N={_fmt_n(r['n'])}: grad/parse = {r['ratio']:.1f}x > 3x target")
+        if g2 is not None and g2 > 12:
+            problems.append(f"{part} N={_fmt_n(r['n'])}: grad growth {g2:.1f}x per 10x N (> ~10x)")
+    _print_table(
+        (
+            "N",
+            "parse+ser s",
+            "grad s",
+            "grad/parse",
+            "grad/result parse",
+            "bytes->bytes s",
+            "bytes/parse",
+            "growth/10x parse",
+            "growth/10x grad",
+        ),
+        rows,
+    )
+    if not a.get("verification", {}).get("ok", False):
+        problems.append(f"{part} grad({a['family']}) verification failed")
+    return problems
+
+
 def report(result: dict[str, Any]) -> list[str]:
     """Prints the tables; returns the list of targets missed or checks failed."""
     problems: list[str] = []
-    a = result.get("scaling")
-    if a:
-        print(f"\n(a) grad transform vs parse+serialize (C++, median of {a['repeats']}; wrt {a['wrt']})")
-        rows: list[tuple[str, ...]] = []
-        for r in a["rows"]:
-            if "grad_s" not in r:
-                rows.append((_fmt_n(r["n"]), "-", "ERROR", "-", "-", "-", "-", "-", "-"))
-                problems.append(f"(a) N={r['n']}: {r['error']['message']}")
-                continue
-            g1 = r.get("parse_serialize_s_growth_per_10x")
-            g2 = r.get("grad_s_growth_per_10x")
-            rows.append(
-                (
-                    _fmt_n(r["n"]),
-                    f"{r['parse_serialize_s']:.4f}",
-                    f"{r['grad_s']:.4f}",
-                    f"{r['ratio']:.1f}x",
-                    f"{r['ratio_to_result']:.1f}x",
-                    f"{r['grad_serialized_s']:.4f}",
-                    f"{r['ratio_serialized']:.1f}x",
-                    "-" if g1 is None else f"{g1:.1f}x",
-                    "-" if g2 is None else f"{g2:.1f}x",
-                )
-            )
-            if r["ratio"] > 3:
-                problems.append(f"(a) N={_fmt_n(r['n'])}: grad/parse = {r['ratio']:.1f}x > 3x target")
-            if g2 is not None and g2 > 12:
-                problems.append(f"(a) N={_fmt_n(r['n'])}: grad growth {g2:.1f}x per 10x N (> ~10x)")
-        _print_table(
-            (
-                "N",
-                "parse+ser s",
-                "grad s",
-                "grad/parse",
-                "grad/result parse",
-                "bytes->bytes s",
-                "bytes/parse",
-                "growth/10x parse",
-                "growth/10x grad",
-            ),
-            rows,
-        )
-        if not a.get("verification", {}).get("ok", False):
-            problems.append("(a) grad(chain) verification failed")
+    for key, part in (("scaling", "(a)"), ("scaling_stack", "(a2)")):
+        problems += _report_scaling(result.get(key), part)
     for key, title in (("mlp", "(b1) MLP"), ("transformer", "(b2) transformer block")):
         rec = result.get(key)
         if not rec:
@@ -914,7 +989,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runs", type=int, default=None, help="ORT runs per repeat (default 5; quick 2)")
     p.add_argument("--warmup", type=int, default=None, help="ORT warm-up runs (default 3; quick 1)")
     p.add_argument(
-        "--only", default="a,b1,b2,c", help="comma-separated subset of the parts a, b1, b2, c to run"
+        "--only", default="a,a2,b1,b2,c", help="comma-separated subset of the parts a, a2, b1, b2, c to run"
     )
     p.add_argument("--output", type=Path, default=None, help="write the results as JSON here")
     args = p.parse_args(argv)
@@ -952,6 +1027,9 @@ def main(argv: list[str] | None = None) -> int:
     if "a" in parts:
         print(f"\n(a) grad transform scaling, sizes {sizes}", flush=True)
         result["scaling"] = bench_scaling(sizes, repeats, args.wrt)
+    if "a2" in parts:
+        print(f"\n(a2) grad transform scaling, exported-style transformer stack, sizes {sizes}", flush=True)
+        result["scaling_stack"] = bench_scaling(sizes, repeats, args.wrt, family="stack")
     if "b1" in parts:
         w, bs = mlp_cfg["width"], mlp_cfg["batch"]
         print(f"\n(b1) MLP 4x{w}, batch {bs}", flush=True)

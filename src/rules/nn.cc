@@ -288,7 +288,10 @@ Vs batchnorm_jvp(D& c) {
 // Normalisation over `axes` (kept as size-1 dims): xhat = (x - mean) * inv with
 // inv = 1/sqrt(var + eps) (or, uncentred as RMSNorm, xhat = x * inv with var = mean(x^2)),
 // then y = xhat * scale + bias with scale/bias shaped by `affine`.
-Vs normalize_jvp(D& c, const std::vector<int64_t>& axes, bool centered, const std::function<V(V)>& affine) {
+// With `statistics`, outputs 1 and 2 are the mean and inverse standard deviation
+// (LayerNormalization's); other callers give them their own meaning.
+Vs normalize_jvp(D& c, const std::vector<int64_t>& axes, bool centered, const std::function<V(V)>& affine,
+                 bool statistics = false) {
   auto& b = c.b;
   V ax = b.i64s(axes);
   auto mean = [&](V v) { return b.op1("ReduceMean", {v, ax}, {Attr::i("keepdims", 1)}); };
@@ -299,6 +302,10 @@ Vs normalize_jvp(D& c, const std::vector<int64_t>& axes, bool centered, const st
   V xhat = b.op1("Mul", {xc, inv});
   Vs out(c.ys.size());
   V t_xhat, t_mu, t_inv;
+  // The optional statistics outputs (LayerNormalization's Mean and InvStdDev): their tangents
+  // only when the node has them, else reverse mode would leave their primal parts dead.
+  const bool wants_mean = statistics && c.ys.size() > 1 && c.ys[1].valid();
+  const bool wants_inv = statistics && c.ys.size() > 2 && c.ys[2].valid();
   if (c.t(0).valid()) {
     t_mu = centered ? mean(c.t(0)) : V{};
     V tc = centered ? b.op1("Sub", {c.t(0), t_mu}) : c.t(0);
@@ -306,17 +313,19 @@ Vs normalize_jvp(D& c, const std::vector<int64_t>& axes, bool centered, const st
     V xt = b.op1("Mul", {tc, xhat});
     b.set_witness(xt, c.x(0));
     t_xhat = b.op1("Mul", {inv, b.op1("Sub", {tc, b.op1("Mul", {xhat, mean(xt)})})});
-    // d inv = -inv^3 * mean(xc * tc)
-    V xct = b.op1("Mul", {xc, tc});
-    b.set_witness(xct, c.x(0));
-    t_inv = b.op1("Mul", {b.op1("Neg", {b.op1("Mul", {inv, b.op1("Mul", {inv, inv})})}), mean(xct)});
+    if (wants_inv) {
+      // d inv = -inv^3 * mean(xc * tc)
+      V xct = b.op1("Mul", {xc, tc});
+      b.set_witness(xct, c.x(0));
+      t_inv = b.op1("Mul", {b.op1("Neg", {b.op1("Mul", {inv, b.op1("Mul", {inv, inv})})}), mean(xct)});
+    }
   }
   V t = b.mul(t_xhat, affine(c.x(1)));
   if (c.t(1).valid()) t = b.add(t, c.like_out(b.mul(xhat, affine(c.t(1)))));
   if (c.has(2) && c.t(2).valid()) t = b.add(t, c.like_out(affine(c.t(2))));
   out[0] = t.valid() ? c.like_out(t) : t;
-  if (out.size() > 1) out[1] = t_mu;
-  if (out.size() > 2) out[2] = t_inv;
+  if (wants_mean) out[1] = t_mu;
+  if (wants_inv) out[2] = t_inv;
   return out;
 }
 
@@ -327,7 +336,8 @@ Vs trailing_normalize_jvp(D& c, bool centered) {
   if (axis < 0) axis += r;
   std::vector<int64_t> axes;
   for (int64_t k = axis; k < r; ++k) axes.push_back(k);
-  return normalize_jvp(c, axes, centered, [](V v) { return v; });
+  return normalize_jvp(
+      c, axes, centered, [](V v) { return v; }, true);
 }
 
 // Training mode normalises with the batch statistics over (N, spatial...) per channel and

@@ -1,0 +1,121 @@
+"""Reverse mode on static shapes: shapes the facts know are constants (no Shape nodes), and a
+ReduceMean's transpose scales by a constant 1/n when the reduced dims are known. Each path is
+checked against float64 finite differences, with symbolic dims alongside (run-time shapes),
+and on a transformer stack written as exporters write it (oracle: float64 NumPy)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import ad_oracle as ad
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto
+from vmap_oracle import node
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+from exported_stack import numpy_loss, stack_loss_model, weights
+
+D = TensorProto.DOUBLE
+
+
+def mean_loss(shape: list[Any], axes: list[int], keepdims: int) -> onnx.ModelProto:
+    """loss = sum(tanh(ReduceMean(x * x, axes)) * w): the mean's cotangent is not uniform."""
+    nodes = [
+        node("Mul", ["x", "x"], ["sq"]),
+        node("ReduceMean", ["sq", "axes"], ["m"], keepdims=keepdims),
+        node("Tanh", ["m"], ["t"]),
+        node("ReduceSum", ["t"], ["loss"], keepdims=0),
+    ]
+    return ad.make_ad_model(
+        nodes, [("x", D, shape)], ["loss"], initializers={"axes": np.array(axes, np.int64)}
+    )
+
+
+@pytest.mark.parametrize("keepdims", [0, 1])
+@pytest.mark.parametrize(
+    ("shape", "axes"),
+    [
+        ([3, 4, 5], [1]),  # all static: constant shape and constant 1/n
+        (["N", 4, 5], [2]),  # symbolic batch, static reduced dim: constant 1/n, run-time shape
+        (["N", 4, 5], [0, 2]),  # a symbolic reduced dim: 1/n at run time
+        ([3, 4, 5], [-1, 0]),  # negative and unsorted axes
+    ],
+)
+def test_reduce_mean_reverse(shape: list[Any], axes: list[int], keepdims: int) -> None:
+    gm = ad.check_grad(mean_loss(shape, axes, keepdims), gens={"x": ad.normal([3, 4, 5])})
+    ops = {n.op_type for n in gm.graph.node}
+    symbolic_reduced = any(isinstance(shape[a], str) for a in axes)
+    # 1/n at run time only where a reduced dim is symbolic
+    assert ("Size" in ops) == symbolic_reduced, ops
+    if all(isinstance(d, int) for d in shape):
+        assert "Shape" not in ops, ops
+
+
+def test_reduce_mean_over_everything() -> None:
+    nodes = [node("Mul", ["x", "x"], ["sq"]), node("ReduceMean", ["sq"], ["loss"], keepdims=0)]
+    model = ad.make_ad_model(nodes, [("x", D, [2, 3])], ["loss"])
+    ad.check_grad(model)
+
+
+def test_reshape_back_with_a_zero_sized_dim() -> None:
+    """The transposed Reshape spells a constant shape out exactly (allowzero): an empty axis
+    stays empty instead of meaning "copy"."""
+    nodes = [
+        node("Reshape", ["x", "shape"], ["r"]),
+        node("Tanh", ["r"], ["t"]),
+        node("ReduceSum", ["t"], ["loss"], keepdims=0),
+    ]
+    model = ad.make_ad_model(
+        nodes, [("x", D, [0, 6])], ["loss"], initializers={"shape": np.array([0, 2, 3], np.int64)}
+    )
+    gm = ad.grad(model, output="loss")
+    sess = ort.InferenceSession(gm.SerializeToString())
+    (x_grad,) = sess.run(["x_grad"], {"x": np.zeros((0, 6))})
+    assert x_grad.shape == (0, 6)
+
+
+def _stack_gradients(blocks: int, wrt: list[str] | None) -> dict[str, np.ndarray]:
+    gm = ad.grad(stack_loss_model(blocks), inputs=wrt, output="loss")
+    x = np.random.default_rng(4).standard_normal((2, 4, 16)).astype(np.float32)
+    sess = ort.InferenceSession(gm.SerializeToString())
+    return dict(zip([o.name for o in gm.graph.output], sess.run(None, {"x": x}), strict=True))
+
+
+@pytest.mark.parametrize("wrt", [None, ["Wq", "W1", "ln1_g", "c2", "bk"]])
+def test_exported_transformer_stack_gradient(wrt: list[str] | None) -> None:
+    """Two blocks of the benchmark's exported-style stack (LayerNormalization, attention heads by
+    Reshape/Transpose, Softmax, Gelu): gradients against central differences of the same
+    function in float64 NumPy, along random directions."""
+    blocks = 2
+    got = _stack_gradients(blocks, wrt)
+    rng = np.random.default_rng(4)
+    base = {"x": rng.standard_normal((2, 4, 16)), **{k: v.astype(np.float64) for k, v in weights(16).items()}}
+    assert got["loss"] == pytest.approx(numpy_loss(base["x"], base, blocks), rel=1e-5)
+    eps = 1e-6
+    for name in wrt or ["x"]:
+        grad = np.asarray(got[f"{name}_grad"], dtype=np.float64)
+        assert grad.shape == base[name].shape
+        for _ in range(3):
+            d = rng.standard_normal(base[name].shape)
+            plus, minus = dict(base), dict(base)
+            plus[name] = base[name] + eps * d
+            minus[name] = base[name] - eps * d
+            fd = (numpy_loss(plus["x"], plus, blocks) - numpy_loss(minus["x"], minus, blocks)) / (2 * eps)
+            assert float(np.sum(grad * d)) == pytest.approx(fd, rel=2e-4, abs=1e-6), name
+
+
+def test_exported_transformer_stack_needs_no_shape_nodes() -> None:
+    """Every shape in the stack is static: its gradient graph computes none at run time."""
+    gm = ad.grad(stack_loss_model(3), output="loss")
+    ops = [n.op_type for n in gm.graph.node]
+    assert not {"Shape", "Size", "ReduceProd"} & set(ops)
+    # Nothing is computed in vain: LayerNormalization's statistics outputs, absent here, get no
+    # derivative. (A Constant only a tangent node read, e.g. Softmax's axis, can remain.)
+    consumed = {i for n in gm.graph.node for i in n.input} | {o.name for o in gm.graph.output}
+    dead = [n.op_type for n in gm.graph.node if not any(o in consumed for o in n.output)]
+    assert set(dead) <= {"Constant"}, dead
