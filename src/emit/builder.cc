@@ -127,8 +127,19 @@ void Builder::infer(onnx::NodeProto& node, const Vs& inputs, const Vs& outputs) 
   for (size_t i = 0; i < inputs.size(); ++i)
     if (inputs[i].valid() && facts(inputs[i]).dtype) inf.in_facts[i] = &facts(inputs[i]);
   if (outputs.size() == 1 && outputs[0].valid()) {
+    // Axes and target shapes: the constants this builder knows.
+    struct Known final : ConstantInputs {
+      const Builder& b;
+      const Vs& in;
+      Known(const Builder& builder, const Vs& values) : b(builder), in(values) {}
+      const std::vector<int64_t>* values(int i) const override {
+        return static_cast<size_t>(i) < in.size() && in[static_cast<size_t>(i)].valid()
+                   ? b.known_i64(in[static_cast<size_t>(i)])
+                   : nullptr;
+      }
+    } known(*this, inputs);
     Facts f;
-    if (fast_infer(node, static_cast<int>(inputs.size()), 1, inf.default_opset, inf.in_facts.data(), f)) {
+    if (fast_infer(node, static_cast<int>(inputs.size()), 1, inf.default_opset, inf.in_facts.data(), f, &known)) {
       set_facts(outputs[0], std::move(f));
       return;
     }
@@ -371,11 +382,12 @@ onnx::NodeProto* Builder::new_node(std::string_view type, bool for_tape) {
   return n;
 }
 
-void Builder::name_node(onnx::NodeProto* n) {
+void Builder::name_node(onnx::NodeProto* n, const HashedName* first_output) {
   // After its first output: that name is unique among values, so among the nodes named so, and
   // node scopes' fresh names avoid value names. Only a source node (or a subgraph's) may
   // already have it. This spares interning a second name per node in the node scope.
-  if (n->output_size() > 0 && !n->output(0).empty() && !node_names_.contains(n->output(0))) {
+  if (n->output_size() > 0 && !n->output(0).empty() &&
+      !node_names_.contains(first_output ? *first_output : Interner::hashed(n->output(0)))) {
     n->set_name(n->output(0));
     return;
   }
@@ -422,11 +434,11 @@ Vs Builder::op(std::string_view type, const Vs& inputs, const Attrs& attrs, int 
 
 Vs Builder::emit(std::string_view type, const Vs& inputs, const Attrs& attrs, int num_outputs, const Vs* recorded) {
   const bool for_tape = bound_for_tape(recorded ? *recorded : inputs);
-  std::string_view base;  // of the outputs' names
+  HashedName base;  // of the outputs' names (hashed once for the tables it is looked up in)
   if (!for_tape) {
     // The name tables of large graphs outgrow the caches: start loading the slots the first
     // output's name (and the node's, named after it) will probe while the node is being built.
-    base = name_base('_', type, true);
+    base = Interner::hashed(name_base('_', type, true));
     value_names_.prefetch(base);
     node_names_.prefetch(base);
   }
@@ -434,16 +446,18 @@ Vs Builder::emit(std::string_view type, const Vs& inputs, const Attrs& attrs, in
   if (!for_tape) add_inputs(n, inputs);
   for (const auto& a : attrs) *n->add_attribute() = a.proto;
   Vs outs;
+  HashedName first_output;
   for (int i = 0; i < num_outputs; ++i) {
     if (for_tape) {
       outs.push_back(add_value(std::string_view(), Facts{}));
       continue;
     }
-    const std::string_view nm = value_names_.fresh_view(base);
-    n->add_output(nm.data(), nm.size());
-    outs.push_back(add_value(nm, Facts{}));
+    const HashedName nm = value_names_.fresh_hashed(base);
+    if (i == 0) first_output = nm;
+    n->add_output(nm.text.data(), nm.text.size());
+    outs.push_back(add_value(nm.text, Facts{}));
   }
-  if (!for_tape) name_node(n);
+  if (!for_tape) name_node(n, num_outputs > 0 ? &first_output : nullptr);
   finish(*n, inputs, outs, recorded);
   return outs;
 }

@@ -255,7 +255,8 @@ class Builder {
   // values, and only ONNX's inference (on a copy) needs names.
   onnx::NodeProto* new_node(std::string_view type, bool for_tape);
   // Names a graph node once its outputs are named.
-  void name_node(onnx::NodeProto* n);
+  // (`first_output`: its first output's name, hashed, when the caller has it.)
+  void name_node(onnx::NodeProto* n, const HashedName* first_output = nullptr);
   bool reads_tangent(const Vs& inputs) const;
   bool bound_for_tape(const Vs& inputs) const;
   std::string_view name_base(char separator, std::string_view type, bool lowercase);

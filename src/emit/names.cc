@@ -65,18 +65,20 @@ void Interner::grow(size_t slots) {
   }
 }
 
-int Interner::find(std::string_view name) const {
+int Interner::find(HashedName hashed_name) const {
   if (slots_.empty()) return -1;
-  const uint32_t h = static_cast<uint32_t>(hash(name));
+  const std::string_view name = hashed_name.text;
+  const uint32_t h = hashed_name.hash;
   const size_t mask = slots_.size() - 1;
   for (size_t i = h & mask; slots_[i].id >= 0; i = (i + 1) & mask)
     if (slots_[i].hash == h && names_[static_cast<size_t>(slots_[i].id)] == name) return slots_[i].id;
   return -1;
 }
 
-int Interner::intern(std::string_view name, bool* added) {
+int Interner::intern(HashedName hashed_name, bool* added) {
   if (over_full(names_.size() + 1, slots_.size())) grow(slots_.empty() ? 64 : slots_.size() * 2);
-  const uint32_t h = static_cast<uint32_t>(hash(name));
+  const std::string_view name = hashed_name.text;
+  const uint32_t h = hashed_name.hash;
   const size_t mask = slots_.size() - 1;
   size_t i = h & mask;
   for (; slots_[i].id >= 0; i = (i + 1) & mask) {
@@ -92,19 +94,20 @@ int Interner::intern(std::string_view name, bool* added) {
   return id;
 }
 
-std::string_view NameScope::fresh_view(std::string_view base, const NameScope* avoid) {
-  if (base.empty()) base = "v";
+HashedName NameScope::fresh_hashed(HashedName base, const NameScope* avoid) {
+  if (base.text.empty()) base = Interner::hashed("v");
   bool added = false;
   const int base_id = names_.intern(base, &added);
-  if (added && !(avoid && avoid->contains(base))) return names_.name(base_id);
+  if (added && !(avoid && avoid->contains(base))) return {names_.name(base_id), base.hash};
   if (static_cast<size_t>(base_id) >= next_suffix_.size()) next_suffix_.resize(static_cast<size_t>(base_id) + 1, 0);
   for (;;) {
     const int suffix = ++next_suffix_[static_cast<size_t>(base_id)];
     candidate_.assign(names_.name(base_id));
     candidate_.push_back('_');
     candidate_.append(std::to_string(suffix));
-    const int id = names_.intern(candidate_, &added);
-    if (added && !(avoid && avoid->contains(candidate_))) return names_.name(id);
+    const HashedName candidate = Interner::hashed(candidate_);
+    const int id = names_.intern(candidate, &added);
+    if (added && !(avoid && avoid->contains(candidate))) return {names_.name(id), candidate.hash};
   }
 }
 

@@ -16,24 +16,33 @@ namespace onnax {
 // hash and no allocation per name, where a node-based std::unordered_map<std::string, int>
 // costs two allocations and a cache miss per entry. Transforms look a name up once and then
 // index plain vectors by its id.
+// A name with its hash, computed once for the several tables one new name is looked up in.
+struct HashedName {
+  std::string_view text;
+  uint32_t hash = 0;
+};
+
 class Interner {
  public:
   Interner() = default;
   Interner(Interner&&) noexcept = default;
   Interner& operator=(Interner&&) noexcept = default;
 
+  static HashedName hashed(std::string_view name) { return {name, static_cast<uint32_t>(hash(name))}; }
   // The id of `name`, or -1 when it was never interned.
-  int find(std::string_view name) const;
+  int find(std::string_view name) const { return find(hashed(name)); }
+  int find(HashedName name) const;
   // The id of `name`, interning it first when new; `added` tells which.
-  int intern(std::string_view name, bool* added = nullptr);
+  int intern(std::string_view name, bool* added = nullptr) { return intern(hashed(name), added); }
+  int intern(HashedName name, bool* added = nullptr);
   std::string_view name(int id) const { return names_[static_cast<size_t>(id)]; }
   int size() const { return static_cast<int>(names_.size()); }
   // Makes room for `names` names in all, so interning them never rehashes.
   void reserve(size_t names);
   // Starts loading the table slot where `name` would be, ahead of interning or finding it: on
   // tables larger than the cache, each new name otherwise waits for a miss to memory.
-  void prefetch(std::string_view name) const {
-    if (!slots_.empty()) __builtin_prefetch(&slots_[hash(name) & (slots_.size() - 1)], 1);
+  void prefetch(HashedName name) const {
+    if (!slots_.empty()) __builtin_prefetch(&slots_[name.hash & (slots_.size() - 1)], 1);
   }
 
  private:
@@ -69,11 +78,12 @@ class NameScope {
     return added;
   }
   bool contains(std::string_view name) const { return names_.find(name) >= 0; }
+  bool contains(HashedName name) const { return names_.find(name) >= 0; }
   // Every name in the scope has a dense id (in order of reservation); transforms index their
   // per-value tables by it.
   int id(std::string_view name) const { return names_.find(name); }
   int intern(std::string_view name) { return names_.intern(name); }
-  void prefetch(std::string_view name) const { names_.prefetch(name); }
+  void prefetch(HashedName name) const { names_.prefetch(name); }
   std::string_view name(int id) const { return names_.name(id); }
   int size() const { return names_.size(); }
   // Makes room for `count` names in all (a hint: more can always be added).
@@ -86,7 +96,11 @@ class NameScope {
   }
   // The same name as a view of the scope's own copy (valid while the scope lives), sparing the
   // string a caller that copies it into a proto field anyway would allocate.
-  std::string_view fresh_view(std::string_view base, const NameScope* avoid = nullptr);
+  std::string_view fresh_view(std::string_view base, const NameScope* avoid = nullptr) {
+    return fresh_hashed(Interner::hashed(base), avoid).text;
+  }
+  // The same from a hashed base, returning the new name's hash too.
+  HashedName fresh_hashed(HashedName base, const NameScope* avoid = nullptr);
 
  private:
   Interner names_;

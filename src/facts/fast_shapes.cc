@@ -19,6 +19,13 @@ enum class Kind {
   kLikeFirst,
   // Output dims are the input's permuted by `perm` (reversed without it).
   kTranspose,
+  // Output 0 has input 0's type and shape; `axis` must name one of its axes (Softmax,
+  // LogSoftmax, LayerNormalization with its Y output alone).
+  kLikeFirstOnAxis,
+  // Reduce*: input 0's dims without (or with size 1 at) the axes of input 1 or `axes`.
+  kReduce,
+  // Reshape to the constant target shape of input 1.
+  kReshape,
 };
 
 // Operators whose ONNX inference is "element type and shape of the first input" (for
@@ -49,6 +56,13 @@ class KindTable {
     for (const char* b : {"Max", "Min", "Sum", "Mean"}) add(b, OpKind{Kind::kBroadcast, true});
     add("MatMul", OpKind{Kind::kMatMul});
     add("Transpose", OpKind{Kind::kTranspose});
+    for (const char* r : {"ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2",
+                          "ReduceLogSum", "ReduceLogSumExp", "ReduceSumSquare"})
+      add(r, OpKind{Kind::kReduce});
+    add("Reshape", OpKind{Kind::kReshape});
+    // (Softmax before opset 13 coerces to 2-D around its axis; LayerNormalization is from 17.)
+    for (const char* a : {"Softmax", "LogSoftmax"}) add(a, OpKind{Kind::kLikeFirstOnAxis, false, 13});
+    add("LayerNormalization", OpKind{Kind::kLikeFirstOnAxis, false, 17});
     add("GroupNormalization", OpKind{Kind::kLikeFirst});
     add("MeanVarianceNormalization", OpKind{Kind::kLikeFirst});
   }
@@ -172,14 +186,151 @@ bool transpose(const onnx::NodeProto& node, const Facts& in, Facts& out) {
   return true;
 }
 
+// Softmax, LogSoftmax, LayerNormalization: x's type and shape, for an axis within its rank.
+bool like_first_on_axis(const onnx::NodeProto& node, const Facts& x, Facts& out) {
+  int64_t axis = -1;
+  for (const auto& a : node.attribute()) {
+    if (a.name() == "axis" && a.type() == onnx::AttributeProto::INT)
+      axis = a.i();
+    else if (a.name() != "epsilon" && a.name() != "stash_type")
+      return false;
+  }
+  if (!x.has_shape) return false;
+  const int64_t r = static_cast<int64_t>(x.dims.size());
+  if (r == 0 || axis < -r || axis >= r) return false;  // ONNX reports it
+  out.has_shape = true;
+  out.dims = x.dims;
+  return true;
+}
+
+// Reduce*: axes from input 1 (a constant) or the `axes` attribute; keepdims (default 1) and
+// noop_with_empty_axes (default 0) as ONNX reads them.
+bool reduce(const onnx::NodeProto& node, int input_count, const Facts& x, const ConstantInputs* constants, Facts& out) {
+  if (!x.has_shape) return false;
+  int64_t keepdims = 1, noop = 0;
+  std::vector<int64_t> axes;
+  bool axes_attribute = false;
+  for (const auto& a : node.attribute()) {
+    if (a.name() == "keepdims" && a.type() == onnx::AttributeProto::INT) {
+      keepdims = a.i();
+    } else if (a.name() == "noop_with_empty_axes" && a.type() == onnx::AttributeProto::INT) {
+      noop = a.i();
+    } else if (a.name() == "axes" && a.type() == onnx::AttributeProto::INTS) {
+      axes.assign(a.ints().begin(), a.ints().end());
+      axes_attribute = true;
+    } else {
+      return false;
+    }
+  }
+  if (input_count > 2) return false;
+  if (input_count == 2) {
+    if (axes_attribute || !constants) return false;
+    const std::vector<int64_t>* k = constants->values(1);
+    if (!k) return false;
+    axes = *k;
+  }
+  const int64_t r = static_cast<int64_t>(x.dims.size());
+  if (axes.empty() && noop) {
+    out.has_shape = true;
+    out.dims = x.dims;
+    return true;
+  }
+  std::vector<char> reduced(static_cast<size_t>(r), axes.empty() ? 1 : 0);
+  for (int64_t a : axes) {
+    if (a < -r || a >= r) return false;
+    const size_t i = static_cast<size_t>(a < 0 ? a + r : a);
+    if (reduced[i]) return false;  // a repeated axis: ONNX decides
+    reduced[i] = 1;
+  }
+  out.has_shape = true;
+  for (size_t i = 0; i < reduced.size(); ++i) {
+    if (!reduced[i])
+      out.dims.push_back(x.dims[i]);
+    else if (keepdims)
+      out.dims.push_back(Dim::of(1));
+  }
+  return true;
+}
+
+// Reshape to constant target dims: positive values as they are, 0 copies x's dim (or is 0 with
+// allowzero), one -1 takes what is left when every other size is known.
+bool reshape(const onnx::NodeProto& node, int input_count, const Facts& x, const ConstantInputs* constants,
+             Facts& out) {
+  int64_t allowzero = 0;
+  for (const auto& a : node.attribute()) {
+    if (a.name() != "allowzero" || a.type() != onnx::AttributeProto::INT) return false;
+    allowzero = a.i();
+  }
+  if (input_count != 2 || !constants) return false;
+  const std::vector<int64_t>* target = constants->values(1);
+  if (!target) return false;
+  int minus_one = -1;
+  bool zero = false;
+  for (size_t i = 0; i < target->size(); ++i) {
+    const int64_t v = (*target)[i];
+    if (v < -1 || (v == -1 && minus_one >= 0)) return false;
+    if (v == -1) minus_one = static_cast<int>(i);
+    zero = zero || v == 0;
+  }
+  if ((zero && allowzero && minus_one >= 0) || ((zero || minus_one >= 0) && !x.has_shape)) return false;
+  out.has_shape = true;
+  out.dims.resize(target->size());
+  int64_t known_product = 1;
+  bool all_known = true;
+  for (size_t i = 0; i < target->size(); ++i) {
+    const int64_t v = (*target)[i];
+    if (v == 0 && !allowzero) {
+      if (i >= x.dims.size()) return false;
+      out.dims[i] = x.dims[i];
+    } else if (v >= 0) {
+      out.dims[i] = Dim::of(v);
+    }
+    if (static_cast<int>(i) == minus_one) continue;
+    all_known = all_known && out.dims[i].known();
+    if (out.dims[i].known()) known_product *= out.dims[i].value();
+  }
+  int64_t input_product = 1;
+  bool input_known = x.has_shape;
+  for (size_t i = 0; input_known && i < x.dims.size(); ++i) {
+    input_known = x.dims[i].known();
+    if (input_known) input_product *= x.dims[i].value();
+  }
+  if (minus_one >= 0) {
+    // ONNX fills the -1 only when it can divide exactly; anything else is left to it.
+    if (!all_known || !input_known || known_product == 0 || input_product % known_product != 0) return false;
+    out.dims[static_cast<size_t>(minus_one)] = Dim::of(input_product / known_product);
+  } else if (all_known && input_known && known_product != input_product) {
+    return false;  // sizes disagree: ONNX reports it
+  }
+  return true;
+}
+
 }  // namespace
 
 bool fast_infer(const onnx::NodeProto& node, int input_count, int output_count, int opset, const Facts* const* inputs,
-                Facts& out) {
+                Facts& out, const ConstantInputs* constants) {
   if (!node.domain().empty() && node.domain() != "ai.onnx") return false;
   const OpKind op = kind_of(node.op_type(), opset);
   const Kind kind = op.kind;
   if (kind == Kind::kNone || output_count != 1 || input_count == 0) return false;
+  if (kind == Kind::kReduce || kind == Kind::kReshape) {
+    // Input 1 holds int64 axes or dims, known as values (constants), not as facts.
+    if (!inputs[0] || !floating(inputs[0]->dtype)) return false;
+    if (input_count > 1 && (!inputs[1] || inputs[1]->dtype != onnx::TensorProto::INT64)) return false;
+    out = Facts{};
+    out.dtype = inputs[0]->dtype;
+    return kind == Kind::kReduce ? reduce(node, input_count, *inputs[0], constants, out)
+                                 : reshape(node, input_count, *inputs[0], constants, out);
+  }
+  if (kind == Kind::kLikeFirstOnAxis) {
+    const bool layer_norm = node.op_type() == "LayerNormalization";
+    if (layer_norm ? input_count < 2 || input_count > 3 : input_count != 1) return false;
+    for (int i = 0; i < input_count; ++i)
+      if (!inputs[i] || !floating(inputs[i]->dtype)) return false;
+    out = Facts{};
+    out.dtype = inputs[0]->dtype;
+    return like_first_on_axis(node, *inputs[0], out);
+  }
   if ((kind == Kind::kUnary || kind == Kind::kTranspose) && input_count != 1) return false;
   if ((kind == Kind::kMatMul || (kind == Kind::kBroadcast && !op.variadic)) && input_count != 2) return false;
   constexpr int kMaxInputs = 8;  // Sum/Max/... with more inputs go to ONNX

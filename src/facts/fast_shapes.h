@@ -6,6 +6,9 @@
 
 #include <onnx/onnx_pb.h>
 
+#include <cstdint>
+#include <vector>
+
 #include "facts/facts.h"
 
 namespace onnax {
@@ -16,7 +19,17 @@ namespace onnax {
 // function ops ONNX cannot (their output shapes are checked against ONNX Runtime in Python).
 // `node` supplies the op type, domain and attributes; the counts are passed separately because
 // a node bound for the autodiff tape carries no input or output names.
+//
+// Reductions (Reduce*) and Reshape are answered only when their axes / target shape (input 1)
+// is a known constant: `constants` (may be null) gives input i's int64 values, or nullptr.
+class ConstantInputs {
+ public:
+  virtual const std::vector<int64_t>* values(int input) const = 0;
+
+ protected:
+  ~ConstantInputs() = default;
+};
 bool fast_infer(const onnx::NodeProto& node, int input_count, int output_count, int opset, const Facts* const* inputs,
-                Facts& out);
+                Facts& out, const ConstantInputs* constants = nullptr);
 
 }  // namespace onnax

@@ -121,7 +121,7 @@ bool index_graph(const onnx::GraphProto& g, NameScope& names, NodeValueIds& inde
   for (int ni = 0; ni < g.node_size(); ++ni) {
     const onnx::NodeProto& node = g.node(ni);
     if (ni + kAhead < g.node_size())
-      for (const auto& o : g.node(ni + kAhead).output()) names.prefetch(o);
+      for (const auto& o : g.node(ni + kAhead).output()) names.prefetch(Interner::hashed(o));
     index.offsets.push_back(static_cast<uint32_t>(index.ids.size()));
     index.input_counts.push_back(static_cast<uint32_t>(node.input_size()));
     if (!node.name().empty()) node_names.reserve(node.name());

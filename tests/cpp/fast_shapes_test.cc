@@ -16,12 +16,12 @@
 namespace onnax {
 namespace {
 
-// What ONNX's inference gives for `node` (nullopt when it throws).
+// What ONNX's inference gives for `node` (nullopt when it throws); `data` holds constant inputs.
 std::optional<onnx::TypeProto> onnx_infer(onnx::NodeProto& node, int opset,
-                                          std::unordered_map<std::string, onnx::TypeProto*>& types) {
+                                          std::unordered_map<std::string, onnx::TypeProto*>& types,
+                                          const std::unordered_map<std::string, const onnx::TensorProto*>& data = {}) {
   const auto* schema = onnx::OpSchemaRegistry::Schema(node.op_type(), opset, "");
   if (!schema) return std::nullopt;
-  std::unordered_map<std::string, const onnx::TensorProto*> data;
   std::unordered_map<std::string, const onnx::SparseTensorProto*> sparse;
   onnx::shape_inference::DataValueMap generated;
   const onnx::ShapeInferenceOptions options(false, 0, true);
@@ -34,9 +34,19 @@ std::optional<onnx::TypeProto> onnx_infer(onnx::NodeProto& node, int opset,
   }
 }
 
+// Constant inputs for fast_infer, by the node's input names.
+struct NamedConstants final : ConstantInputs {
+  const onnx::NodeProto* node = nullptr;
+  std::unordered_map<std::string, std::vector<int64_t>> values_by_name;
+  const std::vector<int64_t>* values(int i) const override {
+    auto it = values_by_name.find(node->input(i));
+    return it == values_by_name.end() ? nullptr : &it->second;
+  }
+};
+
 // fast_infer over the facts of `types` (missing names are unknown), written back as a type.
 bool fast_types(const onnx::NodeProto& node, int opset, const std::unordered_map<std::string, onnx::TypeProto*>& types,
-                onnx::TypeProto* out) {
+                onnx::TypeProto* out, const NamedConstants* constants = nullptr) {
   std::vector<Facts> facts(static_cast<size_t>(node.input_size()));
   std::vector<const Facts*> inputs(static_cast<size_t>(node.input_size()), nullptr);
   for (int i = 0; i < node.input_size(); ++i) {
@@ -46,7 +56,7 @@ bool fast_types(const onnx::NodeProto& node, int opset, const std::unordered_map
     inputs[static_cast<size_t>(i)] = &facts[static_cast<size_t>(i)];
   }
   Facts result;
-  if (!fast_infer(node, node.input_size(), node.output_size(), opset, inputs.data(), result)) return false;
+  if (!fast_infer(node, node.input_size(), node.output_size(), opset, inputs.data(), result, constants)) return false;
   write_type(result, out);
   return true;
 }
@@ -144,7 +154,7 @@ TEST(FastShapes, TransposeAgreesWithOnnxInference) {
     std::unordered_map<std::string, onnx::TypeProto*> types{{"x", &x}};
     onnx::NodeProto node;
     node.set_op_type("Transpose");
-    node.add_input("x");
+    node.add_input(std::string("x"));  // (a const char* here trips GCC 12's -Wrestrict false positive)
     node.add_output("y");
     const int rank = x.tensor_type().has_shape() ? x.tensor_type().shape().dim_size() : 3;
     std::vector<int64_t> perm(static_cast<size_t>(rank));
@@ -166,6 +176,94 @@ TEST(FastShapes, TransposeAgreesWithOnnxInference) {
         << "\n x: " << x.ShortDebugString() << "\n node: " << node.ShortDebugString();
   }
   EXPECT_GT(answered, 1000);
+}
+
+// Reductions and Reshape over random constant axes / target shapes (valid and invalid), and
+// Softmax / LayerNormalization over random axes, against ONNX's inference given the same
+// constants as initializer data.
+TEST(FastShapes, ConstantOperandsAgreeWithOnnxInference) {
+  std::mt19937 rng(13);
+  const std::vector<std::string> ops = {"ReduceMean", "ReduceSum", "ReduceMax",  "ReduceL2",
+                                        "Reshape",    "Softmax",   "LogSoftmax", "LayerNormalization"};
+  int answered = 0;
+  std::unordered_map<std::string, int> answered_by_op;
+  for (int trial = 0; trial < 12000; ++trial) {
+    const std::string& op = ops[rng() % ops.size()];
+    const int opset = rng() % 2 ? 18 : 24;
+    onnx::TypeProto x = random_type(rng, rng() % 4 ? onnx::TensorProto::FLOAT : onnx::TensorProto::DOUBLE);
+    onnx::NodeProto node;
+    node.set_op_type(op);
+    node.add_input("x");
+    node.add_output("y");
+    std::unordered_map<std::string, onnx::TypeProto*> types{{"x", &x}};
+    onnx::TypeProto i64_type;
+    i64_type.mutable_tensor_type()->set_elem_type(onnx::TensorProto::INT64);
+    onnx::TensorProto constant;
+    constant.set_name("c");
+    constant.set_data_type(onnx::TensorProto::INT64);
+    std::vector<int64_t> values;
+    auto add_int = [&](const char* name, int64_t v) {
+      auto* a = node.add_attribute();
+      a->set_name(name);
+      a->set_type(onnx::AttributeProto::INT);
+      a->set_i(v);
+    };
+    if (op.rfind("Reduce", 0) == 0) {
+      const int count = static_cast<int>(rng() % 3);
+      for (int k = 0; k < count; ++k) values.push_back(static_cast<int64_t>(rng() % 9) - 4);  // some out of range
+      if (rng() % 2) add_int("keepdims", rng() % 2);
+      if (rng() % 3 == 0) add_int("noop_with_empty_axes", rng() % 2);
+      if (rng() % 4 == 0)
+        node.add_input("c");  // else no axes input: reduce all (or noop)
+      else
+        values.clear();
+      if (node.input_size() == 1 && rng() % 2 == 0) values.clear();
+    } else if (op == "Reshape") {
+      node.add_input("c");
+      const int count = static_cast<int>(rng() % 4);
+      for (int k = 0; k < count; ++k) {
+        const int pick = static_cast<int>(rng() % 6);
+        values.push_back(pick == 0 ? 0 : pick == 1 ? -1 : pick == 2 ? 12 : pick == 3 ? 1 : pick == 4 ? 3 : 4);
+      }
+      if (rng() % 3 == 0) add_int("allowzero", rng() % 2);
+    } else {
+      if (op == "LayerNormalization") {
+        node.add_input("x");  // scale
+        if (rng() % 2) node.add_input("x");
+      }
+      if (rng() % 2) add_int("axis", static_cast<int64_t>(rng() % 9) - 4);
+    }
+    const bool with_constant = node.input_size() > 1 && node.input(1) == "c";
+    if (op.rfind("Reduce", 0) == 0 && !with_constant && !values.empty()) {
+      auto* a = node.add_attribute();  // opset-18 style was input, older was the attribute
+      a->set_name("axes");
+      a->set_type(onnx::AttributeProto::INTS);
+      for (int64_t v : values) a->add_ints(v);
+    }
+    NamedConstants constants;
+    constants.node = &node;
+    std::unordered_map<std::string, const onnx::TensorProto*> data;
+    if (with_constant) {
+      constant.add_dims(static_cast<int64_t>(values.size()));
+      for (int64_t v : values) constant.add_int64_data(v);
+      i64_type.mutable_tensor_type()->mutable_shape()->add_dim()->set_dim_value(static_cast<int64_t>(values.size()));
+      types["c"] = &i64_type;
+      data["c"] = &constant;
+      constants.values_by_name["c"] = values;
+    }
+    onnx::TypeProto fast;
+    if (!fast_types(node, opset, types, &fast, &constants)) continue;
+    ++answered;
+    ++answered_by_op[op];
+    auto want = onnx_infer(node, opset, types, data);
+    ASSERT_TRUE(want.has_value()) << "ONNX fails where fast_infer answers " << fast.ShortDebugString()
+                                  << "\n node: " << node.ShortDebugString() << "\n x: " << x.ShortDebugString();
+    EXPECT_EQ(fast.SerializeAsString(), want->SerializeAsString())
+        << "\n fast: " << fast.ShortDebugString() << "\n onnx: " << want->ShortDebugString()
+        << "\n x: " << x.ShortDebugString() << "\n node: " << node.ShortDebugString();
+  }
+  EXPECT_GT(answered, 3000);
+  for (const auto& op : ops) EXPECT_GT(answered_by_op[op], 150) << op;  // every kind really ran
 }
 
 TEST(FastShapes, DeclinesWhatItDoesNotCover) {
