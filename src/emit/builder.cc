@@ -216,6 +216,18 @@ void Builder::finish(onnx::NodeProto& node, const Vs& inputs, const Vs& outputs,
       tangent_[v.id] = linear ? 1 : 0;
       if (!to_tape) values_[static_cast<size_t>(v.id)].producer = out_.node_size() - 1;
     }
+  if (!to_tape) {
+    for (V v : inputs) {
+      if (!v.valid()) continue;
+      if (static_cast<size_t>(v.id) >= uses_.size()) uses_.resize(values_.size(), 0);
+      ++uses_[static_cast<size_t>(v.id)];
+    }
+    for (const auto& a : node.attribute())
+      if (a.has_g() || a.graphs_size() > 0) {
+        subgraph_nodes_.push_back(out_.node_size() - 1);
+        break;
+      }
+  }
   if (node.op_type() == "Constant" && node.output_size() == 1) {
     for (const auto& a : node.attribute()) {
       if (a.name() == "value" && a.has_t()) {
@@ -676,7 +688,31 @@ V Builder::tensor_const(const onnx::TensorProto& t) {
   V v = add_value(nm, f);
   values_[static_cast<size_t>(v.id)].leaf = true;
   finish(*n, {}, {v});
+  constants_.push_back(v);
   return v;
+}
+
+void Builder::drop_unused_constants(const std::function<bool(std::string_view)>& still_read) {
+  std::vector<int> dead;  // node indices, ascending (constants are made in order)
+  for (V v : constants_) {
+    const bool read = static_cast<size_t>(v.id) < uses_.size() && uses_[static_cast<size_t>(v.id)] > 0;
+    if (!read && !still_read(name(v))) dead.push_back(values_[static_cast<size_t>(v.id)].producer);
+  }
+  if (dead.empty()) return;
+  std::sort(dead.begin(), dead.end());
+  auto* nodes = out_.mutable_node();
+  int kept = 0;
+  size_t next_dead = 0;
+  for (int i = 0; i < nodes->size(); ++i) {
+    if (next_dead < dead.size() && dead[next_dead] == i) {
+      ++next_dead;
+      continue;
+    }
+    if (kept != i) nodes->SwapElements(kept, i);
+    ++kept;
+  }
+  nodes->DeleteSubrange(kept, nodes->size() - kept);
+  constants_.clear();  // (node indices are stale now)
 }
 
 const std::vector<int64_t>* Builder::known_i64(V v) const {

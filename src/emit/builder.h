@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <initializer_list>
 #include <map>
 #include <memory>
@@ -201,6 +202,14 @@ class Builder {
   void rename(V v, const std::string& new_name, int first_node);
   // Renames several values in one pass over the whole graph (old name -> new name).
   void rename_all(const std::vector<std::pair<V, std::string>>& renames);
+  // Removes the Constant nodes this builder made that no graph node reads and `still_read`
+  // (graph outputs, names read inside subgraphs) does not name: constants only tape nodes
+  // read (a Softmax's axis for its tangent's ReduceSum). ONNX Runtime warns about each one
+  // left in. Call it last: node indices change.
+  void drop_unused_constants(const std::function<bool(std::string_view)>& still_read);
+  // Indices of emitted graph nodes that carry subgraphs (If/Loop/Scan bodies), whose nodes may
+  // read this graph's values by name.
+  const std::vector<int>& subgraph_nodes() const { return subgraph_nodes_; }
   int node_count() const { return out_.node_size(); }
 
   // Constants (deduplicated per builder).
@@ -321,6 +330,9 @@ class Builder {
   std::vector<V> declared_;
   std::vector<char> is_declared_;  // by value id
   std::vector<V> witness_;         // by value id (invalid: none)
+  std::vector<uint32_t> uses_;     // by value id: how many graph nodes read it (not tape nodes)
+  std::vector<V> constants_;       // the values tensor_const made, in order
+  std::vector<int> subgraph_nodes_;
   const onnx::NodeProto* source_names_node_ = nullptr;
   NodePtr* source_owner_ = nullptr;
   const int32_t* source_output_ids_ = nullptr;

@@ -509,6 +509,16 @@ void differentiate_graph(Prepared& p, Mode mode, const Selection& sel) {
   }
 
   b.rename_all(renames);
+  {
+    // Constants only tape nodes read (a Softmax's axis for its tangent's ReduceSum) are dead in
+    // the result; those a graph output or a subgraph names stay.
+    std::unordered_set<std::string> still_read;
+    for (const auto& o : src->output()) still_read.insert(o.name());
+    for (const auto& vi : new_outputs) still_read.insert(vi.name());
+    for (int k : b.subgraph_nodes())
+      for (auto& read : outer_scope_reads(out.node(k))) still_read.insert(std::move(read));
+    b.drop_unused_constants([&](std::string_view n) { return still_read.count(std::string(n)) > 0; });
+  }
   for (const auto& vi : src->input()) *out.add_input() = vi;
   for (auto& vi : new_inputs) *out.add_input() = std::move(vi);
   for (const auto& o : src->output()) {
