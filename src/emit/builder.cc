@@ -692,6 +692,26 @@ V Builder::tensor_const(const onnx::TensorProto& t) {
   return v;
 }
 
+Vs Builder::name_optional_outputs(const onnx::NodeProto& node, int first,
+                                  const std::vector<std::pair<std::string_view, Facts>>& outputs) {
+  if (out_.node_size() == 0 || node.output_size() == 0) return {};
+  onnx::NodeProto* n = out_.mutable_node(out_.node_size() - 1);
+  if (n->op_type() != node.op_type() || n->output_size() == 0 || n->output(0) != node.output(0)) return {};
+  for (int k = first; k < first + static_cast<int>(outputs.size()); ++k)
+    if (k < n->output_size() && !n->output(k).empty()) return {};
+  Vs values;
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    const int k = first + static_cast<int>(i);
+    while (n->output_size() <= k) n->add_output("");
+    const std::string_view nm = value_names_.fresh_view(node.output(0) + std::string(outputs[i].first));
+    n->set_output(k, nm.data(), nm.size());
+    const V v = add_value(nm, outputs[i].second);
+    values_[static_cast<size_t>(v.id)].producer = out_.node_size() - 1;
+    values.push_back(v);
+  }
+  return values;
+}
+
 void Builder::drop_unused_constants(const std::function<bool(std::string_view)>& still_read) {
   std::vector<int> dead;  // node indices, ascending (constants are made in order)
   for (V v : constants_) {

@@ -192,6 +192,12 @@ class Builder {
     source_owner_ = node && !tape_ ? owner : nullptr;
     source_output_ids_ = node ? output_ids : nullptr;
   }
+  // Names the optional outputs first, first + 1, ... of the node emitted or adopted last, which
+  // must be the copy of `node` with those outputs absent: each named after the node's first
+  // output plus its suffix, with the given facts. Lets a rule read what the node computes
+  // anyway (LayerNormalization's statistics). Empty when the last node is not that node.
+  Vs name_optional_outputs(const onnx::NodeProto& node, int first,
+                           const std::vector<std::pair<std::string_view, Facts>>& outputs);
   // Emits `node` unchanged, taking ownership of it (no copy).
   // (A node on the graph's arena is added as is; a heap node is handed to that arena.)
   void adopt_node(NodePtr node) { out_.mutable_node()->AddAllocated(node.release()); }

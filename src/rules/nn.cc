@@ -288,17 +288,25 @@ Vs batchnorm_jvp(D& c) {
 // Normalisation over `axes` (kept as size-1 dims): xhat = (x - mean) * inv with
 // inv = 1/sqrt(var + eps) (or, uncentred as RMSNorm, xhat = x * inv with var = mean(x^2)),
 // then y = xhat * scale + bias with scale/bias shaped by `affine`.
+// The mean and inverse standard deviation of x over the normalised axes, when the forward
+// node computes them (invalid: compute them).
+struct Statistics {
+  V mean, inv_std;
+};
+
 // With `statistics`, outputs 1 and 2 are the mean and inverse standard deviation
 // (LayerNormalization's); other callers give them their own meaning.
 Vs normalize_jvp(D& c, const std::vector<int64_t>& axes, bool centered, const std::function<V(V)>& affine,
-                 bool statistics = false) {
+                 bool statistics = false, Statistics given = {}) {
   auto& b = c.b;
   V ax = b.i64s(axes);
   auto mean = [&](V v) { return b.op1("ReduceMean", {v, ax}, {Attr::i("keepdims", 1)}); };
-  V mu = centered ? mean(c.x(0)) : V{};
+  const bool from_node = centered && given.mean.valid() && given.inv_std.valid();
+  V mu = from_node ? given.mean : centered ? mean(c.x(0)) : V{};
   V xc = centered ? b.op1("Sub", {c.x(0), mu}) : c.x(0);
-  V var = mean(b.op1("Mul", {xc, xc}));
-  V inv = b.op1("Reciprocal", {b.op1("Sqrt", {b.op1("Add", {var, c.scalar(c.attr_f("epsilon", 1e-5f))})})});
+  V inv = from_node ? given.inv_std
+                    : b.op1("Reciprocal", {b.op1("Sqrt", {b.op1("Add", {mean(b.op1("Mul", {xc, xc})),
+                                                                        c.scalar(c.attr_f("epsilon", 1e-5f))})})});
   V xhat = b.op1("Mul", {xc, inv});
   Vs out(c.ys.size());
   V t_xhat, t_mu, t_inv;
@@ -329,6 +337,26 @@ Vs normalize_jvp(D& c, const std::vector<int64_t>& axes, bool centered, const st
   return out;
 }
 
+// LayerNormalization's own Mean and InvStdDev (outputs 1 and 2), which its derivative needs:
+// read when the model names them, else named on the forward node (ONNX Runtime computes them
+// anyway), sparing six recomputing nodes per LayerNormalization in reverse mode and at run
+// time. Only where they have x's element type (float x, stash_type float); else recomputed.
+Statistics layer_norm_statistics(D& c, int64_t axis) {
+  const bool named = c.ys.size() > 2 && c.ys[1].valid() && c.ys[2].valid();
+  if (c.dtype(0) != onnx::TensorProto::FLOAT || c.attr_i("stash_type", 1) != onnx::TensorProto::FLOAT) return {};
+  if (named) return {c.ys[1], c.ys[2]};
+  const Facts& xf = c.b.facts(c.x(0));
+  Facts stat;
+  stat.dtype = onnx::TensorProto::FLOAT;
+  if (xf.has_shape) {
+    stat.has_shape = true;
+    stat.dims = xf.dims;
+    for (size_t k = static_cast<size_t>(axis); k < stat.dims.size(); ++k) stat.dims[k] = Dim::of(1);
+  }
+  const Vs outs = c.b.name_optional_outputs(c.node, 1, {{"_mean", stat}, {"_inv_std_dev", stat}});
+  return outs.size() == 2 ? Statistics{outs[0], outs[1]} : Statistics{};
+}
+
 // Normalised over axis..end; scale/bias broadcast against those trailing dims.
 Vs trailing_normalize_jvp(D& c, bool centered) {
   const int64_t r = c.rank(0);
@@ -336,8 +364,9 @@ Vs trailing_normalize_jvp(D& c, bool centered) {
   if (axis < 0) axis += r;
   std::vector<int64_t> axes;
   for (int64_t k = axis; k < r; ++k) axes.push_back(k);
+  const Statistics given = centered && r >= 0 ? layer_norm_statistics(c, axis) : Statistics{};
   return normalize_jvp(
-      c, axes, centered, [](V v) { return v; }, true);
+      c, axes, centered, [](V v) { return v; }, true, given);
 }
 
 // Training mode normalises with the batch statistics over (N, spatial...) per channel and

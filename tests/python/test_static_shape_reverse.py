@@ -119,3 +119,69 @@ def test_exported_transformer_stack_needs_no_shape_nodes() -> None:
     consumed = {i for n in gm.graph.node for i in n.input} | {o.name for o in gm.graph.output}
     dead = [n.op_type for n in gm.graph.node if not any(o in consumed for o in n.output)]
     assert dead == []
+
+
+F = TensorProto.FLOAT
+
+
+def layer_norm_loss(elem: int, statistics_outputs: bool, stash_type: int | None = None) -> onnx.ModelProto:
+    """loss = sum(tanh(LayerNorm(x * 1.5 + 0.3)) ** 2) over the last two axes of x[N, 3, 4];
+    with ``statistics_outputs`` the model also returns LayerNormalization's Mean and InvStdDev."""
+    attrs: dict[str, Any] = {"axis": -2, "epsilon": 1e-3}
+    if stash_type is not None:
+        attrs["stash_type"] = stash_type
+    outs = ["ln", "mean", "inv"] if statistics_outputs else ["ln"]
+    nodes = [
+        node("Mul", ["x", "k"], ["xs"]),
+        node("Add", ["xs", "c"], ["xa"]),
+        node("LayerNormalization", ["xa", "g", "b"], outs, **attrs),
+        node("Tanh", ["ln"], ["t"]),
+        node("ReduceSumSquare", ["t"], ["loss"], keepdims=0),
+    ]
+    dtype = np.float64 if elem == D else np.float32
+    inits = {"k": np.array(1.5, dtype), "c": np.array(0.3, dtype)}
+    outputs: list[Any] = ["loss", "mean", "inv"] if statistics_outputs else ["loss"]
+    return ad.make_ad_model(
+        nodes,
+        [("x", elem, ["N", 3, 4]), ("g", elem, [3, 4]), ("b", elem, [3, 4])],
+        outputs,
+        initializers=inits,
+    )
+
+
+LN_GENS = {"x": ad.normal([2, 3, 4]), "g": ad.normal([3, 4]), "b": ad.normal([3, 4])}
+
+
+@pytest.mark.parametrize("statistics_outputs", [False, True])
+def test_layer_norm_reuses_its_statistics(statistics_outputs: bool) -> None:
+    """A float LayerNormalization's reverse mode reads the node's own Mean and InvStdDev (named
+    on the forward node when the model does not) instead of recomputing them; gradients match
+    float64 finite differences, and the source model keeps its single output."""
+    model = layer_norm_loss(F, statistics_outputs)
+    # (the float64 oracle computes the loss alone: statistics outputs would be float in it)
+    oracle = layer_norm_loss(D, False)
+    source = model.SerializeToString()
+    gm = ad.check_grad(model, output="loss", gens=LN_GENS, oracle_model=oracle)
+    assert model.SerializeToString() == source
+    (ln,) = [n for n in gm.graph.node if n.op_type == "LayerNormalization"]
+    assert len(ln.output) == 3 and all(ln.output)
+    ops = [n.op_type for n in gm.graph.node]
+    assert "ReduceMean" not in ops and "Sqrt" not in ops  # nothing recomputes them
+
+
+@pytest.mark.parametrize(("elem", "stash_type"), [(D, None), (F, TensorProto.DOUBLE)])
+def test_layer_norm_recomputes_statistics_of_another_type(elem: int, stash_type: int | None) -> None:
+    """Statistics in another element type than x (double x with float stash, or a float x with a
+    double stash) are recomputed in x's type, not read from the node."""
+    model = layer_norm_loss(elem, False, stash_type)
+    gm = ad.check_grad(model, output="loss", gens=LN_GENS, oracle_model=ad.as_double(model))
+    (ln,) = [n for n in gm.graph.node if n.op_type == "LayerNormalization"]
+    assert list(ln.output) == ["ln"]
+
+
+def test_layer_norm_statistics_compose() -> None:
+    """grad's LayerNormalization with its statistics named is differentiated again (Hessian-vector
+    products through Mean and InvStdDev) and batched (per-example gradients)."""
+    model = layer_norm_loss(F, False)
+    ad.check_hvp(model, wrt=["x"], output="loss", gens=LN_GENS, oracle_model=ad.as_double(model))
+    ad.check_per_example_grad(model, in_axes=[0, None, None], output="loss", gens=LN_GENS)
