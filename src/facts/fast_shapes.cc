@@ -287,13 +287,14 @@ bool reshape(const onnx::NodeProto& node, int input_count, const Facts& x, const
     }
     if (static_cast<int>(i) == minus_one) continue;
     all_known = all_known && out.dims[i].known();
-    if (out.dims[i].known()) known_product *= out.dims[i].value();
+    // (Sizes beyond int64 are invalid models: ONNX's inference decides.)
+    if (out.dims[i].known() && __builtin_mul_overflow(known_product, out.dims[i].value(), &known_product)) return false;
   }
   int64_t input_product = 1;
   bool input_known = x.has_shape;
   for (size_t i = 0; input_known && i < x.dims.size(); ++i) {
     input_known = x.dims[i].known();
-    if (input_known) input_product *= x.dims[i].value();
+    if (input_known && __builtin_mul_overflow(input_product, x.dims[i].value(), &input_product)) return false;
   }
   if (minus_one >= 0) {
     // ONNX fills the -1 only when it can divide exactly; anything else is left to it.

@@ -129,7 +129,7 @@ std::optional<int64_t> reduced_count(Builder& b, const onnx::NodeProto& node, V 
   int64_t n = 1;
   for (int64_t a : *axes) {
     if (a < 0 || a >= f.rank() || !f.dims[static_cast<size_t>(a)].known()) return std::nullopt;
-    n *= f.dims[static_cast<size_t>(a)].value();
+    if (__builtin_mul_overflow(n, f.dims[static_cast<size_t>(a)].value(), &n)) return std::nullopt;
   }
   if (n <= 0) return std::nullopt;  // (an empty reduction: the run-time path divides as before)
   return n;
