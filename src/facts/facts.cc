@@ -130,4 +130,23 @@ void FactTable::alias(int id, int existing) {
   if (other) non_tensor_[id] = std::move(*other);
 }
 
+onnx::ValueInfoProto consistent_value_info(const onnx::ValueInfoProto& declared, const Facts& facts) {
+  if (!declared.has_type() || !declared.type().has_tensor_type() || !declared.type().tensor_type().has_shape() ||
+      !facts.has_shape)
+    return declared;
+  const auto& shape = declared.type().tensor_type().shape();
+  bool contradicts = shape.dim_size() != static_cast<int>(facts.dims.size());
+  for (int i = 0; !contradicts && i < shape.dim_size(); ++i) {
+    const Dim& d = facts.dims[static_cast<size_t>(i)];
+    contradicts = shape.dim(i).has_dim_value() && d.known() && shape.dim(i).dim_value() != d.value();
+  }
+  if (!contradicts) return declared;
+  onnx::ValueInfoProto vi = declared;  // (name, doc string and metadata stay)
+  vi.clear_type();
+  Facts f = facts;
+  if (!f.dtype) f.dtype = declared.type().tensor_type().elem_type();
+  write_type(f, vi.mutable_type());
+  return vi;
+}
+
 }  // namespace onnax

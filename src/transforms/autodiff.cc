@@ -529,7 +529,7 @@ void differentiate_graph(Prepared& p, Mode mode, const Selection& sel) {
   }
   for (auto& vi : new_outputs) *out.add_output() = std::move(vi);
   take_initializers(p, out);
-  for (const auto& vi : src->value_info()) *out.add_value_info() = vi;
+  for (const auto& vi : src->value_info()) *out.add_value_info() = consistent_value_info(vi, facts(vi.name()));
   for (V v : b.declared())
     if (b.facts(v).dtype) *out.add_value_info() = value_info_like(std::string(b.name(v)), b.facts(v));
   onnx::ModelProto& result = *p.model;

@@ -485,7 +485,8 @@ void vmap_prepared(Prepared& p, const VmapOptions& opt) {
   // Value info stays valid only for values that kept their name and stayed unbatched.
   for (const auto& vi : src_graph->value_info()) {
     const Mapped* m = mapped(vi.name());
-    if (m && !m->batched && b.name(m->v) == vi.name()) *out_graph.add_value_info() = vi;
+    if (m && !m->batched && b.name(m->v) == vi.name())
+      *out_graph.add_value_info() = consistent_value_info(vi, src_facts(vi.name()));
   }
   std::vector<std::string> axes_json, out_json;
   size_t ri = 0;

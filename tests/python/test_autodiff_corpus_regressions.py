@@ -1,9 +1,11 @@
-"""Regression tests for the two onnax bugs the real-model corpus (conformance/corpus) found.
+"""Regression tests for the onnax bugs the real-model corpus (conformance/corpus) found.
 
 * Reverse mode of ``Conv`` with ``auto_pad=SAME_UPPER`` / ``SAME_LOWER`` (Flax's
   ``padding="SAME"``) was refused; pads are now computed (at run time when sizes are symbolic).
 * ``vmap(grad(f))`` failed when ``f`` has a symbolic batch: the gradient's run-time
   unbroadcast ``ReduceSum`` had no rank for vmap; it is now declared as value_info.
+* jax2onnx 0.17.1's value_info declares NHWC shapes for NCHW values: copied into a result, it
+  made ONNX Runtime refuse the new nodes; contradicting declarations are now rewritten.
 """
 
 from __future__ import annotations
@@ -67,3 +69,55 @@ def test_per_example_grad_with_symbolic_batch(onnax) -> None:
     params = [t.name for t in model.graph.initializer if len(t.dims) > 0]
     gens = {"x": normal((4, 8)), "y": normal((4, 4))}
     check_per_example_grad(model, in_axes=(0, 0), inputs=params, output="loss", gens=gens)
+
+
+def _with_nhwc_value_info(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The model with every rank-4 intermediate declared in NHWC order, as jax2onnx 0.17.1
+    writes the value_info of NCHW values (the corpus drops those declarations on export)."""
+    inferred = onnx.shape_inference.infer_shapes(model)
+    bad = onnx.ModelProto()
+    bad.CopyFrom(model)
+    for vi in inferred.graph.value_info:
+        dims = list(vi.type.tensor_type.shape.dim)
+        if len(dims) != 4:
+            continue
+        wrong = onnx.ValueInfoProto()
+        wrong.CopyFrom(vi)
+        for i, p in enumerate([0, 2, 3, 1]):
+            d = wrong.type.tensor_type.shape.dim[i]
+            d.Clear()
+            if dims[p].dim_param:
+                d.dim_param = dims[p].dim_param
+            else:
+                d.dim_value = dims[p].dim_value
+        bad.graph.value_info.append(wrong)
+    return bad
+
+
+@pytest.mark.parametrize("transform", ["grad", "vjp", "jvp", "vmap"])
+def test_contradicting_value_info_is_not_copied(onnax, transform: str) -> None:
+    """Declared shapes that contradict inference (ONNX Runtime runs such a source, warning) used
+    to be copied into the result, where ONNX Runtime inferred the new nodes from them and
+    refused the model ("Incompatible dimensions"). Results now match the clean model's."""
+    import numpy as np
+    import onnxruntime as ort
+
+    clean = onnx.load(CORPUS / "jax_cnn.onnx")
+    bad = _with_nhwc_value_info(clean)
+    assert len(bad.graph.value_info) > len(clean.graph.value_info)
+    params = [t.name for t in clean.graph.initializer if len(t.dims) > 0][:3]
+    kwargs = {"inputs": params, "output": "loss"} if transform == "grad" else {}
+    results = [getattr(onnax, transform)(m, **kwargs) for m in (clean, bad)]
+    rng = np.random.default_rng(0)
+    feeds = {
+        i.name: rng.standard_normal([d.dim_value or 2 for d in i.type.tensor_type.shape.dim]).astype(
+            np.float32
+        )
+        for i in results[0].graph.input
+    }
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    want, got = (ort.InferenceSession(r.SerializeToString(), options).run(None, feeds) for r in results)
+    assert len(got) == len(want)
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-7)
