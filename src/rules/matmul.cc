@@ -191,6 +191,18 @@ Vs matmul_transpose(TransposeCtx& c) {
     }
     return out;
   }
+  if (lin == 1 && rb == 2 && ra >= 3) {
+    // A weight matrix shared by every row of a batched activation (a Linear layer over
+    // [batch, seq, features]): one product of the flattened rows, [K, rows] @ [rows, N], not a
+    // product per batch entry summed afterwards, which wrote batch-many [K, N] partials.
+    const Facts& mf = facts_or_twin(b, m);
+    if (mf.has_shape && mf.dims[0].known() && mf.dims[1].known()) {
+      const V rows = b.reshape(a, b.i64s({-1, mf.dims[0].value()}));
+      const V ct_rows = b.reshape(ct, b.i64s({-1, mf.dims[1].value()}));
+      out[1] = b.op1("MatMul", {b.transpose(rows, {1, 0}), ct_rows});
+      return out;
+    }
+  }
   // Treat 1-D operands as matrices, as MatMul does, and restore the cotangent's axes.
   // Only the primal operand is materialised (the tangent exists only on the tape).
   V a2 = c.linear(0) ? a : ra == 1 ? b.unsqueeze(a, {0}) : a;

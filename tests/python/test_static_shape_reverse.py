@@ -185,3 +185,24 @@ def test_layer_norm_statistics_compose() -> None:
     model = layer_norm_loss(F, False)
     ad.check_hvp(model, wrt=["x"], output="loss", gens=LN_GENS, oracle_model=ad.as_double(model))
     ad.check_per_example_grad(model, in_axes=[0, None, None], output="loss", gens=LN_GENS)
+
+
+@pytest.mark.parametrize("x_shape", [[2, 3, 4], ["N", 3, 4], [2, 2, 3, 4]])
+def test_weight_gradient_of_a_batched_linear_layer(x_shape: list[Any]) -> None:
+    """d loss / d W for y = x @ W with x of rank >= 3 and W [4, 5]: one product of the flattened
+    rows (no per-batch partial products summed afterwards), against float64 finite
+    differences; differentiated again (HVP) and batched over examples."""
+    nodes = [
+        node("MatMul", ["x", "w"], ["y"]),
+        node("Tanh", ["y"], ["t"]),
+        node("ReduceSumSquare", ["t"], ["loss"], keepdims=0),
+    ]
+    model = ad.make_ad_model(nodes, [("x", D, x_shape), ("w", D, [4, 5])], ["loss"])
+    concrete = [d if isinstance(d, int) else 3 for d in x_shape]
+    gens = {"x": ad.normal(concrete), "w": ad.normal([4, 5])}
+    gm = ad.check_grad(model, inputs=["x", "w"], output="loss", gens=gens)
+    # w's gradient is the product itself, not a sum of batch-many partial products
+    (producer,) = [n.op_type for n in gm.graph.node if "w_grad" in n.output]
+    assert producer == "MatMul"
+    ad.check_hvp(model, wrt=["w"], inputs=["x", "w"], output="loss", gens=gens)
+    ad.check_per_example_grad(model, in_axes=[0, None], inputs=["w"], output="loss", gens=gens)
