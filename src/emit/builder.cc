@@ -901,16 +901,9 @@ V Builder::concat(const std::vector<V>& parts, int64_t axis) {
 V Builder::reshape(V x, V shape, bool allowzero) {
   const Attrs attrs = allowzero ? Attrs{Attr::i("allowzero", 1)} : Attrs{};
   const int32_t dtype = facts(x).dtype;
-  // Constant target dims with no -1 (nor 0 meaning "copy") are the output's dims.
-  if (const auto* k = known_i64(shape)) {
-    bool exact = true;
-    for (int64_t d : *k) exact = exact && (d > 0 || (d == 0 && allowzero));
-    if (exact) {
-      Dims dims(k->size());
-      for (size_t i = 0; i < k->size(); ++i) dims[i] = Dim::of((*k)[i]);
-      return op1_known("Reshape", {x, shape}, attrs, Facts::of(dtype, std::move(dims)));
-    }
-  }
+  if (const auto* k = known_i64(shape))
+    if (auto dims = reshaped_dims(facts(x), *k, allowzero))
+      return op1_known("Reshape", {x, shape}, attrs, Facts::of(dtype, std::move(*dims)));
   V y = op1("Reshape", {x, shape}, attrs);
   Facts f;
   f.dtype = dtype;
@@ -934,29 +927,6 @@ V Builder::reverse_first_axis(V x) {
   return y;
 }
 
-namespace {
-// The dims of Expand(x, target) for constant target dims: x's dims broadcast against them,
-// aligned from the right. Nothing when a target dim is negative or contradicts a known dim of
-// x (an invalid node, left to ONNX's inference to report).
-std::optional<Dims> expanded_dims(const Dims& x, const std::vector<int64_t>& target) {
-  const size_t r = std::max(x.size(), target.size());
-  Dims out(r);
-  for (size_t i = 0; i < r; ++i) {
-    const Dim* xd = i + x.size() >= r ? &x[i + x.size() - r] : nullptr;
-    const int64_t* td = i + target.size() >= r ? &target[i + target.size() - r] : nullptr;
-    if (td && *td < 0) return std::nullopt;
-    if (!td || *td == 1) {
-      out[i] = xd ? *xd : Dim::of(1);
-    } else if (!xd || !xd->known() || xd->value() == 1 || xd->value() == *td) {
-      out[i] = Dim::of(*td);  // (a symbolic dim of x must be 1 or the target's)
-    } else {
-      return std::nullopt;
-    }
-  }
-  return out;
-}
-}  // namespace
-
 V Builder::expand(V x, V shape) {
   const Facts& xf = facts(x);
   if (const auto* k = known_i64(shape); k && xf.has_shape)
@@ -975,13 +945,8 @@ V Builder::expand(V x, V shape) {
 }
 
 V Builder::shape_value(V x) {
-  const Facts& f = facts(x);
-  bool all_known = f.has_shape;
-  for (size_t i = 0; all_known && i < f.dims.size(); ++i) all_known = f.dims[i].known();
-  if (!all_known) return shape_of(x);
-  std::vector<int64_t> dims(f.dims.size());
-  for (size_t i = 0; i < dims.size(); ++i) dims[i] = f.dims[i].value();
-  return i64s(dims);
+  const auto dims = static_dims(facts(x));
+  return dims ? i64s(*dims) : shape_of(x);
 }
 
 }  // namespace onnax

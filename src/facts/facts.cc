@@ -130,6 +130,16 @@ void FactTable::alias(int id, int existing) {
   if (other) non_tensor_[id] = std::move(*other);
 }
 
+std::optional<std::vector<int64_t>> static_dims(const Facts& f) {
+  if (!f.has_shape) return std::nullopt;
+  std::vector<int64_t> dims(f.dims.size());
+  for (size_t i = 0; i < dims.size(); ++i) {
+    if (!f.dims[i].known()) return std::nullopt;
+    dims[i] = f.dims[i].value();
+  }
+  return dims;
+}
+
 onnx::ValueInfoProto consistent_value_info(const onnx::ValueInfoProto& declared, const Facts& facts) {
   if (!declared.has_type() || !declared.type().has_tensor_type() || !declared.type().tensor_type().has_shape() ||
       !facts.has_shape)

@@ -29,6 +29,9 @@ struct Facts {
   static Facts of(int32_t dtype, Dims dims) { return Facts{dtype, true, std::move(dims)}; }
 };
 
+// Every dim's size, when the shape is known and no dim is symbolic or unknown.
+std::optional<std::vector<int64_t>> static_dims(const Facts& f);
+
 // True when both shapes are known and provably equal (equal sizes, or the same symbolic name).
 bool same_static_shape(const Facts& a, const Facts& b);
 

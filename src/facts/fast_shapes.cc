@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 #include <string_view>
 #include <vector>
 
@@ -24,8 +25,9 @@ enum class Kind {
   kLikeFirstOnAxis,
   // Reduce*: input 0's dims without (or with size 1 at) the axes of input 1 or `axes`.
   kReduce,
-  // Reshape to the constant target shape of input 1.
+  // Reshape / Expand to the constant target shape of input 1.
   kReshape,
+  kExpand,
 };
 
 // Operators whose ONNX inference is "element type and shape of the first input" (for
@@ -60,6 +62,7 @@ class KindTable {
                           "ReduceLogSum", "ReduceLogSumExp", "ReduceSumSquare"})
       add(r, OpKind{Kind::kReduce});
     add("Reshape", OpKind{Kind::kReshape});
+    add("Expand", OpKind{Kind::kExpand});
     // (Softmax before opset 13 coerces to 2-D around its axis; LayerNormalization is from 17.)
     for (const char* a : {"Softmax", "LogSoftmax"}) add(a, OpKind{Kind::kLikeFirstOnAxis, false, 13});
     add("LayerNormalization", OpKind{Kind::kLikeFirstOnAxis, false, 17});
@@ -252,61 +255,95 @@ bool reduce(const onnx::NodeProto& node, int input_count, const Facts& x, const 
   return true;
 }
 
-// Reshape to constant target dims: positive values as they are, 0 copies x's dim (or is 0 with
-// allowzero), one -1 takes what is left when every other size is known.
+// Reshape and Expand with constant target dims: what node attributes and constant inputs say.
 bool reshape(const onnx::NodeProto& node, int input_count, const Facts& x, const ConstantInputs* constants,
              Facts& out) {
-  int64_t allowzero = 0;
+  bool allowzero = false;
   for (const auto& a : node.attribute()) {
     if (a.name() != "allowzero" || a.type() != onnx::AttributeProto::INT) return false;
-    allowzero = a.i();
+    allowzero = a.i() != 0;
   }
-  if (input_count != 2 || !constants) return false;
-  const std::vector<int64_t>* target = constants->values(1);
+  const std::vector<int64_t>* target = input_count == 2 && constants ? constants->values(1) : nullptr;
   if (!target) return false;
+  auto dims = reshaped_dims(x, *target, allowzero);
+  if (!dims) return false;
+  out.has_shape = true;
+  out.dims = std::move(*dims);
+  return true;
+}
+
+bool expand(const onnx::NodeProto& node, int input_count, const Facts& x, const ConstantInputs* constants, Facts& out) {
+  const std::vector<int64_t>* target =
+      node.attribute_size() == 0 && input_count == 2 && constants ? constants->values(1) : nullptr;
+  if (!target || !x.has_shape) return false;
+  auto dims = expanded_dims(x.dims, *target);
+  if (!dims) return false;
+  out.has_shape = true;
+  out.dims = std::move(*dims);
+  return true;
+}
+
+}  // namespace
+
+std::optional<Dims> reshaped_dims(const Facts& x, const std::vector<int64_t>& target, bool allowzero) {
   int minus_one = -1;
   bool zero = false;
-  for (size_t i = 0; i < target->size(); ++i) {
-    const int64_t v = (*target)[i];
-    if (v < -1 || (v == -1 && minus_one >= 0)) return false;
+  for (size_t i = 0; i < target.size(); ++i) {
+    const int64_t v = target[i];
+    if (v < -1 || (v == -1 && minus_one >= 0)) return std::nullopt;
     if (v == -1) minus_one = static_cast<int>(i);
     zero = zero || v == 0;
   }
-  if ((zero && allowzero && minus_one >= 0) || ((zero || minus_one >= 0) && !x.has_shape)) return false;
-  out.has_shape = true;
-  out.dims.resize(target->size());
+  if ((zero && allowzero && minus_one >= 0) || ((zero || minus_one >= 0) && !x.has_shape)) return std::nullopt;
+  Dims out(target.size());
   int64_t known_product = 1;
   bool all_known = true;
-  for (size_t i = 0; i < target->size(); ++i) {
-    const int64_t v = (*target)[i];
+  for (size_t i = 0; i < target.size(); ++i) {
+    const int64_t v = target[i];
     if (v == 0 && !allowzero) {
-      if (i >= x.dims.size()) return false;
-      out.dims[i] = x.dims[i];
+      if (i >= x.dims.size()) return std::nullopt;
+      out[i] = x.dims[i];
     } else if (v >= 0) {
-      out.dims[i] = Dim::of(v);
+      out[i] = Dim::of(v);
     }
     if (static_cast<int>(i) == minus_one) continue;
-    all_known = all_known && out.dims[i].known();
+    all_known = all_known && out[i].known();
     // (Sizes beyond int64 are invalid models: ONNX's inference decides.)
-    if (out.dims[i].known() && __builtin_mul_overflow(known_product, out.dims[i].value(), &known_product)) return false;
+    if (out[i].known() && __builtin_mul_overflow(known_product, out[i].value(), &known_product)) return std::nullopt;
   }
   int64_t input_product = 1;
   bool input_known = x.has_shape;
   for (size_t i = 0; input_known && i < x.dims.size(); ++i) {
     input_known = x.dims[i].known();
-    if (input_known && __builtin_mul_overflow(input_product, x.dims[i].value(), &input_product)) return false;
+    if (input_known && __builtin_mul_overflow(input_product, x.dims[i].value(), &input_product)) return std::nullopt;
   }
   if (minus_one >= 0) {
     // ONNX fills the -1 only when it can divide exactly; anything else is left to it.
-    if (!all_known || !input_known || known_product == 0 || input_product % known_product != 0) return false;
-    out.dims[static_cast<size_t>(minus_one)] = Dim::of(input_product / known_product);
+    if (!all_known || !input_known || known_product == 0 || input_product % known_product != 0) return std::nullopt;
+    out[static_cast<size_t>(minus_one)] = Dim::of(input_product / known_product);
   } else if (all_known && input_known && known_product != input_product) {
-    return false;  // sizes disagree: ONNX reports it
+    return std::nullopt;  // sizes disagree: ONNX reports it
   }
-  return true;
+  return out;
 }
 
-}  // namespace
+std::optional<Dims> expanded_dims(const Dims& x, const std::vector<int64_t>& target) {
+  const size_t r = std::max(x.size(), target.size());
+  Dims out(r);
+  for (size_t i = 0; i < r; ++i) {
+    const Dim* xd = i + x.size() >= r ? &x[i + x.size() - r] : nullptr;
+    const int64_t* td = i + target.size() >= r ? &target[i + target.size() - r] : nullptr;
+    if (td && *td < 0) return std::nullopt;
+    if (!td || *td == 1) {
+      out[i] = xd ? *xd : Dim::of(1);
+    } else if (!xd || !xd->known() || xd->value() == 1 || xd->value() == *td) {
+      out[i] = Dim::of(*td);  // (a symbolic dim of x must be 1 or the target's)
+    } else {
+      return std::nullopt;
+    }
+  }
+  return out;
+}
 
 bool fast_infer(const onnx::NodeProto& node, int input_count, int output_count, int opset, const Facts* const* inputs,
                 Facts& out, const ConstantInputs* constants) {
@@ -314,14 +351,15 @@ bool fast_infer(const onnx::NodeProto& node, int input_count, int output_count, 
   const OpKind op = kind_of(node.op_type(), opset);
   const Kind kind = op.kind;
   if (kind == Kind::kNone || output_count != 1 || input_count == 0) return false;
-  if (kind == Kind::kReduce || kind == Kind::kReshape) {
+  if (kind == Kind::kReduce || kind == Kind::kReshape || kind == Kind::kExpand) {
     // Input 1 holds int64 axes or dims, known as values (constants), not as facts.
     if (!inputs[0] || !floating(inputs[0]->dtype)) return false;
     if (input_count > 1 && (!inputs[1] || inputs[1]->dtype != onnx::TensorProto::INT64)) return false;
     out = Facts{};
     out.dtype = inputs[0]->dtype;
-    return kind == Kind::kReduce ? reduce(node, input_count, *inputs[0], constants, out)
-                                 : reshape(node, input_count, *inputs[0], constants, out);
+    if (kind == Kind::kReduce) return reduce(node, input_count, *inputs[0], constants, out);
+    if (kind == Kind::kReshape) return reshape(node, input_count, *inputs[0], constants, out);
+    return expand(node, input_count, *inputs[0], constants, out);
   }
   if (kind == Kind::kLikeFirstOnAxis) {
     const bool layer_norm = node.op_type() == "LayerNormalization";

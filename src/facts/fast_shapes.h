@@ -7,6 +7,7 @@
 #include <onnx/onnx_pb.h>
 
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "facts/facts.h"
@@ -20,7 +21,7 @@ namespace onnax {
 // `node` supplies the op type, domain and attributes; the counts are passed separately because
 // a node bound for the autodiff tape carries no input or output names.
 //
-// Reductions (Reduce*) and Reshape are answered only when their axes / target shape (input 1)
+// Reductions (Reduce*), Reshape and Expand are answered only when their axes / target shape (input 1)
 // is a known constant: `constants` (may be null) gives input i's int64 values, or nullptr.
 class ConstantInputs {
  public:
@@ -31,5 +32,13 @@ class ConstantInputs {
 };
 bool fast_infer(const onnx::NodeProto& node, int input_count, int output_count, int opset, const Facts* const* inputs,
                 Facts& out, const ConstantInputs* constants = nullptr);
+
+// The output dims of Reshape(x, target) for constant target dims: positive values as they are,
+// 0 copies x's dim (or is 0 with allowzero), one -1 takes what is left when every other size is
+// known. Nothing where ONNX's inference must decide (or reports an invalid node).
+std::optional<Dims> reshaped_dims(const Facts& x, const std::vector<int64_t>& target, bool allowzero);
+// The output dims of Expand(x, target) for constant target dims: x's dims broadcast against
+// them, aligned from the right. Nothing when a target dim is negative or contradicts a known dim.
+std::optional<Dims> expanded_dims(const Dims& x, const std::vector<int64_t>& target);
 
 }  // namespace onnax

@@ -319,15 +319,9 @@ Vs linear_in_first_jvp(JvpCtx& c) {
 
 V tangent_shape(TransposeCtx& c, V t) {
   if (const V shape = runtime_shape(c.b, t); shape.valid()) return shape;
-  const Facts& f = c.b.facts(t);
-  std::vector<int64_t> dims;
-  bool known = f.has_shape;
-  for (const auto& d : f.dims) {
-    known = known && d.known();
-    dims.push_back(d.value());
-  }
-  if (!known) c.unsupported("the shape of its tangent input is not known statically and has no primal twin");
-  return c.b.i64s(dims);
+  const auto dims = static_dims(c.b.facts(t));
+  if (!dims) c.unsupported("the shape of its tangent input is not known statically and has no primal twin");
+  return c.b.i64s(*dims);
 }
 
 Vs selection_transpose(TransposeCtx& c, int i) {

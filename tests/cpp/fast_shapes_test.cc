@@ -178,13 +178,13 @@ TEST(FastShapes, TransposeAgreesWithOnnxInference) {
   EXPECT_GT(answered, 1000);
 }
 
-// Reductions and Reshape over random constant axes / target shapes (valid and invalid), and
+// Reductions, Reshape and Expand over random constant axes / target shapes (valid and invalid), and
 // Softmax / LayerNormalization over random axes, against ONNX's inference given the same
 // constants as initializer data.
 TEST(FastShapes, ConstantOperandsAgreeWithOnnxInference) {
   std::mt19937 rng(13);
-  const std::vector<std::string> ops = {"ReduceMean", "ReduceSum", "ReduceMax",  "ReduceL2",
-                                        "Reshape",    "Softmax",   "LogSoftmax", "LayerNormalization"};
+  const std::vector<std::string> ops = {"ReduceMean", "ReduceSum", "ReduceMax",  "ReduceL2",          "Reshape",
+                                        "Expand",     "Softmax",   "LogSoftmax", "LayerNormalization"};
   int answered = 0;
   std::unordered_map<std::string, int> answered_by_op;
   for (int trial = 0; trial < 12000; ++trial) {
@@ -226,6 +226,11 @@ TEST(FastShapes, ConstantOperandsAgreeWithOnnxInference) {
         values.push_back(pick == 0 ? 0 : pick == 1 ? -1 : pick == 2 ? 12 : pick == 3 ? 1 : pick == 4 ? 3 : 4);
       }
       if (rng() % 3 == 0) add_int("allowzero", rng() % 2);
+    } else if (op == "Expand") {
+      node.add_input("c");
+      const int count = static_cast<int>(rng() % 5);
+      static const int64_t kDims[] = {1, 3, 4, 2, 0, -1};
+      for (int k = 0; k < count; ++k) values.push_back(kDims[rng() % 6]);
     } else {
       if (op == "LayerNormalization") {
         node.add_input("x");  // scale
