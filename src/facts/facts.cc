@@ -145,12 +145,14 @@ onnx::ValueInfoProto consistent_value_info(const onnx::ValueInfoProto& declared,
       !facts.has_shape)
     return declared;
   const auto& shape = declared.type().tensor_type().shape();
-  bool contradicts = shape.dim_size() != static_cast<int>(facts.dims.size());
-  for (int i = 0; !contradicts && i < shape.dim_size(); ++i) {
+  // (A size the facts do not know is unconfirmed: ONNX Runtime would fold Shape nodes of the
+  // result, which the source may not have had, to it.)
+  bool unconfirmed = shape.dim_size() != static_cast<int>(facts.dims.size());
+  for (int i = 0; !unconfirmed && i < shape.dim_size(); ++i) {
     const Dim& d = facts.dims[static_cast<size_t>(i)];
-    contradicts = shape.dim(i).has_dim_value() && d.known() && shape.dim(i).dim_value() != d.value();
+    unconfirmed = shape.dim(i).has_dim_value() && !(d.known() && shape.dim(i).dim_value() == d.value());
   }
-  if (!contradicts) return declared;
+  if (!unconfirmed) return declared;
   onnx::ValueInfoProto vi = declared;  // (name, doc string and metadata stay)
   vi.clear_type();
   Facts f = facts;

@@ -46,10 +46,11 @@ Facts facts_from_type(const onnx::TypeProto& type);
 void refine_inferred(const onnx::NodeProto& node, const Facts* in0, std::vector<Facts>& inferred);
 void write_type(const Facts& facts, onnx::TypeProto* type);
 // A source value_info entry as a transform's result should carry it: unchanged, unless its
-// tensor shape contradicts `facts` (another rank, or a known size that differs), as exporters
-// sometimes write (jax2onnx 0.17.1 declares NHWC shapes for NCHW values). ONNX Runtime
-// tolerates that on the source, but infers the result's new nodes from it and refuses them;
-// the facts, which prefer inference to declarations, are written instead.
+// tensor shape claims what `facts` do not confirm (another rank, or a size the facts do not
+// know or know to differ), as exporters sometimes write (jax2onnx 0.17.1 declares NHWC shapes
+// for NCHW values). ONNX Runtime tolerates that on the source, but infers the result's new
+// nodes from it (refusing them, or folding their Shape nodes to wrong constants); the facts,
+// which take sizes only from inference, are written instead.
 onnx::ValueInfoProto consistent_value_info(const onnx::ValueInfoProto& declared, const Facts& facts);
 
 // The facts of every value of a graph, as ONNX's per-operator inference (with data

@@ -71,6 +71,19 @@ class OnnxTypes {
   bool all_built_ = false;
 };
 
+// The facts a node output's declared type gives when inference cannot confirm it: its dtype,
+// rank and symbolic dims, with its sizes unknown. A declaration is only a claim (exporters
+// write wrong ones, and ONNX Runtime runs such models, since its kernels take sizes from the
+// data); transforms bake known sizes into their results as constants, so they take no size
+// inference did not find. (Non-tensor types are kept whole.)
+onnx::TypeProto unconfirmed_declaration(const onnx::TypeProto& declared) {
+  onnx::TypeProto t = declared;
+  if (t.has_tensor_type() && t.tensor_type().has_shape())
+    for (auto& d : *t.mutable_tensor_type()->mutable_shape()->mutable_dim())
+      if (d.has_dim_value()) d.clear_dim_value();
+  return t;
+}
+
 bool has_rank(const onnx::TypeProto& t) {
   return t.has_tensor_type() && t.tensor_type().has_shape();
 }
@@ -197,7 +210,7 @@ void infer_facts(const onnx::GraphProto& g, const std::unordered_map<std::string
         id >= 0 && static_cast<size_t>(id) < declared.size() ? declared[static_cast<size_t>(id)] : nullptr;
     const bool inferred_typed = f.dtype != 0 || other;
     if (d && d->has_type() && (!inferred_typed || (!other && !f.has_shape && has_rank(d->type()))))
-      table.set_type(id, d->type());
+      table.set_type(id, unconfirmed_declaration(d->type()));
     else if (other)
       table.set_type(id, *other);
     else
