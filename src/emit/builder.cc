@@ -100,6 +100,7 @@ const Facts& Builder::facts(V v) const {
 }
 
 void Builder::set_facts(V v, Facts f) {
+  name_unknown_dims(f, value_names_);
   Value& value = values_[static_cast<size_t>(v.id)];
   value.shared = nullptr;
   if (value.own >= 0)
@@ -168,7 +169,7 @@ void Builder::infer(onnx::NodeProto& node, const Vs& inputs, const Vs& outputs) 
   inf.type_storage.clear();
   for (size_t i = 0; i < inputs.size(); ++i) {
     if (!inf.in_facts[i]) continue;
-    write_type(*inf.in_facts[i], &inf.type_storage.emplace_back());
+    write_type(*inf.in_facts[i], &inf.type_storage.emplace_back(), /*keep_internal=*/true);
     inf.types[input_name(i)] = &inf.type_storage.back();
   }
   try {
@@ -853,6 +854,10 @@ V Builder::shape_of(V x, int64_t start, std::optional<int64_t> end) {
   if (start != 0) attrs.push_back(Attr::i("start", start));
   if (end) attrs.push_back(Attr::i("end", *end));
   V y = op1("Shape", {x}, attrs);
+  if (start == 0 && !end) {
+    if (static_cast<size_t>(y.id) >= shape_sources_.size()) shape_sources_.resize(values_.size());
+    shape_sources_[static_cast<size_t>(y.id)] = x;
+  }
   Facts f;
   f.dtype = onnx::TensorProto::INT64;
   int64_t r = rank(x);
@@ -904,6 +909,10 @@ V Builder::reshape(V x, V shape, bool allowzero) {
   if (const auto* k = known_i64(shape))
     if (auto dims = reshaped_dims(facts(x), *k, allowzero))
       return op1_known("Reshape", {x, shape}, attrs, Facts::of(dtype, std::move(*dims)));
+  // To the shape of a value: its dims. (Without allowzero, a 0 in the shape at run time would
+  // copy x's dim instead, and a symbolic dim may be 0.)
+  if (const V source = shape_source(shape); source.valid() && allowzero && facts(source).has_shape)
+    return op1_known("Reshape", {x, shape}, attrs, Facts::of(dtype, Dims(facts(source).dims)));
   V y = op1("Reshape", {x, shape}, attrs);
   Facts f;
   f.dtype = dtype;
@@ -931,6 +940,10 @@ V Builder::expand(V x, V shape) {
   const Facts& xf = facts(x);
   if (const auto* k = known_i64(shape); k && xf.has_shape)
     if (auto dims = expanded_dims(xf.dims, *k))
+      return op1_known("Expand", {x, shape}, {}, Facts::of(xf.dtype, std::move(*dims)));
+  // To the shape of a value: x's dims broadcast against that value's.
+  if (const V source = shape_source(shape); source.valid() && xf.has_shape && facts(source).has_shape)
+    if (auto dims = broadcast_dims(xf.dims, facts(source).dims))
       return op1_known("Expand", {x, shape}, {}, Facts::of(xf.dtype, std::move(*dims)));
   V y = op1("Expand", {x, shape});
   Facts f;

@@ -236,6 +236,13 @@ class Builder {
   // The shape of `x` as a 1-D int64 value: a constant when its facts know every dim (the shape
   // then needs no node, and the helpers above know their outputs' dims), else a Shape node.
   V shape_value(V x);
+  // The value whose whole shape `shape` is (made by shape_of(x) or shape_value(x)), if any: what
+  // reshape and expand to it give has that value's dims, symbolic ones included, which ONNX's
+  // inference (without the shape's data) cannot tell.
+  V shape_source(V shape) const {
+    const size_t i = shape.valid() ? static_cast<size_t>(shape.id) : shape_sources_.size();
+    return i < shape_sources_.size() ? shape_sources_[i] : V{};
+  }
   // `x` with its axis 0 in reverse order (a Slice with step -1); keeps x's facts.
   V reverse_first_axis(V x);
 
@@ -336,6 +343,7 @@ class Builder {
   std::vector<V> declared_;
   std::vector<char> is_declared_;  // by value id
   std::vector<V> witness_;         // by value id (invalid: none)
+  std::vector<V> shape_sources_;   // by value id (invalid: none); see shape_source
   std::vector<uint32_t> uses_;     // by value id: how many graph nodes read it (not tape nodes)
   std::vector<V> constants_;       // the values tensor_const made, in order
   std::vector<int> subgraph_nodes_;

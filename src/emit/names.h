@@ -101,11 +101,14 @@ class NameScope {
   }
   // The same from a hashed base, returning the new name's hash too.
   HashedName fresh_hashed(HashedName base, const NameScope* avoid = nullptr);
+  // Numbers for the unknown dims a transform names (facts.h: name_unknown_dims), unique in it.
+  uint32_t next_unknown_dim() { return unknown_dims_++; }
 
  private:
   Interner names_;
   std::vector<int> next_suffix_;  // by the base name's id: the last suffix tried for it
-  std::string candidate_;         // reused buffer for suffixed candidates
+  uint32_t unknown_dims_ = 0;
+  std::string candidate_;  // reused buffer for suffixed candidates
 };
 
 }  // namespace onnax

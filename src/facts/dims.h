@@ -40,6 +40,10 @@ class Dim {
   // The size when known, else -1.
   int64_t value() const { return known() ? static_cast<int64_t>(bits_ >> 1) : -1; }
   bool symbolic() const { return bits_ != 0 && !known(); }
+  // The n-th dim a transform names itself (see name_unknown_dims in facts.h): a symbol of its
+  // own, never written into a result.
+  static Dim internal(uint32_t n);
+  bool internal() const { return symbolic() && param().front() == kInternalMark; }
   // The symbolic name ("" when the size is known or unknown).
   std::string_view param() const {
     return symbolic() ? std::string_view(*reinterpret_cast<const std::string*>(bits_)) : std::string_view();
@@ -51,6 +55,8 @@ class Dim {
   bool same_as(const Dim& o) const { return bits_ != 0 && bits_ == o.bits_; }
 
  private:
+  static constexpr char kInternalMark = '\x1f';
+  friend Dim internal_dim(uint32_t n);  // (no exporter writes a control character into a dim name)
   explicit Dim(uint64_t bits) : bits_(bits) {}
   uint64_t bits_ = 0;
 };

@@ -1,5 +1,6 @@
 #include "facts/facts.h"
 
+#include <charconv>
 #include <mutex>
 #include <unordered_set>
 
@@ -13,6 +14,12 @@ const std::string* intern_dim_param(std::string_view name) {
   return &*names->emplace(name).first;
 }
 
+Dim Dim::internal(uint32_t n) {
+  char text[16] = {kInternalMark};
+  const auto end = std::to_chars(text + 1, text + sizeof text, n).ptr;
+  return named(std::string_view(text, static_cast<size_t>(end - text)));
+}
+
 std::string Facts::shape_string() const {
   if (!has_shape) return "unknown shape";
   std::string s = "[";
@@ -21,7 +28,7 @@ std::string Facts::shape_string() const {
     if (dims[i].known())
       s += std::to_string(dims[i].value());
     else
-      s += dims[i].param().empty() ? std::string_view("?") : dims[i].param();
+      s += dims[i].symbolic() && !dims[i].internal() ? dims[i].param() : std::string_view("?");
   }
   return s + "]";
 }
@@ -57,7 +64,12 @@ Facts facts_from_type(const onnx::TypeProto& type) {
   return f;
 }
 
-void write_type(const Facts& facts, onnx::TypeProto* type) {
+void name_unknown_dims(Facts& facts, NameScope& scope) {
+  for (Dim& d : facts.dims)
+    if (d == Dim{}) d = Dim::internal(scope.next_unknown_dim());
+}
+
+void write_type(const Facts& facts, onnx::TypeProto* type, bool keep_internal) {
   auto* t = type->mutable_tensor_type();
   t->set_elem_type(facts.dtype);
   if (!facts.has_shape) {
@@ -70,7 +82,7 @@ void write_type(const Facts& facts, onnx::TypeProto* type) {
     auto* pd = shape->add_dim();
     if (d.known())
       pd->set_dim_value(d.value());
-    else if (!d.param().empty())
+    else if (d.symbolic() && (keep_internal || !d.internal()))
       pd->set_dim_param(std::string(d.param()));
   }
 }

@@ -36,6 +36,12 @@ std::optional<std::vector<int64_t>> static_dims(const Facts& f);
 bool same_static_shape(const Facts& a, const Facts& b);
 
 Facts facts_from_type(const onnx::TypeProto& type);
+// Gives every unknown dim of `facts` a symbol of its own (Dim::internal), so that ONNX's
+// inference, which carries a symbol from input to output (a broadcast of x with itself, the rows
+// of a Gemm), lets the rules see that two shapes are the same where neither size is known: a
+// Reshape to [-1, features] before every Dense layer would otherwise make each broadcast in its
+// gradient a run-time decision. An unknown dim claims nothing; nor does a fresh symbol.
+void name_unknown_dims(Facts& facts, NameScope& scope);
 // What ONNX's per-node inference leaves out, added to its result `inferred` (one entry per
 // output): a Loop's or Scan's outputs from its body's declarations (state keeps its rank; a
 // Loop's scan outputs are the body's type with a leading dim), and the rank of input 0 (`in0`,
@@ -44,7 +50,9 @@ Facts facts_from_type(const onnx::TypeProto& type);
 // Transpose, Identity). vmap and reverse mode need those ranks. Used for the source graph and
 // for every node a builder emits.
 void refine_inferred(const onnx::NodeProto& node, const Facts* in0, std::vector<Facts>& inferred);
-void write_type(const Facts& facts, onnx::TypeProto* type);
+// Internal symbols (name_unknown_dims) are written as unknown dims, unless `keep_internal` (the
+// types handed to ONNX's inference inside a transform).
+void write_type(const Facts& facts, onnx::TypeProto* type, bool keep_internal = false);
 // A source value_info entry as a transform's result should carry it: unchanged, unless its
 // tensor shape claims what `facts` do not confirm (another rank, or a size the facts do not
 // know or know to differ), as exporters sometimes write (jax2onnx 0.17.1 declares NHWC shapes
@@ -108,7 +116,7 @@ struct NodeValueIds {
 // computed with Shape/Gather/Concat stay known) over `graph`, whose nodes must be in
 // topological order and indexed in `node_ids` by `names`. Declared value_info fills in what
 // inference cannot tell.
-void infer_facts(const onnx::GraphProto& graph, const std::unordered_map<std::string, int>& opsets,
-                 const NameScope& names, const NodeValueIds& node_ids, FactTable& table);
+void infer_facts(const onnx::GraphProto& graph, const std::unordered_map<std::string, int>& opsets, NameScope& names,
+                 const NodeValueIds& node_ids, FactTable& table);
 
 }  // namespace onnax

@@ -345,6 +345,13 @@ std::optional<Dims> expanded_dims(const Dims& x, const std::vector<int64_t>& tar
   return out;
 }
 
+std::optional<Dims> broadcast_dims(const Dims& a, const Dims& b) {
+  const Operand ops[] = {{&a, static_cast<int>(a.size())}, {&b, static_cast<int>(b.size())}};
+  Dims out;
+  if (!broadcast(ops, 2, out)) return std::nullopt;
+  return out;
+}
+
 bool fast_infer(const onnx::NodeProto& node, int input_count, int output_count, int opset, const Facts* const* inputs,
                 Facts& out, const ConstantInputs* constants) {
   if (!node.domain().empty() && node.domain() != "ai.onnx") return false;

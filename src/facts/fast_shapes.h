@@ -40,5 +40,9 @@ std::optional<Dims> reshaped_dims(const Facts& x, const std::vector<int64_t>& ta
 // The output dims of Expand(x, target) for constant target dims: x's dims broadcast against
 // them, aligned from the right. Nothing when a target dim is negative or contradicts a known dim.
 std::optional<Dims> expanded_dims(const Dims& x, const std::vector<int64_t>& target);
+// The dims of a and b broadcast against each other as ONNX's inference broadcasts them (a
+// known size other than 1 wins, one distinct symbolic dim survives, others are unknown).
+// Nothing when known sizes conflict.
+std::optional<Dims> broadcast_dims(const Dims& a, const Dims& b);
 
 }  // namespace onnax

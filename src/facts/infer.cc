@@ -60,7 +60,7 @@ class OnnxTypes {
     if (other)
       t->CopyFrom(*other);
     else
-      write_type(f, t);
+      write_type(f, t, /*keep_internal=*/true);
     map[std::string(names_.name(id))] = t;
   }
 
@@ -170,7 +170,7 @@ void refine_inferred(const onnx::NodeProto& node, const Facts* in0, std::vector<
   if (in0) keep_rank(node, *in0, inferred);
 }
 
-void infer_facts(const onnx::GraphProto& g, const std::unordered_map<std::string, int>& opsets, const NameScope& names,
+void infer_facts(const onnx::GraphProto& g, const std::unordered_map<std::string, int>& opsets, NameScope& names,
                  const NodeValueIds& node_ids, FactTable& table) {
   std::unordered_map<std::string, const onnx::TensorProto*> data;
   std::unordered_map<std::string, const onnx::SparseTensorProto*> sparse;
@@ -209,12 +209,21 @@ void infer_facts(const onnx::GraphProto& g, const std::unordered_map<std::string
     const onnx::ValueInfoProto* d =
         id >= 0 && static_cast<size_t>(id) < declared.size() ? declared[static_cast<size_t>(id)] : nullptr;
     const bool inferred_typed = f.dtype != 0 || other;
-    if (d && d->has_type() && (!inferred_typed || (!other && !f.has_shape && has_rank(d->type()))))
-      table.set_type(id, unconfirmed_declaration(d->type()));
-    else if (other)
+    if (d && d->has_type() && (!inferred_typed || (!other && !f.has_shape && has_rank(d->type())))) {
+      const onnx::TypeProto t = unconfirmed_declaration(d->type());
+      if (!t.has_tensor_type()) {
+        table.set_type(id, t);
+      } else {
+        Facts df = facts_from_type(t);
+        name_unknown_dims(df, names);
+        table.set(id, std::move(df));
+      }
+    } else if (other) {
       table.set_type(id, *other);
-    else
+    } else {
+      name_unknown_dims(f, names);
       table.set(id, std::move(f));
+    }
     onnx_types.defined(id);
   };
   SchemaCache schemas;

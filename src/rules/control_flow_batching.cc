@@ -46,7 +46,7 @@ std::optional<onnx::GraphProto> batched_body(const BatchCtx& c, onnx::ModelProto
   VmapOptions opt;
   opt.in_axes_form = VmapOptions::InAxesForm::kByName;
   for (const auto& n : batched) opt.in_axes_by_name[n] = 0;
-  if (c.batch_dim.symbolic()) opt.axis_name = std::string(c.batch_dim.param());
+  if (c.batch_dim.symbolic() && !c.batch_dim.internal()) opt.axis_name = std::string(c.batch_dim.param());
   try {
     onnx::ModelProto r = vmap(std::move(model), opt);
     return std::move(*r.mutable_graph());
