@@ -914,6 +914,9 @@ V Builder::reshape(V x, V shape, bool allowzero) {
   if (const V source = shape_source(shape); source.valid() && allowzero && facts(source).has_shape)
     return op1_known("Reshape", {x, shape}, attrs, Facts::of(dtype, Dims(facts(source).dims)));
   V y = op1("Reshape", {x, shape}, attrs);
+  // ONNX's inference reads the shape's propagated data (symbolic dims from a Shape node): what
+  // it found is at least the rank below.
+  if (facts(y).has_shape) return y;
   Facts f;
   f.dtype = dtype;
   const Facts& sf = facts(shape);
@@ -946,6 +949,7 @@ V Builder::expand(V x, V shape) {
     if (auto dims = broadcast_dims(xf.dims, facts(source).dims))
       return op1_known("Expand", {x, shape}, {}, Facts::of(xf.dtype, std::move(*dims)));
   V y = op1("Expand", {x, shape});
+  if (facts(y).has_shape) return y;  // (as in reshape)
   Facts f;
   f.dtype = facts(x).dtype;
   const Facts& sf = facts(shape);

@@ -252,10 +252,7 @@ Vs reshape_back(TransposeCtx& c) {
   Vs out(c.ins.size());
   // The shape is exact (it may contain 0 for empty dims), so 0 must not mean "copy".
   const V shape = tangent_shape(c, c.in(0));
-  // A constant shape: the helper knows the dims. A run-time one: ONNX's inference, which
-  // propagates a Shape node's symbolic dims.
-  out[0] = c.b.known_i64(shape) ? c.b.reshape(c.ct(), shape, true)
-                                : c.b.op1("Reshape", {c.ct(), shape}, {Attr::i("allowzero", 1)});
+  out[0] = c.b.reshape(c.ct(), shape, true);
   return out;
 }
 
