@@ -39,4 +39,36 @@ def onnax_validate(source: onnx.ModelProto, model: onnx.ModelProto, feeds: Feeds
         raise AssertionError(f"onnax.testing.validate failed: {detail}")
 
 
+def _read_names(g: onnx.GraphProto, acc: set[str]) -> set[str]:
+    """Every name a node of `g` (or of its subgraphs) reads, and `g`'s outputs."""
+    for n in g.node:
+        acc.update(n.input)
+        for a in n.attribute:
+            if a.type == onnx.AttributeProto.GRAPH:
+                _read_names(a.g, acc)
+            for sub in a.graphs:
+                _read_names(sub, acc)
+    acc.update(o.name for o in g.output)
+    return acc
+
+
+def no_dead_nodes(source: onnx.ModelProto, model: onnx.ModelProto, feeds: Feeds) -> None:
+    """Derivative graphs compute nothing in vain: every node outside the source's own dead
+    ones has an output that a node, a subgraph or a graph output reads."""
+    read = _read_names(model.graph, set())
+    source_read = _read_names(source.graph, set())
+    source_dead = {
+        o for n in source.graph.node for o in n.output if not any(x in source_read for x in n.output if x)
+    }
+    dead = [
+        f"{n.op_type} -> {list(n.output)}"
+        for n in model.graph.node
+        if not any(o in read for o in n.output if o) and not set(n.output) & source_dead
+    ]
+    if dead:
+        raise AssertionError(f"{len(dead)} dead node(s) in the result, e.g. {dead[:3]}")
+
+
 DEFAULT_CHECKS: list[Check] = [checker, strict_shape_inference]
+# Reverse and forward mode drop what they compute in vain (vmap still leaves a few constants).
+AUTODIFF_CHECKS: list[Check] = [no_dead_nodes]

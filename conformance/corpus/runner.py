@@ -246,7 +246,8 @@ def run_case(
         return row
     try:
         feeds = feeds_for(transform, source, result, m, arrays)
-        for check in [*checks.DEFAULT_CHECKS, *extra_checks]:
+        autodiff = transform in ("grad", "jvp", "vjp", "jvp_grad")
+        for check in [*checks.DEFAULT_CHECKS, *(checks.AUTODIFF_CHECKS if autodiff else []), *extra_checks]:
             check(source, result, feeds)
         sess = session(result)
         actual = sess.run(None, feeds)

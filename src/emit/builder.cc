@@ -472,6 +472,7 @@ Vs Builder::emit(std::string_view type, const Vs& inputs, const Attrs& attrs, in
   }
   if (!for_tape) name_node(n, num_outputs > 0 ? &first_output : nullptr);
   finish(*n, inputs, outs, recorded);
+  if (!for_tape) record_emitted(n, inputs);
   return outs;
 }
 
@@ -502,6 +503,7 @@ V Builder::op_named(std::string_view type, const Vs& inputs, const Attrs& attrs,
   V out = add_value(interned(output_name), Facts{});
   name_node(n);
   finish(*n, inputs, {out});
+  record_emitted(n, inputs);
   return out;
 }
 
@@ -579,6 +581,7 @@ Vs Builder::clone(const onnx::NodeProto& node, const Vs& inputs, const Attrs& ov
   }
   if (!for_tape) name_node(n);
   finish(*n, inputs, outs);
+  if (!for_tape) record_emitted(n, inputs);
   return outs;
 }
 
@@ -689,7 +692,7 @@ V Builder::tensor_const(const onnx::TensorProto& t) {
   V v = add_value(nm, f);
   values_[static_cast<size_t>(v.id)].leaf = true;
   finish(*n, {}, {v});
-  constants_.push_back(v);
+  record_emitted(n, {});
   return v;
 }
 
@@ -713,27 +716,62 @@ Vs Builder::name_optional_outputs(const onnx::NodeProto& node, int first,
   return values;
 }
 
-void Builder::drop_unused_constants(const std::function<bool(std::string_view)>& still_read) {
-  std::vector<int> dead;  // node indices, ascending (constants are made in order)
-  for (V v : constants_) {
-    const bool read = static_cast<size_t>(v.id) < uses_.size() && uses_[static_cast<size_t>(v.id)] > 0;
-    if (!read && !still_read(name(v))) dead.push_back(values_[static_cast<size_t>(v.id)].producer);
+void Builder::record_emitted(const onnx::NodeProto* n, const Vs& inputs) {
+  const int index = out_.node_size() - 1;
+  if (index < 0 || &out_.node(index) != n) return;  // (bound for the tape)
+  if (emitted_.size() <= static_cast<size_t>(index)) emitted_.resize(static_cast<size_t>(index) + 1);
+  emitted_[static_cast<size_t>(index)] = {static_cast<uint32_t>(emitted_inputs_.size()),
+                                          static_cast<uint32_t>(inputs.size())};
+  for (V v : inputs) emitted_inputs_.push_back(v.id);
+}
+
+void Builder::drop_dead_nodes(const std::function<bool(std::string_view)>& still_read) {
+  const size_t node_count = static_cast<size_t>(out_.node_size());
+  emitted_.resize(node_count);
+  if (uses_.size() < values_.size()) uses_.resize(values_.size(), 0);
+  // Per node, its outputs something reads (only zero-use values are looked up by name).
+  std::vector<uint32_t> live(node_count, 0);
+  auto read_by_name = [&](size_t v) { return still_read(values_[v].name); };
+  for (size_t v = 0; v < values_.size(); ++v) {
+    const int32_t p = values_[v].producer;
+    if (p >= 0 && emitted_[static_cast<size_t>(p)].begin != EmittedInputs::kNone && (uses_[v] > 0 || read_by_name(v)))
+      ++live[static_cast<size_t>(p)];
   }
-  if (dead.empty()) return;
-  std::sort(dead.begin(), dead.end());
+  // Readers come after what they read: from the last node back, a node is dead when nothing
+  // live reads it, and its inputs lose a reader.
+  std::vector<char> dead(node_count, 0);
+  bool any = false;
+  for (size_t k = node_count; k-- > 0;) {
+    const EmittedInputs& e = emitted_[k];
+    if (e.begin == EmittedInputs::kNone || live[k] > 0) continue;
+    dead[k] = 1;
+    any = true;
+    for (uint32_t i = e.begin; i < e.begin + e.count; ++i) {
+      const int32_t id = emitted_inputs_[i];
+      if (id < 0 || --uses_[static_cast<size_t>(id)] > 0) continue;
+      const int32_t p = values_[static_cast<size_t>(id)].producer;
+      if (p >= 0 && live[static_cast<size_t>(p)] > 0 && !read_by_name(static_cast<size_t>(id)))
+        --live[static_cast<size_t>(p)];
+    }
+  }
+  if (!any) return;
+  std::vector<int32_t> new_index(node_count, kDropped);
   auto* nodes = out_.mutable_node();
   int kept = 0;
-  size_t next_dead = 0;
-  for (int i = 0; i < nodes->size(); ++i) {
-    if (next_dead < dead.size() && dead[next_dead] == i) {
-      ++next_dead;
-      continue;
-    }
-    if (kept != i) nodes->SwapElements(kept, i);
-    ++kept;
+  for (size_t i = 0; i < node_count; ++i) {
+    if (dead[i]) continue;
+    if (kept != static_cast<int>(i)) nodes->SwapElements(kept, static_cast<int>(i));
+    new_index[i] = kept++;
   }
   nodes->DeleteSubrange(kept, nodes->size() - kept);
-  constants_.clear();  // (node indices are stale now)
+  for (size_t v = 0; v < values_.size(); ++v)
+    if (int32_t& p = values_[v].producer; p >= 0) p = new_index[static_cast<size_t>(p)];
+  std::vector<int> subgraph_nodes;
+  for (int k : subgraph_nodes_)
+    if (new_index[static_cast<size_t>(k)] >= 0) subgraph_nodes.push_back(new_index[static_cast<size_t>(k)]);
+  subgraph_nodes_ = std::move(subgraph_nodes);
+  emitted_.clear();  // (by the old indices)
+  emitted_inputs_.clear();
 }
 
 const std::vector<int64_t>* Builder::known_i64(V v) const {

@@ -208,11 +208,15 @@ class Builder {
   void rename(V v, const std::string& new_name, int first_node);
   // Renames several values in one pass over the whole graph (old name -> new name).
   void rename_all(const std::vector<std::pair<V, std::string>>& renames);
-  // Removes the Constant nodes this builder made that no graph node reads and `still_read`
-  // (graph outputs, names read inside subgraphs) does not name: constants only tape nodes
-  // read (a Softmax's axis for its tangent's ReduceSum). ONNX Runtime warns about each one
-  // left in. Call it last: node indices change.
-  void drop_unused_constants(const std::function<bool(std::string_view)>& still_read);
+  // Removes the nodes this builder made (not the source nodes it copied) whose outputs no graph
+  // node reads and `still_read` (graph outputs, names read inside subgraphs) does not name;
+  // then the nodes only those read, and so on. Such nodes are what tape nodes alone read (a
+  // Softmax's axis, a Shape a transpose then found constant) and the parts of a function's
+  // expansion the derivative does not need; ONNX Runtime warns about each dead constant.
+  // Call it last: node indices change (subgraph_nodes() follows).
+  void drop_dead_nodes(const std::function<bool(std::string_view)>& still_read);
+  // Whether drop_dead_nodes removed the node that made `v`.
+  bool dropped(V v) const { return v.valid() && values_[static_cast<size_t>(v.id)].producer == kDropped; }
   // Indices of emitted graph nodes that carry subgraphs (If/Loop/Scan bodies), whose nodes may
   // read this graph's values by name.
   const std::vector<int>& subgraph_nodes() const { return subgraph_nodes_; }
@@ -253,6 +257,7 @@ class Builder {
   void remember_tensor(const std::string& name, const onnx::TensorProto& t);
 
  private:
+  static constexpr int32_t kDropped = -2;
   // A value's facts are its own (an index into facts_), shared (a pointer, possibly with a
   // leading dim to add), or unknown. Most values of a large vmap are shared, so the builder
   // neither copies nor stores their facts.
@@ -263,7 +268,7 @@ class Builder {
     bool with_lead = false;
     mutable int32_t own = -1;  // set on first read of a shared value with a lead
     bool leaf = false;         // not computed by this builder: existing() or a constant
-    int32_t producer = -1;     // index in the graph of the node that made it (-1: existing, or on the tape)
+    int32_t producer = -1;     // index in the graph of the node that made it (-1: existing, or on the tape; kDropped)
     int32_t tape_index = -1;   // index in the tape of the node that made it (-1: none)
   };
   // (`recorded`: see finish.)
@@ -345,7 +350,18 @@ class Builder {
   std::vector<V> witness_;         // by value id (invalid: none)
   std::vector<V> shape_sources_;   // by value id (invalid: none); see shape_source
   std::vector<uint32_t> uses_;     // by value id: how many graph nodes read it (not tape nodes)
-  std::vector<V> constants_;       // the values tensor_const made, in order
+  // The graph nodes this builder made, by node index: where their inputs' ids start in
+  // emitted_inputs_ (source nodes it copied have no entry), for drop_dead_nodes.
+  struct EmittedInputs {
+    static constexpr uint32_t kNone = UINT32_MAX;
+    uint32_t begin = kNone;
+    uint32_t count = 0;
+  };
+  std::vector<EmittedInputs> emitted_;
+  std::vector<int32_t> emitted_inputs_;
+  // Records the node just appended to the graph, `n`, as made by this builder (a no-op if it
+  // went to the tape).
+  void record_emitted(const onnx::NodeProto* n, const Vs& inputs);
   std::vector<int> subgraph_nodes_;
   const onnx::NodeProto* source_names_node_ = nullptr;
   NodePtr* source_owner_ = nullptr;

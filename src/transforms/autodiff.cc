@@ -510,14 +510,14 @@ void differentiate_graph(Prepared& p, Mode mode, const Selection& sel) {
 
   b.rename_all(renames);
   {
-    // Constants only tape nodes read (a Softmax's axis for its tangent's ReduceSum) are dead in
-    // the result; those a graph output or a subgraph names stay.
+    // Nodes only tape nodes read (a Softmax's axis for its tangent's ReduceSum) are dead in the
+    // result; those a graph output or a subgraph names stay.
     std::unordered_set<std::string> still_read;
     for (const auto& o : src->output()) still_read.insert(o.name());
     for (const auto& vi : new_outputs) still_read.insert(vi.name());
     for (int k : b.subgraph_nodes())
       for (auto& read : outer_scope_reads(out.node(k))) still_read.insert(std::move(read));
-    b.drop_unused_constants([&](std::string_view n) { return still_read.count(std::string(n)) > 0; });
+    b.drop_dead_nodes([&](std::string_view n) { return still_read.count(std::string(n)) > 0; });
   }
   for (const auto& vi : src->input()) *out.add_input() = vi;
   for (auto& vi : new_inputs) *out.add_input() = std::move(vi);
@@ -531,7 +531,7 @@ void differentiate_graph(Prepared& p, Mode mode, const Selection& sel) {
   take_initializers(p, out);
   for (const auto& vi : src->value_info()) *out.add_value_info() = consistent_value_info(vi, facts(vi.name()));
   for (V v : b.declared())
-    if (b.facts(v).dtype) *out.add_value_info() = value_info_like(std::string(b.name(v)), b.facts(v));
+    if (b.facts(v).dtype && !b.dropped(v)) *out.add_value_info() = value_info_like(std::string(b.name(v)), b.facts(v));
   onnx::ModelProto& result = *p.model;
   *result.mutable_graph() = std::move(out);
 
