@@ -22,6 +22,14 @@ BatchResult reduce_input_axes_rule(BatchCtx& c) {
   bool axes_empty = !c.has(1) || (k && k->empty());
   if (axes_empty) {
     if (noop_empty) return all_batched(c.b.clone(c.node, ins));
+    if (c.rank(0) == 0) {
+      // Every axis of a scalar is none: reduce a unit axis put after the batch axis instead (an
+      // empty axes list would sum over the batch). keepdims keeps a scalar a scalar.
+      ins.resize(2);
+      ins[0] = c.b.unsqueeze(c.in[0], {1});
+      ins[1] = c.b.i64s({1});
+      return all_batched(c.b.clone(c.node, ins, {Attr::i("keepdims", 0)}));
+    }
     ins.resize(2);
     ins[1] = c.b.i64s(all_axes_after_batch(c.rank(0)));
   } else if (!k) {
