@@ -426,10 +426,13 @@ static bool reusable(std::string_view type, const Attrs& attrs) {
 Vs Builder::op(std::string_view type, const Vs& inputs, const Attrs& attrs, int num_outputs) {
   // A primal computation emitted again (e.g. the transpose of a weight shared by many layers,
   // once per use in reverse mode) returns the first one's outputs instead of a copy.
+  // Axis shuffles of any primal value too: the transposes of one node's tangent terms each
+  // unsqueeze or transpose the same cotangent (a 1-D MatMul's weight and activation).
   bool cacheable = reuse_ && !inputs.empty() && reusable(type, attrs);
+  const bool shuffle = type == "Unsqueeze" || type == "Squeeze" || type == "Transpose";
   for (size_t i = 0; cacheable && i < inputs.size(); ++i) {
     const V v = inputs[i];
-    cacheable = !v.valid() || (values_[static_cast<size_t>(v.id)].leaf && !tangent(v));
+    cacheable = !v.valid() || ((shuffle || values_[static_cast<size_t>(v.id)].leaf) && !tangent(v));
   }
   if (cacheable) {
     op_key_.assign(type);

@@ -279,6 +279,10 @@ void register_elementwise_derivatives(DerivativeRules& r) {
   rr.jvp("Sub", [](D& c) -> Vs { return {c.like_out(c.b.sub(c.t(0), c.t(1)))}; });
   // (Each product term has the output's shape: its primal twin is the output.)
   rr.jvp("Mul", [](D& c) -> Vs {
+    // A square x * x: t * (x + x), one linear node (reverse mode then computes ct * x once),
+    // and the same bits as t * x + x * t.
+    if (c.x(0).valid() && c.x(0).id == c.x(1).id && c.t(0).valid())
+      return {c.like_out(c.term(c.b.mul(c.t(0), c.b.op1("Add", {c.x(0), c.x(0)}))))};
     return {c.like_out(c.b.add(c.term(c.b.mul(c.t(0), c.x(1))), c.term(c.b.mul(c.x(0), c.t(1)))))};
   });
   rr.jvp("Div", [](D& c) -> Vs {

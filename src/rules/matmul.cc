@@ -204,9 +204,8 @@ Vs matmul_transpose(TransposeCtx& c) {
     }
   }
   // Treat 1-D operands as matrices, as MatMul does, and restore the cotangent's axes.
-  // Only the primal operand is materialised (the tangent exists only on the tape).
-  V a2 = c.linear(0) ? a : ra == 1 ? b.unsqueeze(a, {0}) : a;
-  V m2 = c.linear(1) ? m : rb == 1 ? b.unsqueeze(m, {1}) : m;
+  // Only the primal operand is materialised (the tangent exists only on the tape); a 1-D one
+  // is unsqueezed straight into the transposed matrix (a row or a column).
   if (ra == 1 && rb == 1)
     ct = b.unsqueeze(ct, {0, 1});
   else if (ra == 1)
@@ -214,11 +213,12 @@ Vs matmul_transpose(TransposeCtx& c) {
   else if (rb == 1)
     ct = b.unsqueeze(ct, {-1});
   if (lin == 0) {
-    V g = b.op1("MatMul", {ct, swap_last(b, m2)});
+    V g = b.op1("MatMul", {ct, rb == 1 ? b.unsqueeze(m, {0}) : swap_last(b, m)});
     if (ra == 1) g = b.squeeze(g, {-2});
     out[0] = unbroadcast_to(b, g, a);
   } else {
-    V g = b.op1("MatMul", {swap_last(b, a2), ct});
+    // (A 1-D activation as a column directly, not a row then transposed.)
+    V g = b.op1("MatMul", {ra == 1 ? b.unsqueeze(a, {1}) : swap_last(b, a), ct});
     if (rb == 1) g = b.squeeze(g, {-1});
     out[1] = unbroadcast_to(b, g, m);
   }
