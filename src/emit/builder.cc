@@ -100,7 +100,7 @@ const Facts& Builder::facts(V v) const {
 }
 
 void Builder::set_facts(V v, Facts f) {
-  name_unknown_dims(f, value_names_);
+  name_unknown_dims_if_any(f, value_names_);
   Value& value = values_[static_cast<size_t>(v.id)];
   value.shared = nullptr;
   if (value.own >= 0)
@@ -722,7 +722,7 @@ Vs Builder::name_optional_outputs(const onnx::NodeProto& node, int first,
 void Builder::record_emitted(const onnx::NodeProto* n, const Vs& inputs) {
   const int index = out_.node_size() - 1;
   if (index < 0 || &out_.node(index) != n) return;  // (bound for the tape)
-  if (emitted_.size() <= static_cast<size_t>(index)) emitted_.resize(static_cast<size_t>(index) + 1);
+  if (emitted_.size() <= static_cast<size_t>(index)) emitted_.resize(static_cast<size_t>(index) + 1 + index / 2);
   emitted_[static_cast<size_t>(index)] = {static_cast<uint32_t>(emitted_inputs_.size()),
                                           static_cast<uint32_t>(inputs.size())};
   for (V v : inputs) emitted_inputs_.push_back(v.id);

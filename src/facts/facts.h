@@ -42,6 +42,11 @@ Facts facts_from_type(const onnx::TypeProto& type);
 // Reshape to [-1, features] before every Dense layer would otherwise make each broadcast in its
 // gradient a run-time decision. An unknown dim claims nothing; nor does a fresh symbol.
 void name_unknown_dims(Facts& facts, NameScope& scope);
+// (Inline: called for every fact a builder records, most of which have no unknown dim.)
+inline void name_unknown_dims_if_any(Facts& facts, NameScope& scope) {
+  for (const Dim& d : facts.dims)
+    if (d == Dim{}) return name_unknown_dims(facts, scope);
+}
 // What ONNX's per-node inference leaves out, added to its result `inferred` (one entry per
 // output): a Loop's or Scan's outputs from its body's declarations (state keeps its rank; a
 // Loop's scan outputs are the body's type with a leading dim), and the rank of input 0 (`in0`,
