@@ -52,23 +52,39 @@ def _read_names(g: onnx.GraphProto, acc: set[str]) -> set[str]:
     return acc
 
 
-def no_dead_nodes(source: onnx.ModelProto, model: onnx.ModelProto, feeds: Feeds) -> None:
-    """Derivative graphs compute nothing in vain: every node outside the source's own dead
-    ones has an output that a node, a subgraph or a graph output reads."""
+def _dead_nodes(source: onnx.ModelProto, model: onnx.ModelProto, only: str | None = None) -> list[str]:
+    """The result's nodes (of type `only`, when given) that nothing reads, other than the
+    source's own dead ones."""
     read = _read_names(model.graph, set())
     source_read = _read_names(source.graph, set())
     source_dead = {
         o for n in source.graph.node for o in n.output if not any(x in source_read for x in n.output if x)
     }
-    dead = [
+    return [
         f"{n.op_type} -> {list(n.output)}"
         for n in model.graph.node
-        if not any(o in read for o in n.output if o) and not set(n.output) & source_dead
+        if (only is None or n.op_type == only)
+        and not any(o in read for o in n.output if o)
+        and not set(n.output) & source_dead
     ]
+
+
+def no_dead_nodes(source: onnx.ModelProto, model: onnx.ModelProto, feeds: Feeds) -> None:
+    """Derivative graphs compute nothing in vain: every node outside the source's own dead
+    ones has an output that a node, a subgraph or a graph output reads."""
+    dead = _dead_nodes(source, model)
     if dead:
         raise AssertionError(f"{len(dead)} dead node(s) in the result, e.g. {dead[:3]}")
 
 
-DEFAULT_CHECKS: list[Check] = [checker, strict_shape_inference]
-# Reverse and forward mode drop what they compute in vain (vmap still leaves a few constants).
+def no_dead_constants(source: onnx.ModelProto, model: onnx.ModelProto, feeds: Feeds) -> None:
+    """No Constant the transform left unread (ONNX Runtime warns about each one)."""
+    dead = _dead_nodes(source, model, only="Constant")
+    if dead:
+        raise AssertionError(f"{len(dead)} dead Constant node(s) in the result, e.g. {dead[:3]}")
+
+
+DEFAULT_CHECKS: list[Check] = [checker, strict_shape_inference, no_dead_constants]
+# Reverse and forward mode drop everything they compute in vain (vmap may leave a dead
+# non-constant node, e.g. the reshape of a MaxPool output only its indices are read of).
 AUTODIFF_CHECKS: list[Check] = [no_dead_nodes]

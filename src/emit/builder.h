@@ -215,6 +215,16 @@ class Builder {
   // expansion the derivative does not need; ONNX Runtime warns about each dead constant.
   // Call it last: node indices change (subgraph_nodes() follows).
   void drop_dead_nodes(const std::function<bool(std::string_view)>& still_read);
+  // Graph-node reads of `v` so far (those of nodes this builder emitted or was told of).
+  uint32_t reads(V v) const {
+    return v.valid() && static_cast<size_t>(v.id) < uses_.size() ? uses_[static_cast<size_t>(v.id)] : 0;
+  }
+  // Counts a read of `v` by a node that did not go through the builder (an adopted one).
+  void count_read(V v) {
+    if (!v.valid()) return;
+    if (static_cast<size_t>(v.id) >= uses_.size()) uses_.resize(values_.size(), 0);
+    ++uses_[static_cast<size_t>(v.id)];
+  }
   // Whether drop_dead_nodes removed the node that made `v`.
   bool dropped(V v) const { return v.valid() && values_[static_cast<size_t>(v.id)].producer == kDropped; }
   // Indices of emitted graph nodes that carry subgraphs (If/Loop/Scan bodies), whose nodes may

@@ -7,7 +7,9 @@
 #include <cstring>
 #include <map>
 #include <set>
+#include <string_view>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "check/node_check.h"
 #include "diagnostics/error.h"
@@ -105,6 +107,33 @@ std::vector<int64_t> move_axis_perm(int64_t from, int64_t to, int64_t rank) {
     if (i != from) perm.push_back(i);
   perm.insert(perm.begin() + to, from);
   return perm;
+}
+
+// Removes the source's Constant nodes that the result no longer reads: the rules read their
+// values (axes, shapes) and emit shifted copies, which left the originals dead, and ONNX
+// Runtime warns about each one. `constants` are their outputs; a graph output or a name a
+// subgraph reads keeps one.
+void drop_replaced_constants(onnx::GraphProto& g, const Builder& b, const std::vector<V>& constants) {
+  std::unordered_set<std::string_view> dead;
+  for (V v : constants)
+    if (b.reads(v) == 0) dead.insert(b.name(v));
+  if (dead.empty()) return;
+  for (const auto& o : g.output()) dead.erase(o.name());
+  std::vector<std::string> outer;
+  for (const auto& n : g.node())
+    if (has_subgraphs(n))
+      for (auto& r : outer_scope_reads(n)) outer.push_back(std::move(r));
+  for (const auto& r : outer) dead.erase(r);
+  if (dead.empty()) return;
+  auto* nodes = g.mutable_node();
+  int kept = 0;
+  for (int i = 0; i < nodes->size(); ++i) {
+    const onnx::NodeProto& n = nodes->Get(i);
+    if (n.op_type() == "Constant" && n.output_size() == 1 && dead.count(n.output(0))) continue;
+    if (kept != i) nodes->SwapElements(kept, i);
+    ++kept;
+  }
+  nodes->DeleteSubrange(kept, nodes->size() - kept);
 }
 
 }  // namespace
@@ -270,6 +299,7 @@ void vmap_prepared(Prepared& p, const VmapOptions& opt) {
   const int node_count = src_graph->node_size();
   out_graph.mutable_node()->Reserve(node_count);  // most nodes pass through one to one
   std::vector<NodePtr> owned = take_nodes(p);
+  std::vector<V> shared_constants;  // outputs of the source's Constant nodes, copied unchanged
   for (int ni = 0; ni < node_count; ++ni) {
     const onnx::NodeProto& node = owned.empty() ? src_graph->node(ni) : *owned[static_cast<size_t>(ni)];
     bool any_batched = false;
@@ -309,7 +339,14 @@ void vmap_prepared(Prepared& p, const VmapOptions& opt) {
         // Rules read per-example facts from the fact table; shared values need none here.
         outs.emplace_back(output_ids[oi], b.existing_id(name_id, nullptr));
       }
-      if (auto t = constant_tensor(*copy)) remember_tensor(*t);
+      if (auto t = constant_tensor(*copy)) {
+        remember_tensor(*t);
+        if (!outs.empty()) shared_constants.push_back(outs[0].second);
+      }
+      // (Reads of adopted nodes count too: a constant only they read is not dead.)
+      for (const Mapped* m : in_mapped)
+        if (m) b.count_read(m->v);
+      for (const auto& r : reads) b.count_read(r.v);
       b.adopt_node(std::move(copy));
       for (auto& [id, v] : outs) bind_id(id, Mapped{v, false});
       continue;
@@ -480,6 +517,7 @@ void vmap_prepared(Prepared& p, const VmapOptions& opt) {
 
   for (auto& vi : new_inputs) *out_graph.add_input() = std::move(vi);
   for (auto& vi : new_outputs) *out_graph.add_output() = std::move(vi);
+  drop_replaced_constants(out_graph, b, shared_constants);
   *out_graph.mutable_quantization_annotation() = src_graph->quantization_annotation();
   take_initializers(p, out_graph);
   // Value info stays valid only for values that kept their name and stayed unbatched.
