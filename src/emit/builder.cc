@@ -426,10 +426,11 @@ static bool reusable(std::string_view type, const Attrs& attrs) {
 Vs Builder::op(std::string_view type, const Vs& inputs, const Attrs& attrs, int num_outputs) {
   // A primal computation emitted again (e.g. the transpose of a weight shared by many layers,
   // once per use in reverse mode) returns the first one's outputs instead of a copy.
-  // Axis shuffles of any primal value too: the transposes of one node's tangent terms each
-  // unsqueeze or transpose the same cotangent (a 1-D MatMul's weight and activation).
+  // Unsqueeze/Squeeze of any primal value too: the transposes of one node's tangent terms each
+  // unsqueeze the same cotangent (a 1-D MatMul's weight and activation). (Not Transpose: its
+  // perm makes the key cost a serialization, about 2% of an exported transformer's grad.)
   bool cacheable = reuse_ && !inputs.empty() && reusable(type, attrs);
-  const bool shuffle = type == "Unsqueeze" || type == "Squeeze" || type == "Transpose";
+  const bool shuffle = attrs.empty() && (type == "Unsqueeze" || type == "Squeeze");
   for (size_t i = 0; cacheable && i < inputs.size(); ++i) {
     const V v = inputs[i];
     cacheable = !v.valid() || ((shuffle || values_[static_cast<size_t>(v.id)].leaf) && !tangent(v));
