@@ -16,6 +16,9 @@ namespace {
 BatchResult matmul_rule(BatchCtx& c) {
   int64_t ra = c.rank(0), rb = c.rank(1);
   V a = c.in[0], bm = c.in[1];
+  // A batch of vectors times a shared matrix or vector is a matrix product as it stands:
+  // [B, K] @ [K, N] is [B, N], [B, K] @ [K] is [B].
+  if (ra == 1 && c.batched[0] && !c.batched[1] && rb <= 2) return all_batched(c.b.clone(c.node, {a, bm}));
   bool squeeze_m = false, squeeze_n = false;
   if (ra == 1 && c.batched[0]) {
     a = c.b.unsqueeze(a, {-2});
@@ -202,6 +205,16 @@ Vs matmul_transpose(TransposeCtx& c) {
       out[1] = b.op1("MatMul", {b.transpose(rows, {1, 0}), ct_rows});
       return out;
     }
+  }
+  // A vector times a matrix: the cotangents are products with a vector as they stand (MatMul
+  // treats a 1-D operand as a row or a column), so no axis is added and removed.
+  if (lin == 0 && ra == 1 && rb == 2) {
+    out[0] = b.op1("MatMul", {ct, swap_last(b, m)});  // ct [N] @ m^T [N, K]
+    return out;
+  }
+  if (lin == 1 && ra == 2 && rb == 1) {
+    out[1] = b.op1("MatMul", {swap_last(b, a), ct});  // a^T [K, M] @ ct [M]
+    return out;
   }
   // Treat 1-D operands as matrices, as MatMul does, and restore the cotangent's axes.
   // Only the primal operand is materialised (the tangent exists only on the tape); a 1-D one
