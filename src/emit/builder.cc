@@ -697,6 +697,7 @@ V Builder::tensor_const(const onnx::TensorProto& t) {
   values_[static_cast<size_t>(v.id)].leaf = true;
   finish(*n, {}, {v});
   record_emitted(n, {});
+  constants_.push_back(v);
   return v;
 }
 

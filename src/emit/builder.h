@@ -219,6 +219,8 @@ class Builder {
   uint32_t reads(V v) const {
     return v.valid() && static_cast<size_t>(v.id) < uses_.size() ? uses_[static_cast<size_t>(v.id)] : 0;
   }
+  // The values of the Constant nodes tensor_const made, in order.
+  const std::vector<V>& constants() const { return constants_; }
   // Counts a read of `v` by a node that did not go through the builder (an adopted one).
   void count_read(V v) {
     if (!v.valid()) return;
@@ -368,6 +370,7 @@ class Builder {
     uint32_t count = 0;
   };
   std::vector<EmittedInputs> emitted_;
+  std::vector<V> constants_;  // see constants()
   std::vector<int32_t> emitted_inputs_;
   // Records the node just appended to the graph, `n`, as made by this builder (a no-op if it
   // went to the tape).

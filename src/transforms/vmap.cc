@@ -109,10 +109,10 @@ std::vector<int64_t> move_axis_perm(int64_t from, int64_t to, int64_t rank) {
   return perm;
 }
 
-// Removes the source's Constant nodes that the result no longer reads: the rules read their
-// values (axes, shapes) and emit shifted copies, which left the originals dead, and ONNX
-// Runtime warns about each one. `constants` are their outputs; a graph output or a name a
-// subgraph reads keeps one.
+// Removes the Constant nodes that the result does not read: the source's, whose values (axes,
+// shapes) the rules read to emit shifted copies, and the builder's own that a rule made and
+// then did not use. ONNX Runtime warns about each one. `constants` are their outputs; a graph
+// output or a name a subgraph reads keeps one.
 void drop_replaced_constants(onnx::GraphProto& g, const Builder& b, const std::vector<V>& constants) {
   std::unordered_set<std::string_view> dead;
   for (V v : constants)
@@ -517,6 +517,7 @@ void vmap_prepared(Prepared& p, const VmapOptions& opt) {
 
   for (auto& vi : new_inputs) *out_graph.add_input() = std::move(vi);
   for (auto& vi : new_outputs) *out_graph.add_output() = std::move(vi);
+  shared_constants.insert(shared_constants.end(), b.constants().begin(), b.constants().end());
   drop_replaced_constants(out_graph, b, shared_constants);
   *out_graph.mutable_quantization_annotation() = src_graph->quantization_annotation();
   take_initializers(p, out_graph);
