@@ -39,24 +39,22 @@ def onnax_validate(source: onnx.ModelProto, model: onnx.ModelProto, feeds: Feeds
         raise AssertionError(f"onnax.testing.validate failed: {detail}")
 
 
-def _read_names(g: onnx.GraphProto, acc: set[str]) -> set[str]:
-    """Every name a node of `g` (or of its subgraphs) reads, and `g`'s outputs."""
-    for n in g.node:
-        acc.update(n.input)
-        for a in n.attribute:
-            if a.type == onnx.AttributeProto.GRAPH:
-                _read_names(a.g, acc)
-            for sub in a.graphs:
-                _read_names(sub, acc)
-    acc.update(o.name for o in g.output)
+def _read_names(graph: onnx.GraphProto) -> set[str]:
+    """Every name a node of `graph` (or of its subgraphs) reads, and the graphs' outputs."""
+    from onnax.testing._models import graphs
+
+    acc: set[str] = set()
+    for g in graphs(graph):
+        acc.update(i for n in g.node for i in n.input)
+        acc.update(o.name for o in g.output)
     return acc
 
 
 def _dead_nodes(source: onnx.ModelProto, model: onnx.ModelProto, only: str | None = None) -> list[str]:
     """The result's nodes (of type `only`, when given) that nothing reads, other than the
     source's own dead ones."""
-    read = _read_names(model.graph, set())
-    source_read = _read_names(source.graph, set())
+    read = _read_names(model.graph)
+    source_read = _read_names(source.graph)
     source_dead = {
         o for n in source.graph.node for o in n.output if not any(x in source_read for x in n.output if x)
     }

@@ -730,6 +730,8 @@ void Builder::record_emitted(const onnx::NodeProto* n, const Vs& inputs) {
   for (V v : inputs) emitted_inputs_.push_back(v.id);
 }
 
+// (Source nodes adopted unchanged are not counted as readers: they read only source values,
+// which no emitted node makes, so nothing removable loses a reader by it.)
 void Builder::drop_dead_nodes(const std::function<bool(std::string_view)>& still_read) {
   const size_t node_count = static_cast<size_t>(out_.node_size());
   emitted_.resize(node_count);

@@ -55,8 +55,7 @@ class Dim {
   bool same_as(const Dim& o) const { return bits_ != 0 && bits_ == o.bits_; }
 
  private:
-  static constexpr char kInternalMark = '\x1f';
-  friend Dim internal_dim(uint32_t n);  // (no exporter writes a control character into a dim name)
+  static constexpr char kInternalMark = '\x1f';  // (no exporter writes a control character into a dim name)
   explicit Dim(uint64_t bits) : bits_(bits) {}
   uint64_t bits_ = 0;
 };

@@ -203,7 +203,8 @@ void infer_facts(const onnx::GraphProto& g, const std::unordered_map<std::string
   onnx::shape_inference::GraphInferenceContext graph_ctx(onnx_types.all(), opsets, nullptr, {},
                                                          onnx::OpSchemaRegistry::Instance(), &generated);
   // Stores what was inferred for output `id`: a declared type wins where inference found
-  // none, or only a dtype where the declaration gives a rank.
+  // none, or only a dtype where the declaration gives a rank, less its sizes
+  // (unconfirmed_declaration). Unknown dims get symbols of their own (name_unknown_dims).
   auto record = [&](int id, const std::string& name, Facts& f, const onnx::TypeProto* other) {
     if (name.empty()) return;
     const onnx::ValueInfoProto* d =

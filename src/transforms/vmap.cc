@@ -109,14 +109,15 @@ std::vector<int64_t> move_axis_perm(int64_t from, int64_t to, int64_t rank) {
   return perm;
 }
 
-// Removes the Constant nodes that the result does not read: the source's, whose values (axes,
-// shapes) the rules read to emit shifted copies, and the builder's own that a rule made and
-// then did not use. ONNX Runtime warns about each one. `constants` are their outputs; a graph
-// output or a name a subgraph reads keeps one.
-void drop_replaced_constants(onnx::GraphProto& g, const Builder& b, const std::vector<V>& constants) {
+// Removes the Constant nodes that the result does not read: the source's (`source_constants`),
+// whose values (axes, shapes) the rules read to emit shifted copies, and the builder's own that
+// a rule made and then did not use. ONNX Runtime warns about each one. A graph output or a name
+// a subgraph reads keeps one.
+void drop_unread_constants(onnx::GraphProto& g, const Builder& b, const std::vector<V>& source_constants) {
   std::unordered_set<std::string_view> dead;
-  for (V v : constants)
-    if (b.reads(v) == 0) dead.insert(b.name(v));
+  for (const std::vector<V>* constants : {&source_constants, &b.constants()})
+    for (V v : *constants)
+      if (b.reads(v) == 0) dead.insert(b.name(v));
   if (dead.empty()) return;
   for (const auto& o : g.output()) dead.erase(o.name());
   std::vector<std::string> outer;
@@ -517,8 +518,7 @@ void vmap_prepared(Prepared& p, const VmapOptions& opt) {
 
   for (auto& vi : new_inputs) *out_graph.add_input() = std::move(vi);
   for (auto& vi : new_outputs) *out_graph.add_output() = std::move(vi);
-  shared_constants.insert(shared_constants.end(), b.constants().begin(), b.constants().end());
-  drop_replaced_constants(out_graph, b, shared_constants);
+  drop_unread_constants(out_graph, b, shared_constants);
   *out_graph.mutable_quantization_annotation() = src_graph->quantization_annotation();
   take_initializers(p, out_graph);
   // Value info stays valid only for values that kept their name and stayed unbatched.

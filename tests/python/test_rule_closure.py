@@ -14,6 +14,7 @@ import onnax
 import onnx
 import pytest
 from onnax import _core
+from onnax.testing._models import graphs
 from onnx import TensorProto, helper, numpy_helper
 
 F = TensorProto.FLOAT
@@ -187,17 +188,7 @@ CORPUS = {
 
 
 def _ops(model: onnx.ModelProto) -> set[str]:
-    ops: set[str] = set()
-
-    def walk(g: onnx.GraphProto) -> None:
-        for n in g.node:
-            ops.add(n.op_type)
-            for a in n.attribute:
-                if a.type == onnx.AttributeProto.GRAPH:
-                    walk(a.g)
-
-    walk(model.graph)
-    return ops
+    return {n.op_type for g in graphs(model.graph) for n in g.node}
 
 
 def _registries() -> dict[str, set[str]]:

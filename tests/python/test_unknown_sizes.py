@@ -18,6 +18,7 @@ import ad_oracle as ad
 import numpy as np
 import onnx
 import pytest
+from onnax.testing._models import graphs
 from onnx import TensorProto
 from vmap_oracle import node
 
@@ -59,20 +60,13 @@ def dense_mlp(batch_dims: list[Any]) -> onnx.ModelProto:
 
 def internal_symbols(model: onnx.ModelProto) -> list[str]:
     """Dim names a result must not carry (the transform's own symbols for unknown dims)."""
-    found: list[str] = []
-
-    def visit(g: onnx.GraphProto) -> None:
-        for vi in [*g.input, *g.output, *g.value_info]:
-            found.extend(d.dim_param for d in vi.type.tensor_type.shape.dim if "\x1f" in d.dim_param)
-        for n in g.node:
-            for a in n.attribute:
-                if a.type == onnx.AttributeProto.GRAPH:
-                    visit(a.g)
-                for sg in a.graphs:
-                    visit(sg)
-
-    visit(model.graph)
-    return found
+    return [
+        d.dim_param
+        for g in graphs(model.graph)
+        for vi in [*g.input, *g.output, *g.value_info]
+        for d in vi.type.tensor_type.shape.dim
+        if "\x1f" in d.dim_param
+    ]
 
 
 def runtime_broadcast_ops(model: onnx.ModelProto) -> list[str]:

@@ -16,6 +16,7 @@ import onnx
 import pytest
 from onnx import TensorProto
 from vmap_oracle import (
+    REDUCE_OPS,
     Gen,
     InAxes,
     OutAxes,
@@ -455,19 +456,6 @@ _matmul_cases()
 
 
 # ---- reductions ------------------------------------------------------------------------------
-
-REDUCE_OPS = [
-    "ReduceSum",
-    "ReduceMean",
-    "ReduceMax",
-    "ReduceMin",
-    "ReduceProd",
-    "ReduceL1",
-    "ReduceL2",
-    "ReduceLogSum",
-    "ReduceLogSumExp",
-    "ReduceSumSquare",
-]
 
 
 def _reduce_cases() -> None:

@@ -46,6 +46,21 @@ ValueSpec = tuple[str, int, Shape]
 # Model construction
 
 
+# Every Reduce* op (the reductions the rule tests and the scalar-reduction tests cover).
+REDUCE_OPS = [
+    "ReduceSum",
+    "ReduceMean",
+    "ReduceMax",
+    "ReduceMin",
+    "ReduceProd",
+    "ReduceL1",
+    "ReduceL2",
+    "ReduceLogSum",
+    "ReduceLogSumExp",
+    "ReduceSumSquare",
+]
+
+
 def ir_version_for(opset: int) -> int:
     """An IR version ONNX Runtime 1.31 accepts for ``opset`` (newer ones for 27+)."""
     if opset <= 26:

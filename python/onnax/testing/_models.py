@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import os
+from collections.abc import Iterator
 from typing import Any
 
 import onnx
@@ -57,20 +58,20 @@ def default_opset(model: onnx.ModelProto) -> int:
     return opsets(model).get("ai.onnx", 0)
 
 
+def graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
+    """`graph` and every subgraph in it (If/Loop/Scan bodies, nested ones too), depth first."""
+    yield graph
+    for n in graph.node:
+        for a in n.attribute:
+            if a.type == onnx.AttributeProto.GRAPH:
+                yield from graphs(a.g)
+            for sub in a.graphs:
+                yield from graphs(sub)
+
+
 def op_counts(model: onnx.ModelProto) -> dict[str, int]:
     """Operator counts of the main graph (subgraphs counted too: they run as well)."""
-    counts: collections.Counter[str] = collections.Counter()
-
-    def visit(g: onnx.GraphProto) -> None:
-        for n in g.node:
-            counts[n.op_type] += 1
-            for a in n.attribute:
-                if a.type == onnx.AttributeProto.GRAPH:
-                    visit(a.g)
-                for sub in a.graphs:
-                    visit(sub)
-
-    visit(model.graph)
+    counts = collections.Counter(n.op_type for g in graphs(model.graph) for n in g.node)
     return dict(sorted(counts.items()))
 
 
