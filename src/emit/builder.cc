@@ -423,19 +423,67 @@ static bool reusable(std::string_view type, const Attrs& attrs) {
   return true;
 }
 
+// Equal attributes of the kinds reusable nodes carry (tensors and graphs never compare equal).
+static bool same_attribute(const onnx::AttributeProto& a, const onnx::AttributeProto& b) {
+  if (a.name() != b.name() || a.type() != b.type()) return false;
+  auto same_floats = [](float x, float y) { return std::memcmp(&x, &y, sizeof x) == 0; };
+  switch (a.type()) {
+    case onnx::AttributeProto::INT: return a.i() == b.i();
+    case onnx::AttributeProto::FLOAT: return same_floats(a.f(), b.f());
+    case onnx::AttributeProto::STRING: return a.s() == b.s();
+    case onnx::AttributeProto::INTS:
+      return std::equal(a.ints().begin(), a.ints().end(), b.ints().begin(), b.ints().end());
+    case onnx::AttributeProto::FLOATS:
+      return std::equal(a.floats().begin(), a.floats().end(), b.floats().begin(), b.floats().end(), same_floats);
+    case onnx::AttributeProto::STRINGS:
+      return std::equal(a.strings().begin(), a.strings().end(), b.strings().begin(), b.strings().end());
+    default: return false;
+  }
+}
+
+uint64_t Builder::recent_hash(std::string_view type, const Vs& inputs, const Attrs& attrs) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  auto mix = [&](uint64_t x) { h = (h ^ x) * 0x100000001b3ull; };
+  for (char ch : type) mix(static_cast<unsigned char>(ch));
+  for (V v : inputs) mix(static_cast<uint32_t>(v.id));
+  for (const auto& a : attrs) {
+    mix(a.proto.i());
+    for (int64_t x : a.proto.ints()) mix(static_cast<uint64_t>(x));
+  }
+  return h ^ (h >> 29);
+}
+
+V Builder::same_node(uint64_t hash, std::string_view type, const Vs& inputs, const Attrs& attrs) const {
+  if (recent_.empty()) return V{};
+  const Recent& r = recent_[hash & (kRecentSlots - 1)];
+  if (r.node < 0 || r.tag != static_cast<uint32_t>(hash >> 32)) return V{};
+  const EmittedInputs& e = emitted_[static_cast<size_t>(r.node)];
+  if (e.count != inputs.size()) return V{};
+  for (size_t i = 0; i < inputs.size(); ++i)
+    if (emitted_inputs_[e.begin + i] != inputs[i].id) return V{};
+  const onnx::NodeProto& n = out_.node(r.node);
+  if (n.op_type() != type || n.attribute_size() != static_cast<int>(attrs.size())) return V{};
+  for (size_t k = 0; k < attrs.size(); ++k)
+    if (!same_attribute(n.attribute(static_cast<int>(k)), attrs[k].proto)) return V{};
+  return V{r.output};
+}
+
 Vs Builder::op(std::string_view type, const Vs& inputs, const Attrs& attrs, int num_outputs) {
-  // A primal computation emitted again (e.g. the transpose of a weight shared by many layers,
-  // once per use in reverse mode) returns the first one's outputs instead of a copy.
-  // Unsqueeze/Squeeze of any primal value too: the transposes of one node's tangent terms each
-  // unsqueeze the same cotangent (a 1-D MatMul's weight and activation). (Not Transpose: its
-  // perm makes the key cost a serialization, about 2% of an exported transformer's grad.)
+  // With reuse on, a computation emitted again returns the first one's outputs instead of a
+  // copy: the transpose of a weight shared by many layers (once per use in reverse mode), the
+  // sum of one cotangent that a normalization's scale, bias and mean gradients each take.
+  // Nodes on leaves alone are found by a key of their inputs and attributes; others among the
+  // recent nodes (see recent_).
   bool cacheable = reuse_ && !inputs.empty() && reusable(type, attrs);
-  const bool shuffle = attrs.empty() && (type == "Unsqueeze" || type == "Squeeze");
+  bool on_leaves = cacheable;
   for (size_t i = 0; cacheable && i < inputs.size(); ++i) {
     const V v = inputs[i];
-    cacheable = !v.valid() || ((shuffle || values_[static_cast<size_t>(v.id)].leaf) && !tangent(v));
+    cacheable = !tangent(v);
+    on_leaves = on_leaves && (!v.valid() || values_[static_cast<size_t>(v.id)].leaf);
   }
-  if (cacheable) {
+  const bool recent = cacheable && !on_leaves && num_outputs == 1;
+  const uint64_t hash = recent ? recent_hash(type, inputs, attrs) : 0;
+  if (cacheable && on_leaves) {
     op_key_.assign(type);
     op_key_.push_back('\0');
     auto put = [&](int32_t x) { op_key_.append(reinterpret_cast<const char*>(&x), sizeof x); };
@@ -443,9 +491,19 @@ Vs Builder::op(std::string_view type, const Vs& inputs, const Attrs& attrs, int 
     for (V v : inputs) put(v.id);
     for (const auto& a : attrs) a.proto.AppendToString(&op_key_);
     if (auto it = op_cache_.find(op_key_); it != op_cache_.end()) return it->second;
+  } else if (recent) {
+    if (const V same = same_node(hash, type, inputs, attrs); same.valid()) return Vs{same};
   }
   Vs outs = emit(type, inputs, attrs, num_outputs);
-  if (cacheable) op_cache_.emplace(op_key_, outs);
+  if (cacheable && on_leaves) op_cache_.emplace(op_key_, outs);
+  if (recent) {
+    // (Emitted into the graph: no input is a tangent.)
+    const int32_t node = out_.node_size() - 1;
+    if (recent_.empty()) recent_.resize(kRecentSlots);
+    if (node >= 0 && static_cast<size_t>(node) < emitted_.size() &&
+        emitted_[static_cast<size_t>(node)].begin != EmittedInputs::kNone)
+      recent_[hash & (kRecentSlots - 1)] = Recent{node, outs[0].id, static_cast<uint32_t>(hash >> 32)};
+  }
   return outs;
 }
 
@@ -948,12 +1006,37 @@ V Builder::concat(const std::vector<V>& parts, int64_t axis) {
   return y;
 }
 
+V Builder::reshape_origin(V x) const {
+  for (;;) {
+    const int32_t producer = values_[static_cast<size_t>(x.id)].producer;
+    if (producer < 0 || static_cast<size_t>(producer) >= emitted_.size()) return x;
+    const EmittedInputs& e = emitted_[static_cast<size_t>(producer)];
+    if (e.begin == EmittedInputs::kNone || e.count == 0 || emitted_inputs_[e.begin] < 0) return x;
+    const std::string& type = out_.node(producer).op_type();
+    if (type != "Reshape" && type != "Squeeze" && type != "Unsqueeze" && type != "Flatten") return x;
+    x = V{emitted_inputs_[e.begin]};
+  }
+}
+
 V Builder::reshape(V x, V shape, bool allowzero) {
   const Attrs attrs = allowzero ? Attrs{Attr::i("allowzero", 1)} : Attrs{};
   const int32_t dtype = facts(x).dtype;
-  if (const auto* k = known_i64(shape))
-    if (auto dims = reshaped_dims(facts(x), *k, allowzero))
+  if (const auto* k = known_i64(shape)) {
+    // A reshape of a reshape is one reshape of the original data (these ops only regroup dims,
+    // never reorder elements): a bias's cotangent, summed with its broadcast dims kept, then
+    // put back to the bias's shape, is read where it was summed. A 0 in the shape (without
+    // allowzero) would copy a dim of the skipped input, so then nothing is skipped.
+    if (allowzero || std::find(k->begin(), k->end(), 0) == k->end()) x = reshape_origin(x);
+    if (auto dims = reshaped_dims(facts(x), *k, allowzero)) {
+      // To its own static shape: nothing to do.
+      if (const auto own = static_dims(facts(x)); own && own->size() == dims->size()) {
+        bool same = true;
+        for (size_t i = 0; i < own->size(); ++i) same = same && (*dims)[i].known() && (*dims)[i].value() == (*own)[i];
+        if (same) return x;
+      }
       return op1_known("Reshape", {x, shape}, attrs, Facts::of(dtype, std::move(*dims)));
+    }
+  }
   // To the shape of a value: its dims. (Without allowzero, a 0 in the shape at run time would
   // copy x's dim instead, and a symbolic dim may be 0.)
   if (const V source = shape_source(shape); source.valid() && allowzero && facts(source).has_shape)

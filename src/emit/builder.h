@@ -277,16 +277,19 @@ class Builder {
     std::string_view name;  // into value_names_ (every value's name is in the scope)
     const Facts* shared = nullptr;
     Dim lead;
-    bool with_lead = false;
     mutable int32_t own = -1;  // set on first read of a shared value with a lead
-    bool leaf = false;         // not computed by this builder: existing() or a constant
     int32_t producer = -1;     // index in the graph of the node that made it (-1: existing, or on the tape; kDropped)
     int32_t tape_index = -1;   // index in the tape of the node that made it (-1: none)
+    bool with_lead = false;
+    bool leaf = false;  // not computed by this builder: existing() or a constant
   };
   // (`recorded`: see finish.)
   Vs emit(std::string_view type, const Vs& inputs, const Attrs& attrs, int num_outputs, const Vs* recorded = nullptr);
   // `name` must be a view of value_names_'s own copy (from fresh_view or interned()).
   V add_value(std::string_view name, Facts facts);
+  // The value `x` regroups: through the Reshape/Squeeze/Unsqueeze/Flatten nodes this builder
+  // put in the graph, back to the first value no such node made.
+  V reshape_origin(V x) const;
   std::string_view interned(std::string_view name) { return value_names_.name(value_names_.intern(name)); }
   // A node appended to the graph. A node bound for the tape (it reads a tangent while a tape
   // is set) is bare: op type, domain and attributes only. It never reaches the result, so it
@@ -344,6 +347,22 @@ class Builder {
   // Nodes on leaves emitted by op(), by type, output count, input ids and attributes.
   std::unordered_map<std::string, Vs> op_cache_;
   std::string op_key_;  // reused buffer for op_cache_ keys
+  // Other one-output nodes op() emitted recently, by a hash of type, inputs and attributes: a
+  // direct-mapped table of fixed size (a cache; a colliding node replaces the older one).
+  // Repeats come from nearby rules, and a table that never grows costs no allocation or page
+  // fault per node, which on large graphs cost more than the lookups.
+  struct Recent {
+    int32_t node = -1;  // index in the graph (-1: empty)
+    int32_t output = -1;
+    uint32_t tag = 0;  // the hash's high bits: most mismatches are seen without reading the node
+  };
+  static constexpr size_t kRecentSlots = size_t{1} << 13;
+  std::vector<Recent> recent_;
+  // A hash of a node's type, inputs and attributes (the slot is its low bits).
+  static uint64_t recent_hash(std::string_view type, const Vs& inputs, const Attrs& attrs);
+  // The output of the node recorded under `hash` when it has this type, inputs and attributes
+  // (invalid: none).
+  V same_node(uint64_t hash, std::string_view type, const Vs& inputs, const Attrs& attrs) const;
   bool reuse_ = false;
   // Constants already emitted, by value (scalars by dtype and the double's exact bits).
   std::map<std::vector<int64_t>, V> i64s_cache_;
