@@ -10,6 +10,8 @@
 //   MatMul                      -> (B, N, g, M/g, prod(S)) -> (B, N, M, S...)
 #include "rules/conv_batched_weight.h"
 
+#include <algorithm>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -52,6 +54,25 @@ std::optional<std::vector<int64_t>> static_kernel(const onnx::NodeProto& conv, c
 }
 
 V conv_windows(Builder& b, const onnx::NodeProto& conv, V x, int64_t channels, const std::vector<int64_t>& kernel) {
+  // A 1x1 kernel's windows are the input itself (every stride-th position): no Conv. (Its pads
+  // are zero unless explicit; SAME pads of a 1-wide kernel are always zero.)
+  if (std::all_of(kernel.begin(), kernel.end(), [](int64_t k) { return k == 1; })) {
+    bool padded = false;
+    std::vector<int64_t> strides;
+    for (const auto& a : conv.attribute()) {
+      if (a.name() == "pads") padded = std::any_of(a.ints().begin(), a.ints().end(), [](int64_t p) { return p != 0; });
+      if (a.name() == "strides") strides.assign(a.ints().begin(), a.ints().end());
+    }
+    if (!padded) {
+      if (std::all_of(strides.begin(), strides.end(), [](int64_t s) { return s == 1; })) return x;
+      const auto spatial = static_cast<int64_t>(kernel.size());
+      std::vector<int64_t> axes;
+      for (int64_t k = 0; k < spatial; ++k) axes.push_back(2 + k);
+      return b.op1("Slice", {x, b.i64s(std::vector<int64_t>(kernel.size(), 0)),
+                             b.i64s(std::vector<int64_t>(kernel.size(), std::numeric_limits<int64_t>::max())),
+                             b.i64s(axes), b.i64s(strides)});
+    }
+  }
   Attrs attrs{Attr::i("group", channels), Attr::ints("kernel_shape", kernel)};
   for (const auto& a : conv.attribute())
     if (a.name() == "auto_pad" || a.name() == "dilations" || a.name() == "pads" || a.name() == "strides")
