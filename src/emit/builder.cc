@@ -4,12 +4,14 @@
 #include <onnx/shape_inference/implementation.h>
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <deque>
 #include <limits>
 #include <stdexcept>
 
 #include "diagnostics/error.h"
+#include "emit/int64_fold.h"
 #include "facts/fast_shapes.h"
 #include "facts/schemas.h"
 
@@ -468,7 +470,50 @@ V Builder::same_node(uint64_t hash, std::string_view type, const Vs& inputs, con
   return V{r.output};
 }
 
+V Builder::folded_int64(std::string_view type, const Vs& inputs, const Attrs& attrs) {
+  // A slice of a value's whole shape whose dims in that range are static (a Conv's spatial
+  // sizes, the batch symbolic).
+  if (type == "Slice" && inputs.size() >= 3 && inputs.size() <= 4 && shape_source(inputs[0]).valid()) {
+    const Facts& xf = facts(shape_source(inputs[0]));
+    const auto* starts = known_i64(inputs[1]);
+    const auto* ends = known_i64(inputs[2]);
+    const auto* axes = inputs.size() > 3 ? known_i64(inputs[3]) : nullptr;
+    if (xf.has_shape && starts && ends && starts->size() == 1 && ends->size() == 1 &&
+        (inputs.size() == 3 || (axes && axes->size() == 1 && ((*axes)[0] == 0 || (*axes)[0] == -1)))) {
+      const int64_t r = xf.rank();
+      auto at = [&](int64_t p) { return std::clamp(p < 0 ? p + r : p, int64_t{0}, r); };
+      std::vector<int64_t> dims;
+      bool known = true;
+      for (int64_t i = at((*starts)[0]); i < at((*ends)[0]) && known; ++i) {
+        known = xf.dims[static_cast<size_t>(i)].known();
+        dims.push_back(xf.dims[static_cast<size_t>(i)].value());
+      }
+      if (known) return i64s(dims);
+    }
+  }
+  // (On the stack: this runs for every int64 op, and most do not fold.)
+  std::array<KnownInt64, 8> known{};
+  if (inputs.size() > known.size()) return V{};
+  size_t count = 0;
+  for (V v : inputs) {
+    if (!v.valid()) {
+      known[count++] = {nullptr, -1};
+      continue;
+    }
+    const Facts& f = facts(v);
+    if (f.dtype != onnx::TensorProto::INT64 || !f.has_shape || f.rank() > 1) return V{};
+    const std::vector<int64_t>* values = known_i64(v);
+    if (!values) return V{};
+    known[count++] = {values, f.rank()};
+  }
+  const std::optional<FoldedInt64> folded = fold_int64(type, std::span<const KnownInt64>(known.data(), count), attrs);
+  if (!folded) return V{};
+  return folded->rank == 0 ? i64(folded->values.at(0)) : i64s(folded->values);
+}
+
 Vs Builder::op(std::string_view type, const Vs& inputs, const Attrs& attrs, int num_outputs) {
+  if (reuse_ && num_outputs == 1 && int64_foldable(type))
+    if (const V folded = folded_int64(type, inputs, attrs); folded.valid()) return {folded};
   // With reuse on, a computation emitted again returns the first one's outputs instead of a
   // copy: the transpose of a weight shared by many layers (once per use in reverse mode), the
   // sum of one cotangent that a normalization's scale, bias and mean gradients each take.
@@ -657,8 +702,10 @@ void Builder::rename(V v, const std::string& new_name, int first_node) {
       if (o == old) o = new_name;
   }
   values_[v.id].name = interned(new_name);
-  auto it = known_i64_.find(old);
-  if (it != known_i64_.end()) known_i64_[new_name] = it->second;
+  if (auto it = known_i64_.find(old); it != known_i64_.end()) {
+    std::vector<int64_t> values = it->second;  // (inserting may rehash: copy first)
+    known_i64_[new_name] = std::move(values);
+  }
 }
 
 void Builder::rename_all(const std::vector<std::pair<V, std::string>>& renames) {
@@ -953,6 +1000,20 @@ V Builder::transpose(V x, const std::vector<int64_t>& perm) {
 }
 
 V Builder::shape_of(V x, int64_t start, std::optional<int64_t> end) {
+  // Static dims are a constant. (Not the whole shape: shape_source would then map a constant
+  // shared by every value of that shape; shape_value gives that.)
+  if (const Facts& xf = facts(x); reuse_ && (start != 0 || end) && xf.has_shape) {
+    const int64_t r = xf.rank();
+    const int64_t s = std::clamp(norm_axis(start, r), int64_t{0}, r);
+    const int64_t e = end ? std::clamp(norm_axis(*end, r), int64_t{0}, r) : r;
+    std::vector<int64_t> dims;
+    bool known = true;
+    for (int64_t i = s; i < e && known; ++i) {
+      known = xf.dims[static_cast<size_t>(i)].known();
+      dims.push_back(xf.dims[static_cast<size_t>(i)].value());
+    }
+    if (known) return i64s(dims);
+  }
   Attrs attrs;
   if (start != 0) attrs.push_back(Attr::i("start", start));
   if (end) attrs.push_back(Attr::i("end", *end));

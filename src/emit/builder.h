@@ -108,9 +108,11 @@ class Builder {
   // Zeros with the run-time shape of `like` (its element type unless `dtype` is given).
   V zeros_like(V like, int32_t dtype = 0);
 
-  // Reuse of nodes computed from leaves (see op()). Only for transforms that never move or drop
-  // emitted nodes afterwards (autodiff; vmap relocates some), since a reused value must stay
-  // where it was first computed.
+  // Reuse of values emitted before: nodes computed again (see op()), int64 shape arithmetic on
+  // known operands folded to (shared) constants, static dims as constants (shape_of). Only for
+  // transforms that never move or drop emitted nodes afterwards (autodiff; vmap relocates some),
+  // since a reused value must stay where it was first computed. (Folding under vmap put
+  // constants after their readers in 30 test models.)
   void enable_reuse() { reuse_ = true; }
   int64_t opset() const { return opset_; }
   // A builder for a subgraph (e.g. a Loop body) sharing this builder's name scopes, so names
@@ -290,6 +292,9 @@ class Builder {
   // The value `x` regroups: through the Reshape/Squeeze/Unsqueeze/Flatten nodes this builder
   // put in the graph, back to the first value no such node made.
   V reshape_origin(V x) const;
+  // The constant an int64 shape computation on known operands gives (see emit/int64_fold.h);
+  // invalid when it does not fold. (With reuse on.)
+  V folded_int64(std::string_view type, const Vs& inputs, const Attrs& attrs);
   std::string_view interned(std::string_view name) { return value_names_.name(value_names_.intern(name)); }
   // A node appended to the graph. A node bound for the tape (it reads a tangent while a tape
   // is set) is bare: op type, domain and attributes only. It never reaches the result, so it
@@ -368,7 +373,12 @@ class Builder {
   std::map<std::vector<int64_t>, V> i64s_cache_;
   std::map<int64_t, V> i64_cache_;
   std::map<std::pair<int32_t, uint64_t>, V> scalar_cache_;
-  std::map<std::string, std::vector<int64_t>, std::less<>> known_i64_;
+  // (Hashed: looked up for every int64 operand of a foldable op, by names often 30-80 long.)
+  struct NameHash {
+    using is_transparent = void;
+    size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+  };
+  std::unordered_map<std::string, std::vector<int64_t>, NameHash, std::equal_to<>> known_i64_;
   std::vector<char> tangent_;
   std::deque<TapeNode>* tape_ = nullptr;                 // a deque: growing it never moves the nodes
   std::deque<TapeNode>* recorded_ = nullptr;             // the last tape set

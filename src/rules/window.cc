@@ -14,6 +14,17 @@ std::string node_s(const onnx::NodeProto& node, const std::string& name, const s
   return fallback;
 }
 
+void settle_static_pads(const Builder& b, Window& w) {
+  const std::vector<int64_t>* begin = b.known_i64(w.begin);
+  const std::vector<int64_t>* end = b.known_i64(w.end);
+  if (!begin || !end || static_cast<int64_t>(begin->size()) != w.spatial ||
+      static_cast<int64_t>(end->size()) != w.spatial)
+    return;
+  w.static_pads.assign(begin->begin(), begin->end());
+  w.static_pads.insert(w.static_pads.end(), end->begin(), end->end());
+  w.static_known = true;
+}
+
 Window window_geometry(Builder& b, const onnx::NodeProto& node, int64_t spatial, V in_sp, V kernel_sp) {
   Window w;
   w.spatial = spatial;
@@ -34,6 +45,7 @@ Window window_geometry(Builder& b, const onnx::NodeProto& node, int64_t spatial,
     V rest = b.op1("Sub", {total, half});
     w.begin = mode == "SAME_UPPER" ? half : rest;
     w.end = mode == "SAME_UPPER" ? rest : half;
+    settle_static_pads(b, w);
     return w;
   }
   w.static_pads = mode == "VALID" ? std::vector<int64_t>{} : node_ints(node, "pads");

@@ -17,9 +17,13 @@ struct Window {
   int64_t spatial = 0;
   std::vector<int64_t> strides, dilations;
   V begin, end;                      // 1-D int64 [spatial]
-  std::vector<int64_t> static_pads;  // [begin..., end...] when known from attributes
+  std::vector<int64_t> static_pads;  // [begin..., end...] when known (attributes, or static sizes)
   bool static_known = false;
 };
+
+// Marks `w`'s pads static when begin and end are constants the builder knows (run-time pads
+// computed from static sizes fold to constants).
+void settle_static_pads(const Builder& b, Window& w);
 
 std::vector<int64_t> node_ints(const onnx::NodeProto& node, const std::string& name);
 std::string node_s(const onnx::NodeProto& node, const std::string& name, const std::string& fallback);

@@ -103,3 +103,26 @@ def test_conv_hvp_and_per_example_gradients(case: str) -> None:
     ad.check_per_example_grad(
         model, in_axes=[0], inputs=["W", "B"], output="loss", gens=gens, batch_sizes=(1, 3)
     )
+
+
+@pytest.mark.parametrize("spatial", [[7, 6], ["H", "W"]])
+@pytest.mark.parametrize("strides", [[1, 1], [2, 2]])
+@pytest.mark.parametrize("auto_pad", ["SAME_UPPER", "SAME_LOWER"])
+def test_same_padded_conv_gradient(auto_pad: str, strides: list[int], spatial: list[Any]) -> None:
+    """auto_pad=SAME_* pads depend on the input's size: computed at run time for symbolic sizes,
+    folded to constants for static ones, where the gradient then needs no shape arithmetic and
+    (for unit strides) no ConvTranspose."""
+    nodes = [
+        node("Conv", ["x", "W"], ["y"], kernel_shape=[3, 2], strides=strides, auto_pad=auto_pad),
+        node("Sin", ["y"], ["s"]),
+        node("ReduceSum", ["s"], ["loss"], keepdims=0),
+    ]
+    rng = np.random.default_rng(5)
+    model = ad.make_ad_model(
+        nodes, [("x", D, [1, 2, *spatial])], ["loss"], initializers={"W": rng.normal(size=(3, 2, 3, 2)) / 2}
+    )
+    gm = ad.check_grad(model, inputs=["x", "W"], output="loss", gens={"x": ad.normal([1, 2, 7, 6])})
+    ops = op_counts(gm)
+    static = spatial == [7, 6]
+    assert ("Shape" in ops) == (not static), ops
+    assert ops.get("ConvTranspose", 0) == (0 if static and strides == [1, 1] else 1), ops
