@@ -5,7 +5,8 @@
   a ConvTranspose cropped to the input.
 - Weight cotangent: the input's windows (a Conv with one-hot kernels; for a 1x1 kernel the input
   itself, strided), contracted with the output cotangent: one Gemm for a single example and one
-  group, an Einsum otherwise.
+  group; else one MatMul per example and group summed over the examples, when a group has no
+  more output channels than there are output positions; else an Einsum.
 
 Oracles: float64 central differences of the source (check_grad), differences of the gradient
 (check_hvp), and a loop over examples for per-example gradients (check_per_example_grad).
@@ -37,7 +38,18 @@ CASES = {
     "1x1": ([1, 1], [1, 1], [0, 0, 0, 0], [1, 1], 1, 3, 2),
     "1x1 stride 2": ([1, 1], [2, 2], [0, 0, 0, 0], [1, 1], 1, 3, 2),
     "1x1 padded": ([1, 1], [1, 1], [1, 0, 0, 1], [1, 1], 1, 3, 2),
+    "whole image": ([7, 6], [1, 1], [0, 0, 0, 0], [1, 1], 1, 2, 3),
 }
+SIZE = [7, 6]
+
+
+def output_positions(case: str) -> int:
+    kernel, strides, pads, dilations, *_ = CASES[case]
+    n = 1
+    for i, size in enumerate(SIZE):
+        extent = (kernel[i] - 1) * dilations[i] + 1
+        n *= (size + pads[i] + pads[i + 2] - extent) // strides[i] + 1
+    return n
 
 
 def conv_model(case: str, batch: Any) -> onnx.ModelProto:
@@ -60,7 +72,7 @@ def conv_model(case: str, batch: Any) -> onnx.ModelProto:
     rng = np.random.default_rng(len(case))
     return ad.make_ad_model(
         nodes,
-        [("x", D, [batch, c_in, 7, 6])],
+        [("x", D, [batch, c_in, *SIZE])],
         ["loss"],
         initializers={
             "W": rng.normal(size=(c_out, c_in // group, *kernel)) / 2,
@@ -83,9 +95,19 @@ def test_conv_gradient(case: str, batch: Any) -> None:
     extents = [(k - 1) * d + 1 for k, d in zip(kernel, dilations, strict=True)]
     by_conv = strides == [1, 1] and all(p <= e - 1 for p, e in zip(pads, extents * 2, strict=True))
     assert ops.get("ConvTranspose", 0) == (0 if by_conv else 1), ops
-    # The weight's: one Gemm for one static example and one group, else an Einsum.
-    one_gemm = batch == 1 and group == 1
-    assert (ops.get("Gemm", 0), ops.get("Einsum", 0)) == ((1, 0) if one_gemm else (0, 1)), ops
+    # The weight's: one Gemm for one static example and one group; else per-example MatMuls
+    # when a group's output channels are no more than the output positions; else an Einsum.
+    c_out = CASES[case][6]
+    form = (
+        "Gemm"
+        if batch == 1 and group == 1
+        else "MatMul"
+        if c_out // group <= output_positions(case)
+        else "Einsum"
+    )
+    assert {f: ops.get(f, 0) for f in ("Gemm", "MatMul", "Einsum")} == {
+        f: int(f == form) for f in ("Gemm", "MatMul", "Einsum")
+    }, ops
     # Windows: no window Conv for an unpadded 1x1 kernel (the forward Conv and the input's
     # cotangent Conv remain).
     unpadded_1x1 = kernel == [1, 1] and not any(pads)
@@ -93,12 +115,13 @@ def test_conv_gradient(case: str, batch: Any) -> None:
     assert ops.get("Conv", 0) == convs, ops
 
 
-@pytest.mark.parametrize("case", ["3x3", "3x3 grouped", "1x1 stride 2", "3x3 stride 2"])
-def test_conv_hvp_and_per_example_gradients(case: str) -> None:
+@pytest.mark.parametrize("batch", [1, 2])
+@pytest.mark.parametrize("case", ["3x3", "3x3 grouped", "1x1 stride 2", "3x3 stride 2", "whole image"])
+def test_conv_hvp_and_per_example_gradients(case: str, batch: int) -> None:
     """Forward over reverse and vmap over reverse go through the new forms' own rules."""
     c_in = CASES[case][5]
-    model = conv_model(case, 1)
-    gens = {"x": ad.normal([1, c_in, 7, 6])}
+    model = conv_model(case, batch)
+    gens = {"x": ad.normal([batch, c_in, *SIZE])}
     ad.check_hvp(model, wrt=["W"], inputs=["x", "W", "B"], output="loss", gens=gens)
     ad.check_per_example_grad(
         model, in_axes=[0], inputs=["W", "B"], output="loss", gens=gens, batch_sizes=(1, 3)
