@@ -33,7 +33,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
+# (Appended: a PYTHONPATH naming another build of onnax wins, for A/B runs.)
+sys.path.append(str(Path(__file__).resolve().parents[1] / "python"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import onnax
 from grad_bench import ort_session, time_ort

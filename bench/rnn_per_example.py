@@ -31,7 +31,8 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
+# (Appended: a PYTHONPATH naming another build of onnax wins, for A/B runs.)
+sys.path.append(str(Path(__file__).resolve().parents[1] / "python"))
 import onnax
 from grad_bench import ort_session
 
