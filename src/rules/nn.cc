@@ -550,7 +550,7 @@ std::optional<V> stride_one_input_transpose(TransposeCtx& c, const Window& w) {
   }
   // (M, C/g, k...) -> (C, M/g, k...) with the kernel reversed along every spatial axis.
   V weight = c.in(1);
-  std::vector<int64_t> swap{1, 0}, spatial_sizes;
+  std::vector<int64_t> swap{1, 0};
   for (int64_t k = 0; k < w.spatial; ++k) swap.push_back(2 + k);
   if (group == 1) {
     weight = b.transpose(weight, swap);
