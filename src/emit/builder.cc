@@ -1002,7 +1002,7 @@ V Builder::transpose(V x, const std::vector<int64_t>& perm) {
 V Builder::shape_of(V x, int64_t start, std::optional<int64_t> end) {
   // Static dims are a constant. (Not the whole shape: shape_source would then map a constant
   // shared by every value of that shape; shape_value gives that.)
-  if (const Facts& xf = facts(x); reuse_ && (start != 0 || end) && xf.has_shape) {
+  if (const Facts& xf = facts(x); (start != 0 || end) && xf.has_shape) {
     const int64_t r = xf.rank();
     const int64_t s = std::clamp(norm_axis(start, r), int64_t{0}, r);
     const int64_t e = end ? std::clamp(norm_axis(*end, r), int64_t{0}, r) : r;

@@ -108,12 +108,11 @@ class Builder {
   // Zeros with the run-time shape of `like` (its element type unless `dtype` is given).
   V zeros_like(V like, int32_t dtype = 0);
 
-  // Reuse of values emitted before: nodes computed again (see op()), int64 shape arithmetic on
-  // known operands folded to (shared) constants, static dims as constants (shape_of). Only for
-  // transforms that never move or drop emitted nodes afterwards (autodiff; vmap relocates some),
-  // since a reused value must stay where it was first computed. (Static shape_of constants
-  // under vmap put constants after their readers in 30 test models; int64 folding alone passed
-  // there but changed no vmap of the corpus, so both stay autodiff's.)
+  // Reuse of values emitted before: nodes computed again (see op()) and int64 shape arithmetic
+  // on known operands folded to (shared) constants. Only for transforms that never move or drop
+  // emitted nodes afterwards (autodiff; vmap relocates some), since a reused value must stay
+  // where it was first computed. (Folding under vmap passes its tests but changed one node of
+  // the corpus's vmaps, so it stays autodiff's.)
   void enable_reuse() { reuse_ = true; }
   int64_t opset() const { return opset_; }
   // A builder for a subgraph (e.g. a Loop body) sharing this builder's name scopes, so names

@@ -347,6 +347,12 @@ void vmap_prepared(Prepared& p, const VmapOptions& opt) {
       // (Reads of adopted nodes count too: a constant only they read is not dead.)
       for (const Mapped* m : in_mapped)
         if (m) b.count_read(m->v);
+      // An unbatched input a rule produced under another name (a constant for static dims, a
+      // value computed before) is read by that name: the source's is never defined.
+      for (int i = 0; i < copy->input_size(); ++i) {
+        const Mapped* m = in_mapped[static_cast<size_t>(i)];
+        if (m && b.name(m->v) != copy->input(i)) copy->set_input(i, std::string(b.name(m->v)));
+      }
       for (const auto& r : reads) b.count_read(r.v);
       b.adopt_node(std::move(copy));
       for (auto& [id, v] : outs) bind_id(id, Mapped{v, false});
