@@ -353,6 +353,13 @@ void vmap_prepared(Prepared& p, const VmapOptions& opt) {
         const Mapped* m = in_mapped[static_cast<size_t>(i)];
         if (m && b.name(m->v) != copy->input(i)) copy->set_input(i, std::string(b.name(m->v)));
       }
+      // The same for what its subgraphs read from this scope.
+      for (const auto& r : reads)
+        if (b.name(r.v) != r.name)
+          for (auto& a : *copy->mutable_attribute()) {
+            if (a.has_g()) rename_reads(*a.mutable_g(), r.name, std::string(b.name(r.v)));
+            for (auto& g : *a.mutable_graphs()) rename_reads(g, r.name, std::string(b.name(r.v)));
+          }
       for (const auto& r : reads) b.count_read(r.v);
       b.adopt_node(std::move(copy));
       for (auto& [id, v] : outs) bind_id(id, Mapped{v, false});

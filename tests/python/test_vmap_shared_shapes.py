@@ -10,6 +10,7 @@ Oracle: a loop over examples in ONNX Runtime (vmap_oracle.assert_vmap_matches).
 from __future__ import annotations
 
 import numpy as np
+import onnx
 from onnx import TensorProto
 from vmap_oracle import assert_vmap_matches, make_model, node
 
@@ -45,3 +46,33 @@ def test_static_per_example_shape_read_by_copied_nodes() -> None:
         if a.name == "start"
     ]
     assert 1 not in starts, starts
+
+
+def test_static_per_example_shape_read_inside_a_copied_if() -> None:
+    """The same value read by name inside the branches of an If that is copied unchanged (its
+    condition and every value its branches read are unbatched)."""
+    from onnx import helper
+
+    def branch(name: str, scale: float) -> onnx.GraphProto:
+        return helper.make_graph(
+            [
+                helper.make_node("Cast", ["tail_again"], [f"{name}_f"], to=D),
+                helper.make_node("Mul", [f"{name}_f", f"{name}_k"], [f"{name}_out"]),
+            ],
+            name,
+            [],
+            [helper.make_tensor_value_info(f"{name}_out", D, [2])],
+            initializer=[onnx.numpy_helper.from_array(np.array(scale), f"{name}_k")],
+        )
+
+    nodes = [
+        node("Shape", ["x"], ["tail"], start=1),
+        node("Shape", ["x"], ["tail_again"], name="shape_again", start=1),
+        node("If", ["flag"], ["picked"], then_branch=branch("then", 2.0), else_branch=branch("else", -1.0)),
+        node("Cast", ["tail"], ["tail_f"], to=D),
+        node("Add", ["tail_f", "picked"], ["sizes"]),
+        node("ReduceSum", ["x"], ["total"], keepdims=0),
+        node("Mul", ["total", "sizes"], ["y"]),
+    ]
+    model = make_model(nodes, [("x", D, [2, 3, 4])], ["y"], initializers={"flag": np.array(True)}, infer=True)
+    assert_vmap_matches(model, in_axes=0, batch_sizes=(1, 4), rtol=1e-12, atol=1e-12)
