@@ -470,6 +470,20 @@ V Builder::same_node(uint64_t hash, std::string_view type, const Vs& inputs, con
   return V{r.output};
 }
 
+// The dims [start, end) of `f` (Shape's and Slice's clamping: negatives count from the end)
+// when every one is a known size.
+static std::optional<std::vector<int64_t>> static_dims_between(const Facts& f, int64_t start, int64_t end) {
+  if (!f.has_shape) return std::nullopt;
+  const int64_t r = f.rank();
+  auto at = [&](int64_t p) { return std::clamp(p < 0 ? p + r : p, int64_t{0}, r); };
+  std::vector<int64_t> dims;
+  for (int64_t i = at(start); i < at(end); ++i) {
+    if (!f.dims[static_cast<size_t>(i)].known()) return std::nullopt;
+    dims.push_back(f.dims[static_cast<size_t>(i)].value());
+  }
+  return dims;
+}
+
 V Builder::folded_int64(std::string_view type, const Vs& inputs, const Attrs& attrs) {
   // A slice of a value's whole shape whose dims in that range are static (a Conv's spatial
   // sizes, the batch symbolic).
@@ -480,15 +494,7 @@ V Builder::folded_int64(std::string_view type, const Vs& inputs, const Attrs& at
     const auto* axes = inputs.size() > 3 ? known_i64(inputs[3]) : nullptr;
     if (xf.has_shape && starts && ends && starts->size() == 1 && ends->size() == 1 &&
         (inputs.size() == 3 || (axes && axes->size() == 1 && ((*axes)[0] == 0 || (*axes)[0] == -1)))) {
-      const int64_t r = xf.rank();
-      auto at = [&](int64_t p) { return std::clamp(p < 0 ? p + r : p, int64_t{0}, r); };
-      std::vector<int64_t> dims;
-      bool known = true;
-      for (int64_t i = at((*starts)[0]); i < at((*ends)[0]) && known; ++i) {
-        known = xf.dims[static_cast<size_t>(i)].known();
-        dims.push_back(xf.dims[static_cast<size_t>(i)].value());
-      }
-      if (known) return i64s(dims);
+      if (const auto dims = static_dims_between(xf, (*starts)[0], (*ends)[0])) return i64s(*dims);
     }
   }
   // (On the stack: this runs for every int64 op, and most do not fold.)
@@ -1002,18 +1008,9 @@ V Builder::transpose(V x, const std::vector<int64_t>& perm) {
 V Builder::shape_of(V x, int64_t start, std::optional<int64_t> end) {
   // Static dims are a constant. (Not the whole shape: shape_source would then map a constant
   // shared by every value of that shape; shape_value gives that.)
-  if (const Facts& xf = facts(x); (start != 0 || end) && xf.has_shape) {
-    const int64_t r = xf.rank();
-    const int64_t s = std::clamp(norm_axis(start, r), int64_t{0}, r);
-    const int64_t e = end ? std::clamp(norm_axis(*end, r), int64_t{0}, r) : r;
-    std::vector<int64_t> dims;
-    bool known = true;
-    for (int64_t i = s; i < e && known; ++i) {
-      known = xf.dims[static_cast<size_t>(i)].known();
-      dims.push_back(xf.dims[static_cast<size_t>(i)].value());
-    }
-    if (known) return i64s(dims);
-  }
+  if (start != 0 || end)
+    if (const auto dims = static_dims_between(facts(x), start, end.value_or(std::numeric_limits<int64_t>::max())))
+      return i64s(*dims);
   Attrs attrs;
   if (start != 0) attrs.push_back(Attr::i("start", start));
   if (end) attrs.push_back(Attr::i("end", *end));
@@ -1089,13 +1086,9 @@ V Builder::reshape(V x, V shape, bool allowzero) {
     // allowzero) would copy a dim of the skipped input, so then nothing is skipped.
     if (allowzero || std::find(k->begin(), k->end(), 0) == k->end()) x = reshape_origin(x);
     if (auto dims = reshaped_dims(facts(x), *k, allowzero)) {
-      // To its own static shape: nothing to do.
-      if (const auto own = static_dims(facts(x)); own && own->size() == dims->size()) {
-        bool same = true;
-        for (size_t i = 0; i < own->size(); ++i) same = same && (*dims)[i].known() && (*dims)[i].value() == (*own)[i];
-        if (same) return x;
-      }
-      return op1_known("Reshape", {x, shape}, attrs, Facts::of(dtype, std::move(*dims)));
+      Facts reshaped = Facts::of(dtype, std::move(*dims));
+      if (same_static_shape(facts(x), reshaped)) return x;  // to its own static shape
+      return op1_known("Reshape", {x, shape}, attrs, std::move(reshaped));
     }
   }
   // To the shape of a value: its dims. (Without allowzero, a 0 in the shape at run time would

@@ -108,13 +108,17 @@ Result concat(std::span<const KnownInt64> in, const Attrs& attrs) {
   return out;
 }
 
+// The axes of Squeeze/Unsqueeze/Reduce*: input 1 (newer opsets) or the attribute (older).
+Values axes_of(std::span<const KnownInt64> in, const Attrs& attrs) {
+  if (in.size() > 1 && in[1].values) return *in[1].values;
+  const onnx::AttributeProto* a = find_attr(attrs, "axes");
+  return a ? Values(a->ints().begin(), a->ints().end()) : Values{};
+}
+
 // Squeeze / Unsqueeze between a scalar and a one-element vector.
 Result squeeze(std::span<const KnownInt64> in, const Attrs& attrs, bool unsqueeze) {
   if (in.empty() || !in[0].values) return std::nullopt;
-  const onnx::AttributeProto* attr_axes = find_attr(attrs, "axes");
-  const Values axes = in.size() > 1 && in[1].values ? *in[1].values
-                      : attr_axes                   ? Values(attr_axes->ints().begin(), attr_axes->ints().end())
-                                                    : Values{};
+  const Values axes = axes_of(in, attrs);
   if (unsqueeze) {
     if (in[0].rank != 0 || !only_axis(axes)) return std::nullopt;
     return FoldedInt64{*in[0].values, 1};
@@ -125,10 +129,7 @@ Result squeeze(std::span<const KnownInt64> in, const Attrs& attrs, bool unsqueez
 
 Result reduce(std::span<const KnownInt64> in, const Attrs& attrs, bool product) {
   if (in.empty() || !in[0].values || in[0].rank != 1) return std::nullopt;
-  const onnx::AttributeProto* attr_axes = find_attr(attrs, "axes");
-  const Values axes = in.size() > 1 && in[1].values ? *in[1].values
-                      : attr_axes                   ? Values(attr_axes->ints().begin(), attr_axes->ints().end())
-                                                    : Values{};
+  const Values axes = axes_of(in, attrs);
   if (!axes.empty() && !only_axis(axes)) return std::nullopt;
   if (axes.empty() && attr_i(attrs, "noop_with_empty_axes", 0) != 0) return std::nullopt;
   int64_t acc = product ? 1 : 0;

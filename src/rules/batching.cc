@@ -157,11 +157,7 @@ BatchResult scan_fallback(BatchCtx& c) {
   }
   Vs outs = bb.clone(c.node, ins);
   onnx::NodeProto& cloned = bb.last_node();
-  for (auto& a : *cloned.mutable_attribute())
-    for (const auto& [from, to] : renames) {
-      if (a.has_g()) rename_reads(*a.mutable_g(), from, to);
-      for (auto& sg : *a.mutable_graphs()) rename_reads(sg, from, to);
-    }
+  for (const auto& [from, to] : renames) rename_subgraph_reads(cloned, from, to);
   if (use_loop) {
     V cond_out = bb.op1("Identity", {cond_in});
     onnx::ValueInfoProto vi;

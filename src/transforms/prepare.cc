@@ -240,14 +240,18 @@ void sort_nodes(onnx::GraphProto& g) {
 
 }  // namespace
 
+void rename_subgraph_reads(onnx::NodeProto& n, const std::string& from, const std::string& to) {
+  for (auto& a : *n.mutable_attribute()) {
+    if (a.has_g()) rename_reads(*a.mutable_g(), from, to);
+    for (auto& sg : *a.mutable_graphs()) rename_reads(sg, from, to);
+  }
+}
+
 void rename_reads(onnx::GraphProto& g, const std::string& from, const std::string& to) {
   for (auto& n : *g.mutable_node()) {
     for (auto& in : *n.mutable_input())
       if (in == from) in = to;
-    for (auto& a : *n.mutable_attribute()) {
-      if (a.has_g()) rename_reads(*a.mutable_g(), from, to);
-      for (auto& sg : *a.mutable_graphs()) rename_reads(sg, from, to);
-    }
+    rename_subgraph_reads(n, from, to);
   }
   for (auto& o : *g.mutable_output())
     if (o.name() == from) o.set_name(to);

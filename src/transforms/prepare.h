@@ -84,5 +84,7 @@ std::vector<std::string> outer_scope_reads(const onnx::NodeProto& node);
 
 // Replaces reads of `from` by `to` in g's nodes, nested subgraphs and outputs.
 void rename_reads(onnx::GraphProto& g, const std::string& from, const std::string& to);
+// The same inside the subgraphs (If/Loop/Scan bodies) of node `n` alone.
+void rename_subgraph_reads(onnx::NodeProto& n, const std::string& from, const std::string& to);
 
 }  // namespace onnax

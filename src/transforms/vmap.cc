@@ -168,10 +168,7 @@ void vmap_prepared(Prepared& p, const VmapOptions& opt) {
     for (auto& n : *private_graph->mutable_node()) {
       for (auto& in : *n.mutable_input())
         if (in == o.name()) in = renamed;
-      for (auto& a : *n.mutable_attribute()) {
-        if (a.has_g()) rename_reads(*a.mutable_g(), o.name(), renamed);
-        for (auto& sg : *a.mutable_graphs()) rename_reads(sg, o.name(), renamed);
-      }
+      rename_subgraph_reads(n, o.name(), renamed);
     }
     p.initializer_names.erase(o.name());
     p.initializer_names.insert(renamed);
@@ -355,11 +352,7 @@ void vmap_prepared(Prepared& p, const VmapOptions& opt) {
       }
       // The same for what its subgraphs read from this scope.
       for (const auto& r : reads)
-        if (b.name(r.v) != r.name)
-          for (auto& a : *copy->mutable_attribute()) {
-            if (a.has_g()) rename_reads(*a.mutable_g(), r.name, std::string(b.name(r.v)));
-            for (auto& g : *a.mutable_graphs()) rename_reads(g, r.name, std::string(b.name(r.v)));
-          }
+        if (b.name(r.v) != r.name) rename_subgraph_reads(*copy, r.name, std::string(b.name(r.v)));
       for (const auto& r : reads) b.count_read(r.v);
       b.adopt_node(std::move(copy));
       for (auto& [id, v] : outs) bind_id(id, Mapped{v, false});
