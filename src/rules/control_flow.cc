@@ -22,6 +22,7 @@
 
 #include "diagnostics/error.h"
 #include "rules/derivative.h"
+#include "rules/loop_products.h"
 #include "transforms/prepare.h"
 #include "transforms/subgraph.h"
 
@@ -199,8 +200,13 @@ Vs loop_jvp(JvpCtx& c) {
   for (int j = 0; j < k_scan; ++j)
     if (sact[static_cast<size_t>(j)]) scan_out[static_cast<size_t>(j)] = outs.add(body->output(1 + n + j).name());
   sel.outputs = outs.names;
-  onnx::GraphProto g =
-      derive_body(true, standalone_model(*body, input_facts, extra, b.opsets(), known_values), sel, node_label(node));
+  // Inside the body, the state has the dims it keeps in every iteration (the rules then see
+  // static shapes where the loop keeps them).
+  const std::vector<Facts> carried = loop_carried_facts(*body, n, input_facts, extra, b.opsets(), known_values);
+  std::vector<const Facts*> carried_facts;
+  for (const Facts& f : carried) carried_facts.push_back(&f);
+  onnx::GraphProto g = derive_body(true, standalone_model(*body, carried_facts, extra, b.opsets(), known_values, true),
+                                   sel, node_label(node));
 
   // g: inputs [iter, cond, state, captured, tangents of the selected inputs]; outputs [cond,
   // state, scan outputs, tangents of the selected outputs]. The JVP body carries the captured
@@ -391,6 +397,28 @@ Vs loop_transpose(TransposeCtx& c) {
   //    through that row (a body input in place of the Gather): its cotangent is a row per
   //    iteration, stacked by the reverse loop, not a full-size accumulator that every iteration
   //    would add to (quadratic in the sequence length).
+  std::vector<onnx::TensorProto> known_values;
+  for (int k = 0; k < n; ++k)
+    if (!lin[static_cast<size_t>(k)] && invariant_state(*body, k))
+      if (auto t = known_constant(b, c.in(2 + k), body->input(2 + k).name())) known_values.push_back(std::move(*t));
+  // The dims the state keeps in every iteration: with them, the vjp's rules see static shapes
+  // (a weight's cotangent then needs no run-time test for broadcasting at every step).
+  const Facts iter_facts = scalar_facts(onnx::TensorProto::INT64), cond_facts = scalar_facts(onnx::TensorProto::BOOL);
+  std::vector<Facts> carried;
+  {
+    std::vector<const Facts*> entering = {&iter_facts, &cond_facts};
+    for (int k = 0; k < n; ++k) entering.push_back(&b.facts(c.in(2 + k)));
+    std::vector<std::string> grows;
+    carried = loop_carried_facts(*body, n, entering, {}, b.opsets(), known_values, &grows);
+    for (int k : varying)
+      if (!grows[static_cast<size_t>(k)].empty())
+        c.unsupported("loop-carried value " + std::to_string(k) + " ('" + body->input(2 + k).name() +
+                          "' in the body) changes shape from one iteration to the next (from " +
+                          grows[static_cast<size_t>(k)] +
+                          "), and reverse mode stacks the value of every iteration, which needs one shape",
+                      "use jvp (forward mode), or carry a fixed-size buffer (e.g. preallocated and written "
+                      "with ScatterND) instead of concatenating to the state");
+  }
   std::vector<int> scanned;
   for (int k : scanned_states(*body, lin)) {
     if (b.witness(c.in(2 + k)).valid() && b.facts(c.in(2 + k)).rank() >= 1) scanned.push_back(k);
@@ -406,15 +434,15 @@ Vs loop_transpose(TransposeCtx& c) {
         const std::string out = nd.output(0);
         nd = make_node("Identity", {row_names.back()}, out);
       }
-    const Facts& whole = b.facts(c.in(2 + k));
-    row_facts.push_back(Facts::of(whole.dtype, Dims(static_cast<size_t>(whole.rank() - 1), Dim{})));
+    // (The sequence is passed along unchanged: a row has its dims after the first.)
+    const Facts& whole = carried[static_cast<size_t>(2 + k)];
+    Facts row = Facts::of(whole.dtype, Dims(static_cast<size_t>(whole.rank() - 1), Dim{}));
+    for (size_t d = 1; d < whole.dims.size(); ++d) row.dims[d - 1] = whole.dims[d];
+    row_facts.push_back(std::move(row));
   }
-  for (size_t q = 0; q < scanned.size(); ++q)
-    *vjp_body.add_input() = typed_value_info(row_names[q], row_facts[q], true);
+  for (size_t q = 0; q < scanned.size(); ++q) *vjp_body.add_input() = typed_value_info(row_names[q], row_facts[q]);
   std::vector<const Facts*> input_facts;
-  const Facts iter_facts = scalar_facts(onnx::TensorProto::INT64), cond_facts = scalar_facts(onnx::TensorProto::BOOL);
-  input_facts = {&iter_facts, &cond_facts};
-  for (int k = 0; k < n; ++k) input_facts.push_back(&b.facts(c.in(2 + k)));
+  for (size_t i = 0; i < 2 + static_cast<size_t>(n); ++i) input_facts.push_back(&carried[i]);
   for (const Facts& rf : row_facts) input_facts.push_back(&rf);
   const int n_rows = static_cast<int>(scanned.size());
   Selection sel;
@@ -432,12 +460,8 @@ Vs loop_transpose(TransposeCtx& c) {
   for (int j = 0; j < k_scan; ++j)
     if (c.ct(n + j).valid()) scan_out[static_cast<size_t>(j)] = outs.add(body->output(1 + n + j).name());
   sel.outputs = outs.names;
-  std::vector<onnx::TensorProto> known_values;
-  for (int k = 0; k < n; ++k)
-    if (!lin[static_cast<size_t>(k)] && invariant_state(*body, k))
-      if (auto t = known_constant(b, c.in(2 + k), body->input(2 + k).name())) known_values.push_back(std::move(*t));
-  onnx::GraphProto g =
-      derive_body(false, standalone_model(vjp_body, input_facts, {}, b.opsets(), known_values), sel, tape_label(c));
+  onnx::GraphProto g = derive_body(false, standalone_model(vjp_body, input_facts, {}, b.opsets(), known_values, true),
+                                   sel, tape_label(c));
   // g: inputs [iter, cond, state, rows, cotangents of the selected outputs]; outputs [cond,
   // state, scan outputs, cotangents of the tangent state, then of the rows]. Keep the
   // cotangents only.
@@ -448,6 +472,19 @@ Vs loop_transpose(TransposeCtx& c) {
     g.mutable_output()->Swap(cts.mutable_output());
   }
   prune(g);
+  // The weights' cotangents: their per-iteration products leave the loop (rules/loop_products.h).
+  std::vector<LoopProduct> products;
+  {
+    std::vector<int> accumulated;
+    std::vector<std::string> into;
+    for (size_t li = 0; li < linear_states.size(); ++li) {
+      const int k = linear_states[li];
+      if (!invariant_state(*body, k)) continue;
+      accumulated.push_back(static_cast<int>(li));
+      into.push_back(g.input(2 + n + n_rows + static_cast<int>(state_out[static_cast<size_t>(k)])).name());
+    }
+    products = hoist_loop_products(g, accumulated, into, b.opsets(), scope);
+  }
   rename_definitions(g, scope, b.node_scope());
 
   // 3. The reverse loop: iteration j of T runs the body's vjp at iteration T-1-j, the state
@@ -520,12 +557,29 @@ Vs loop_transpose(TransposeCtx& c) {
     }
     rins.push_back(ct);
   }
-  Vs r = b.op("Loop", rins, {Attr::graph("body", std::move(rev))}, static_cast<int>(linear_states.size()) + n_rows);
+  const int n_products = static_cast<int>(products.size());
+  Vs r = b.op("Loop", rins, {Attr::graph("body", std::move(rev))},
+              static_cast<int>(linear_states.size()) + n_rows + 2 * n_products);
   Vs res(c.ins.size(), V{});
   for (size_t li = 0; li < linear_states.size(); ++li) {
     const int k = linear_states[li];
     b.set_facts(r[li], b.facts(c.in(2 + k)));
     res[static_cast<size_t>(2 + k)] = r[li];
+  }
+  for (int q = 0; q < n_products; ++q) {
+    const LoopProduct& p = products[static_cast<size_t>(q)];
+    const size_t at = linear_states.size() + static_cast<size_t>(n_rows + 2 * q);
+    auto stacked = [](const Facts& per_iteration) {
+      Facts s = per_iteration;
+      if (s.has_shape) s.dims.insert(s.dims.begin(), Dim{});
+      return s;
+    };
+    b.set_facts(r[at], stacked(p.left_facts));
+    b.set_facts(r[at + 1], stacked(p.right_facts));
+    const int k = linear_states[static_cast<size_t>(p.output)];
+    const V sum = b.add(res[static_cast<size_t>(2 + k)], sum_of_loop_product(b, p, r[at], r[at + 1]));
+    b.set_facts(sum, b.facts(c.in(2 + k)));
+    res[static_cast<size_t>(2 + k)] = sum;
   }
   // The rows' cotangents, stacked from the last iteration to the first: reversed, reshaped
   // (zero iterations stack nothing), and padded with zero rows the loop did not reach.

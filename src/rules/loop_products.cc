@@ -1,0 +1,188 @@
+#include "rules/loop_products.h"
+
+#include <functional>
+#include <optional>
+#include <unordered_set>
+
+#include "transforms/prepare.h"
+#include "transforms/subgraph.h"
+
+namespace onnax {
+namespace {
+
+bool is_default_domain(const onnx::NodeProto& n) {
+  return n.domain().empty() || n.domain() == "ai.onnx";
+}
+
+// A 2-D Transpose that swaps its axes (perm [1, 0], or none: reversed).
+bool swaps_axes(const onnx::NodeProto& n) {
+  if (n.op_type() != "Transpose" || !is_default_domain(n) || n.input_size() != 1) return false;
+  for (const auto& a : n.attribute())
+    if (a.name() == "perm") return a.ints_size() == 2 && a.ints(0) == 1 && a.ints(1) == 0;
+  return true;
+}
+
+// Where each value of `g` is made, and how many times it is read (by nodes, as an output, or
+// inside a nested subgraph, which counts as many reads).
+struct Uses {
+  std::unordered_map<std::string, int> producer;
+  std::unordered_map<std::string, int> reads;
+  explicit Uses(const onnx::GraphProto& g) {
+    for (int i = 0; i < g.node_size(); ++i) {
+      const onnx::NodeProto& n = g.node(i);
+      for (const auto& o : n.output())
+        if (!o.empty()) producer[o] = i;
+      for (const auto& in : n.input())
+        if (!in.empty()) ++reads[in];
+      if (has_subgraphs(n))
+        for (const auto& a : n.attribute()) {
+          if (a.has_g())
+            for (const auto& r : graph_outer_reads(a.g())) reads[r] += 2;
+          for (const auto& sg : a.graphs())
+            for (const auto& r : graph_outer_reads(sg)) reads[r] += 2;
+        }
+    }
+    for (const auto& o : g.output()) ++reads[o.name()];
+  }
+  const onnx::NodeProto* made_by(const onnx::GraphProto& g, const std::string& v) const {
+    const auto it = producer.find(v);
+    return it == producer.end() ? nullptr : &g.node(it->second);
+  }
+  int count(const std::string& v) const {
+    const auto it = reads.find(v);
+    return it == reads.end() ? 0 : it->second;
+  }
+};
+
+// The values of `g` that depend on `input` (nodes are in topological order).
+std::unordered_set<std::string> depending_on(const onnx::GraphProto& g, const std::string& input) {
+  std::unordered_set<std::string> dep = {input};
+  for (const auto& n : g.node()) {
+    bool hit = false;
+    for (const auto& in : n.input()) hit = hit || dep.count(in) > 0;
+    if (!hit && has_subgraphs(n))
+      for (const auto& a : n.attribute()) {
+        if (a.has_g())
+          for (const auto& r : graph_outer_reads(a.g())) hit = hit || dep.count(r) > 0;
+        for (const auto& sg : a.graphs())
+          for (const auto& r : graph_outer_reads(sg)) hit = hit || dep.count(r) > 0;
+      }
+    if (hit)
+      for (const auto& o : n.output()) dep.insert(o);
+  }
+  return dep;
+}
+
+// A term of an accumulation: the value, and the Add that adds it (its input `side`).
+struct Term {
+  std::string value;
+  int add = -1;
+  int side = 0;
+};
+
+}  // namespace
+
+std::vector<LoopProduct> hoist_loop_products(onnx::GraphProto& g, const std::vector<int>& accumulated,
+                                             const std::vector<std::string>& excluded,
+                                             const std::unordered_map<std::string, int>& opsets, NameScope& scope) {
+  std::vector<LoopProduct> hoisted;
+  if (accumulated.empty()) return hoisted;
+  // The ranks of the body's values (its inputs are typed).
+  std::optional<Prepared> facts;
+  try {
+    facts.emplace(prepare(standalone_model(g, {}, {}, opsets), "vjp"));
+  } catch (const std::exception&) {
+    return hoisted;  // (then the loop accumulates as it did)
+  }
+  auto rank = [&](const std::string& v) { return facts->fact(v).rank(); };
+  auto dim = [&](const std::string& v, size_t d) { return facts->fact(v).dims[d]; };
+  const Uses uses(g);
+
+  std::vector<std::pair<std::string, std::string>> factors;  // appended after the loop
+  for (size_t i = 0; i < accumulated.size(); ++i) {
+    const int out = accumulated[i];
+    if (out < 0 || out >= g.output_size()) continue;
+    // The terms of the output's Add tree (Adds read once, by the tree).
+    std::vector<Term> terms;
+    std::function<void(const std::string&, int, int)> walk = [&](const std::string& v, int add, int side) {
+      const auto it = uses.producer.find(v);
+      const onnx::NodeProto* n = it == uses.producer.end() ? nullptr : &g.node(it->second);
+      const bool inner = add < 0 || uses.count(v) == 1;
+      if (n && inner && n->op_type() == "Add" && is_default_domain(*n) && n->input_size() == 2) {
+        walk(n->input(0), it->second, 0);
+        walk(n->input(1), it->second, 1);
+        return;
+      }
+      terms.push_back(Term{v, add, side});
+    };
+    walk(g.output(out).name(), -1, 0);
+    std::unordered_set<std::string> dep;
+    bool dep_known = false;
+    std::unordered_set<int> rewritten;  // Adds already turned into Identity
+    for (const Term& t : terms) {
+      if (t.add < 0 || rewritten.count(t.add) || uses.count(t.value) != 1) continue;
+      const onnx::NodeProto* mm = uses.made_by(g, t.value);
+      if (!mm || mm->op_type() != "MatMul" || !is_default_domain(*mm) || mm->input_size() != 2) continue;
+      const std::string& a = mm->input(0);
+      const std::string& bv = mm->input(1);
+      if (rank(a) != 2 || rank(bv) != 2 || rank(t.value) != 2) continue;
+      if (!dep_known) {
+        dep = depending_on(g, excluded[i]);
+        dep_known = true;
+      }
+      if (dep.count(a) || dep.count(bv)) continue;
+      LoopProduct p;
+      p.output = out;
+      std::string left = a;
+      const onnx::NodeProto* ta = uses.made_by(g, a);
+      if (ta && swaps_axes(*ta) && uses.count(a) == 1 && rank(ta->input(0)) == 2 && !dep.count(ta->input(0))) {
+        p.left = LoopProduct::Left::kRows;
+        left = ta->input(0);
+      } else if (dim(a, 1).known() && dim(a, 1).value() == 1) {
+        p.left = LoopProduct::Left::kColumn;
+      }
+      // The Add keeps its other operand only.
+      onnx::NodeProto& add = *g.mutable_node(t.add);
+      const std::string other = add.input(1 - t.side);
+      add.set_op_type("Identity");
+      add.clear_input();
+      add.add_input(other);
+      rewritten.insert(t.add);
+      p.left_facts = facts->fact(left);
+      p.right_facts = facts->fact(bv);
+      factors.emplace_back(left, bv);
+      hoisted.push_back(std::move(p));
+    }
+  }
+  for (const auto& [left, right] : factors) {
+    add_output(g, left, typed_value_info(left, facts->fact(left)), scope);
+    add_output(g, right, typed_value_info(right, facts->fact(right)), scope);
+  }
+  prune(g);
+  return hoisted;
+}
+
+V sum_of_loop_product(Builder& b, const LoopProduct& product, V stacked_left, V stacked_right) {
+  // Stacked over iterations t: the left factor [T, ...], the right [T, M, N] -> [T*M, N].
+  const V minus_one = b.i64s({-1});
+  const V right = b.reshape(stacked_right, b.concat({minus_one, b.shape_of(stacked_right, 2, 3)}, 0));
+  switch (product.left) {
+    case LoopProduct::Left::kRows: {
+      // x_t [M, K] stacked: [T*M, K]; the sum is its transpose times the right rows.
+      const V rows = b.reshape(stacked_left, b.concat({minus_one, b.shape_of(stacked_left, 2, 3)}, 0));
+      return b.op1("MatMul", {b.transpose(rows, {1, 0}), right});
+    }
+    case LoopProduct::Left::kColumn: {
+      // [T, K, 1] is [T, K]: rows again.
+      const V rows = b.reshape(stacked_left, b.concat({minus_one, b.shape_of(stacked_left, 1, 2)}, 0));
+      return b.op1("MatMul", {b.transpose(rows, {1, 0}), right});
+    }
+    case LoopProduct::Left::kGeneral: break;
+  }
+  // [T, K, M] -> [K, T, M] -> [K, T*M].
+  const V moved = b.transpose(stacked_left, {1, 0, 2});
+  const V left = b.reshape(moved, b.concat({b.shape_of(stacked_left, 1, 2), minus_one}, 0));
+  return b.op1("MatMul", {left, right});
+}
+
+}  // namespace onnax

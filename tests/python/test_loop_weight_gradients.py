@@ -1,0 +1,238 @@
+"""Reverse mode through a Loop: weights' gradients and the dims of loop-carried state.
+
+Two properties of the reverse loop, each checked by structure (it fails without the feature) and
+by numbers (the ``ad_oracle`` battery: jvp and grad against float64 central differences, vjp by
+the dot-product test, HVP against differences of the gradient, per-example gradients against a
+loop of ``grad``):
+
+* A weight every iteration reads gets its gradient as one matrix product over the sequence after
+  the loop (``X^T dY``: the per-iteration factors are stacked by the reverse loop), not a
+  weight-sized product added to an accumulator at every step. Cases cover the three factor forms
+  (``x_t^T dy_t`` of a batched state, the outer product of a vector state, and a weight on the
+  left, ``dy_t x_t^T``), a symbolic batch, zero iterations and a state that grows.
+* The loop-carried state has static dims inside the bodies when the loop keeps them, so
+  unbroadcasting a cotangent needs no run-time test at every step: the reverse body of an RNN op
+  holds no ``Compress`` / ``Equal``, while a state that grows keeps only its rank.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import onnax
+import onnx
+import pytest
+from ad_oracle import ADGen, battery, check_jvp, make_ad_model, make_feeds, normal, run
+from onnx import TensorProto, helper
+from test_autodiff_control_flow import body, const, loss_of, vi
+
+D = TensorProto.DOUBLE
+I64 = TensorProto.INT64
+B = TensorProto.BOOL
+T_STEPS = 4
+
+
+def recurrence(
+    trips: int,
+    state: Sequence[Any],
+    weight_left: bool = False,
+    grows: bool = False,
+) -> onnx.ModelProto:
+    """h_{t+1} = tanh(h_t W + xs[t]) (or W h_t + xs[t] with `weight_left`), W [3, 3] an
+    initializer read from the enclosing graph, xs carried and gathered by the iteration number.
+    With `grows`, a second state appends h_{t+1} to itself every iteration (its length changes)."""
+    matmul = ["W", "h_in"] if weight_left else ["h_in", "W"]
+    nodes = [
+        helper.make_node("Gather", ["xs_in", "it"], ["xt"], axis=0),
+        helper.make_node("MatMul", matmul, ["hw"]),
+        helper.make_node("Add", ["hw", "xt"], ["pre"]),
+        helper.make_node("Tanh", ["pre"], ["h_out"]),
+        helper.make_node("Identity", ["xs_in"], ["xs_out"]),
+        helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+    ]
+    seq = [T_STEPS, *state]
+    ins = [vi("it", I64, []), vi("cond_in", B, []), vi("h_in", D, state), vi("xs_in", D, seq)]
+    outs = [vi("cond_out", B, []), vi("h_out", D, state), vi("xs_out", D, seq)]
+    loop_in, loop_out, losses = ["M", "c0", "h0", "xs"], ["hT", "xsT"], ["hT"]
+    if grows:
+        nodes.append(helper.make_node("Concat", ["acc_in", "h_out"], ["acc_out"], axis=0))
+        ins.append(vi("acc_in", D, None))
+        outs.append(vi("acc_out", D, None))
+        loop_in.append("acc0")
+        loop_out.append("accT")
+        losses.append("acc_sq")
+    g = [
+        const("M", trips, I64),
+        const("c0", True, B),
+        helper.make_node("Loop", loop_in, loop_out, body=body(nodes, ins, outs)),
+    ]
+    if grows:
+        g.append(helper.make_node("Mul", ["accT", "accT"], ["acc_sq"]))
+    g += loss_of(*losses)
+    inputs = [("h0", D, state), ("xs", D, seq)]
+    if grows:
+        inputs.append(("acc0", D, state))
+    rng = np.random.default_rng(11)
+    return make_ad_model(
+        g, inputs, [("loss", D, []), "hT"], initializers={"W": rng.standard_normal((3, 3)) * 0.5}
+    )
+
+
+@dataclass
+class Case:
+    id: str
+    model: onnx.ModelProto
+    inputs: list[str]
+    in_axes: tuple[int | None, ...]
+    gens: Mapping[str, ADGen] = field(default_factory=dict)
+    products: int = 1  # weight products the reverse loop hands out (stacked factor pairs)
+
+
+CASES = [
+    Case("vector-state", recurrence(T_STEPS, [3]), ["h0", "xs", "W"], (0, 0)),
+    Case("batched-state", recurrence(T_STEPS, [2, 3]), ["h0", "xs", "W"], (0, 0)),
+    Case("weight-on-the-left", recurrence(T_STEPS, [3, 2], weight_left=True), ["h0", "xs", "W"], (0, 0)),
+    Case(
+        "symbolic-batch",
+        recurrence(T_STEPS, ["N", 3]),
+        ["h0", "xs", "W"],
+        (0, 0),
+        gens={"h0": normal((2, 3)), "xs": normal((T_STEPS, 2, 3))},
+    ),
+    Case("zero-iterations", recurrence(0, [2, 3]), ["h0", "xs", "W"], (0, 0)),
+]
+IDS = [c.id for c in CASES]
+
+test_jvp, test_vjp_dot, test_grad, test_hvp, test_per_example_grad = battery(
+    CASES, IDS, inputs=lambda c: c.inputs, hvp_wrt=lambda c: ["W"], per_example_axes=lambda c: c.in_axes
+)
+
+
+def _loop_bodies(graph: onnx.GraphProto) -> list[onnx.GraphProto]:
+    out = []
+    for n in graph.node:
+        for a in n.attribute:
+            if a.type == onnx.AttributeProto.GRAPH:
+                out.append(a.g)
+                out += _loop_bodies(a.g)
+    return out
+
+
+def _reverse_loop(model: onnx.ModelProto) -> onnx.NodeProto:
+    loops = [n for n in model.graph.node if n.op_type == "Loop"]
+    return loops[-1]
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_weight_gradient_is_one_product_after_the_loop(case: Case) -> None:
+    g = onnax.grad(case.model, inputs=["W"], output="loss")
+    reverse = _reverse_loop(g)
+    rev_body = reverse.attribute[0].g
+    # The reverse loop's state is the cotangent of h (and of the growing state) and of W; its
+    # scan outputs are the two stacked factors of W's product.
+    states = len(reverse.input) - 2
+    assert len(reverse.output) - states == 2 * case.products, [o.name for o in rev_body.output]
+    # Inside: the forward step recomputed (h W) and the cotangent of h (dy W^T), nothing
+    # weight-sized.
+    assert [n.op_type for n in rev_body.node].count("MatMul") == 2
+    # After it: the product over the sequence, whose result is the gradient.
+    after = list(g.graph.node).index(reverse)
+    assert "MatMul" in [n.op_type for n in g.graph.node[after + 1 :]]
+    onnx.checker.check_model(g, full_check=True)
+
+
+def test_per_example_weight_gradients_match_a_loop_of_grads() -> None:
+    # vmap(grad) of the vector recurrence: B examples' W gradients from the batched product
+    # (a batched MatMul over [B, 3, T] x [B, T, 3]) equal B separate gradients.
+    model = recurrence(T_STEPS, [3])
+    g = onnax.grad(model, inputs=["W"], output="loss")
+    vg = onnax.vmap(g, in_axes=[0, 0])
+    rng = np.random.default_rng(3)
+    h0 = rng.standard_normal((5, 3))
+    xs = rng.standard_normal((5, T_STEPS, 3))
+    batched = run(vg, {"h0": h0, "xs": xs})["W_grad"]
+    for i in range(5):
+        single = run(g, {"h0": h0[i], "xs": xs[i]})["W_grad"]
+        np.testing.assert_allclose(batched[i], single, rtol=1e-12, atol=1e-12)
+
+
+def recurrent_op(op: str, batch: Any) -> onnx.ModelProto:
+    """One RNN/GRU/LSTM op over [T, batch, 3] with hidden size 3, weights as initializers."""
+    gates = {"RNN": 1, "GRU": 3, "LSTM": 4}[op]
+    rng = np.random.default_rng(5)
+    nodes = [
+        helper.make_node(op, ["X", "Wr", "R"], ["Y", "Yh"], hidden_size=3),
+        helper.make_node("ReduceSumSquare", ["Y"], ["loss"], keepdims=0),
+    ]
+    return make_ad_model(
+        nodes,
+        [("X", TensorProto.FLOAT, [T_STEPS, batch, 3])],
+        [("loss", TensorProto.FLOAT, [])],
+        initializers={
+            "Wr": (rng.standard_normal((1, gates * 3, 3)) * 0.4).astype(np.float32),
+            "R": (rng.standard_normal((1, gates * 3, 3)) * 0.4).astype(np.float32),
+        },
+        opset=22,
+    )
+
+
+@pytest.mark.parametrize("op", ["RNN", "GRU", "LSTM"])
+@pytest.mark.parametrize("batch", [2, "N"])
+def test_reverse_body_of_a_recurrent_op_has_static_shapes(op: str, batch: Any) -> None:
+    # The recurrence keeps its state's shape, so the reverse body knows it: no Shape / Equal /
+    # Compress deciding at every step which axes a cotangent was broadcast along. And the
+    # gradient still matches float64 central differences of the float32 model.
+    model = recurrent_op(op, batch)
+    g = onnax.grad(model, inputs=["Wr", "R"], output="loss")
+    for b in _loop_bodies(g.graph):
+        ops = [n.op_type for n in b.node]
+        assert "Compress" not in ops and "Equal" not in ops, (op, ops)
+    feeds = make_feeds(model, {"X": normal((T_STEPS, 2, 3))}, np.random.default_rng(1))
+    out = run(g, feeds)
+    eps = 1e-3
+    for name in ("Wr", "R"):
+        w = onnx.numpy_helper.to_array(next(t for t in model.graph.initializer if t.name == name)).astype(
+            np.float64
+        )
+        fd = np.zeros_like(w)
+        for idx in np.ndindex(w.shape):
+            vals = []
+            for sign in (1.0, -1.0):
+                m = onnx.ModelProto()
+                m.CopyFrom(model)
+                wp = w.copy()
+                wp[idx] += sign * eps
+                for t in m.graph.initializer:
+                    if t.name == name:
+                        t.CopyFrom(onnx.numpy_helper.from_array(wp.astype(np.float32), name))
+                vals.append(float(run(m, feeds)["loss"]))
+            fd[idx] = (vals[0] - vals[1]) / (2 * eps)
+        np.testing.assert_allclose(out[name + "_grad"], fd, rtol=2e-2, atol=2e-3)
+
+
+def test_growing_state_keeps_only_its_rank_inside_the_body() -> None:
+    # The appended state changes length every iteration: the JVP body must not claim a static
+    # length for it (ONNX Runtime would reject the declared shape), while h keeps [3].
+    model = recurrence(T_STEPS, [3], grows=True)
+    check_jvp(model, ["W", "acc0"])
+    j = onnax.jvp(model, inputs=["W", "acc0"])
+    (jvp_body,) = _loop_bodies(j.graph)[1:]
+    declared = {v.name: v.type.tensor_type.shape.dim for v in list(jvp_body.input) + list(jvp_body.output)}
+    assert any(n.startswith("h_in") and [d.dim_value for d in dims] == [3] for n, dims in declared.items())
+    for name, dims in declared.items():
+        if name.startswith("acc"):
+            assert not any(d.HasField("dim_value") for d in dims), name
+
+
+def test_reverse_mode_through_a_growing_state_is_refused_clearly() -> None:
+    # Reverse mode stacks the state of every iteration; a state whose length changes cannot be
+    # stacked. Before, the gradient failed inside ONNX Runtime ("Inconsistent shape in loop
+    # output"); now the transform says so, with the shapes and a fix.
+    model = recurrence(T_STEPS, [3], grows=True)
+    with pytest.raises(
+        onnax.OnnaxError, match=r"changes shape from one iteration to the next \(from \[3\] to \[6\]\)"
+    ):
+        onnax.grad(model, inputs=["W"], output="loss")
