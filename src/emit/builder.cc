@@ -179,8 +179,13 @@ void Builder::infer(onnx::NodeProto& node, const Vs& inputs, const Vs& outputs) 
     onnx::shape_inference::InferenceContextImpl ctx(target, inf.types, inf.data, inf.sparse, options, &inf.generated);
     schema->GetTypeAndShapeInferenceFunction()(ctx);
     if (schema->has_data_propagation_function()) {
-      onnx::shape_inference::DataPropagationContextImpl dctx(target, inf.types, inf.data, inf.generated);
-      schema->GetDataPropagationFunction()(dctx);
+      // (Data propagation covers 1-D shapes only: its failure, on an Add of 2-D int64 constants
+      // say, must not discard the types just inferred.)
+      try {
+        onnx::shape_inference::DataPropagationContextImpl dctx(target, inf.types, inf.data, inf.generated);
+        schema->GetDataPropagationFunction()(dctx);
+      } catch (const std::exception&) {
+      }
     }
     for (size_t i = 0; i < outputs.size(); ++i) {
       if (!outputs[i].valid()) continue;
@@ -205,6 +210,53 @@ void Builder::infer(onnx::NodeProto& node, const Vs& inputs, const Vs& outputs) 
   if (named)
     for (const auto& o : named->output())
       if (!o.empty()) inf.generated.erase(o);
+  if (loop_inference_ && node.op_type() == "Loop" && (node.domain().empty() || node.domain() == "ai.onnx"))
+    refine_loop_outputs(node, inputs, outputs);
+}
+
+Dim Builder::exact_trips(const onnx::NodeProto& node, const Vs& inputs) const {
+  const std::vector<int64_t>* trips = inputs.size() > 0 && inputs[0].valid() ? known_i64(inputs[0]) : nullptr;
+  if (!trips || trips->size() != 1) return Dim{};
+  if (inputs.size() > 1 && inputs[1].valid()) {
+    const std::vector<int64_t>* cond = known_i64(inputs[1]);
+    const onnx::GraphProto* body = nullptr;
+    for (const auto& a : node.attribute())
+      if (a.name() == "body" && a.has_g()) body = &a.g();
+    if (!cond || cond->size() != 1 || (*cond)[0] == 0 || !body || body->input_size() < 2 || body->output_size() < 1)
+      return Dim{};
+    const std::string& in = body->input(1).name();
+    const std::string& out = body->output(0).name();
+    bool passed_along = out == in;
+    for (const auto& n : body->node())
+      if (n.output_size() == 1 && n.output(0) == out)
+        passed_along = n.op_type() == "Identity" && n.input_size() == 1 && n.input(0) == in;
+    if (!passed_along) return Dim{};
+  }
+  return Dim::of(std::max<int64_t>((*trips)[0], 0));
+}
+
+void Builder::refine_loop_outputs(const onnx::NodeProto& node, const Vs& inputs, const Vs& outputs) {
+  static const Facts kUnknown;
+  std::vector<const Facts*> in;
+  for (V v : inputs) in.push_back(v.valid() ? &facts(v) : &kUnknown);
+  const std::vector<Facts> inferred = loop_inference_(node, in, exact_trips(node, inputs));
+
+  for (size_t i = 0; i < outputs.size() && i < inferred.size(); ++i) {
+    if (!outputs[i].valid() || !inferred[i].has_shape) continue;
+    const Facts& now = facts(outputs[i]);
+    if (now.has_shape && now.rank() != inferred[i].rank()) continue;
+    Facts f = now.has_shape ? now : inferred[i];
+    if (!f.dtype) f.dtype = inferred[i].dtype;
+    bool gained = !now.has_shape;
+    // (Unknown dims the builder named, Dim::internal, are unknown too.)
+    auto unknown = [](Dim d) { return d == Dim{} || d.internal(); };
+    for (size_t d = 0; d < f.dims.size(); ++d)
+      if (unknown(f.dims[d]) && !unknown(inferred[i].dims[d])) {
+        f.dims[d] = inferred[i].dims[d];
+        gained = true;
+      }
+    if (gained) set_facts(outputs[i], std::move(f));
+  }
 }
 
 void Builder::finish(onnx::NodeProto& node, const Vs& inputs, const Vs& outputs, const Vs* recorded) {
@@ -517,9 +569,24 @@ V Builder::folded_int64(std::string_view type, const Vs& inputs, const Attrs& at
   return folded->rank == 0 ? i64(folded->values.at(0)) : i64s(folded->values);
 }
 
+V Builder::folded(std::string_view type, const Vs& inputs, const Attrs& attrs) {
+  if (int64_foldable(type)) return folded_int64(type, inputs, attrs);
+  // The shape of a value whose dims in range are static (what shape_of gives, for rules and
+  // expansions that emit Shape themselves). (A tangent's Shape goes to the tape, as before.)
+  if (type == "Shape" && inputs.size() == 1 && inputs[0].valid() && !tangent(inputs[0])) {
+    int64_t start = 0, end = std::numeric_limits<int64_t>::max();
+    for (const auto& a : attrs) {
+      if (a.proto.name() == "start") start = a.proto.i();
+      if (a.proto.name() == "end") end = a.proto.i();
+    }
+    if (const auto dims = static_dims_between(facts(inputs[0]), start, end)) return i64s(*dims);
+  }
+  return V{};
+}
+
 Vs Builder::op(std::string_view type, const Vs& inputs, const Attrs& attrs, int num_outputs) {
-  if (reuse_ && num_outputs == 1 && int64_foldable(type))
-    if (const V folded = folded_int64(type, inputs, attrs); folded.valid()) return {folded};
+  if (reuse_ && num_outputs == 1)
+    if (const V f = folded(type, inputs, attrs); f.valid()) return {f};
   // With reuse on, a computation emitted again returns the first one's outputs instead of a
   // copy: the transpose of a weight shared by many layers (once per use in reverse mode), the
   // sum of one cotangent that a normalization's scale, bias and mean gradients each take.
@@ -541,9 +608,10 @@ Vs Builder::op(std::string_view type, const Vs& inputs, const Attrs& attrs, int 
     put(num_outputs);
     for (V v : inputs) put(v.id);
     for (const auto& a : attrs) a.proto.AppendToString(&op_key_);
-    if (auto it = op_cache_.find(op_key_); it != op_cache_.end()) return it->second;
+    // (A value marked a tangent after it was made, a zero tangent, is not the computation's.)
+    if (auto it = op_cache_.find(op_key_); it != op_cache_.end() && !reads_tangent(it->second)) return it->second;
   } else if (recent) {
-    if (const V same = same_node(hash, type, inputs, attrs); same.valid()) return Vs{same};
+    if (const V same = same_node(hash, type, inputs, attrs); same.valid() && !tangent(same)) return Vs{same};
   }
   Vs outs = emit(type, inputs, attrs, num_outputs);
   if (cacheable && on_leaves) op_cache_.emplace(op_key_, outs);
@@ -651,6 +719,14 @@ Vs Builder::clone(const onnx::NodeProto& node, const Vs& inputs, const Attrs& ov
     source_output_ids_ = nullptr;
     finish(*n, inputs, outs);
     return outs;
+  }
+  // Shape arithmetic on known values folds as in op() (expansions clone their nodes).
+  if (reuse_ && overrides.empty() && drop.empty() && num_outputs < 0 && node.output_size() == 1 &&
+      node.domain().empty() && (node.op_type() == "Shape" || int64_foldable(node.op_type())) &&
+      !(transposing_ && transposing_->node.get() == &node)) {
+    Attrs attrs;
+    for (const auto& a : node.attribute()) attrs.push_back(Attr{a});
+    if (const V f = folded(node.op_type(), inputs, attrs); f.valid()) return {f};
   }
   const bool for_tape = bound_for_tape(inputs);
   auto* n = new_node(node.op_type(), for_tape);

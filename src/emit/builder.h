@@ -96,6 +96,13 @@ class Builder {
   // Runs ONNX's per-node inference on every emitted node so emitted values have facts
   // (ranks, static and symbolic dims) — needed when transposing broadcasts.
   void enable_inference(const std::unordered_map<std::string, int>& opsets);
+  // The facts of a Loop's outputs from its inputs' facts and its exact number of iterations
+  // (Dim{}: not known), for what ONNX's Loop inference leaves out: the dims a state keeps, and a
+  // scan output's length. A transform that can infer bodies sets it (transforms/subgraph.h:
+  // loop_output_facts); inferred facts then replace unknown dims of emitted Loops' outputs.
+  using LoopInference =
+      std::function<std::vector<Facts>(const onnx::NodeProto&, const std::vector<const Facts*>&, Dim)>;
+  void set_loop_inference(LoopInference infer) { loop_inference_ = std::move(infer); }
   void register_data(const std::string& name, const onnx::TensorProto* tensor);
 
   // Arithmetic on possibly-zero values: an invalid V is a symbolic zero, so zero * y and
@@ -295,6 +302,8 @@ class Builder {
   // The constant an int64 shape computation on known operands gives (see emit/int64_fold.h);
   // invalid when it does not fold. (With reuse on.)
   V folded_int64(std::string_view type, const Vs& inputs, const Attrs& attrs);
+  // folded_int64, or the constant shape of a value whose dims in range are static (a Shape).
+  V folded(std::string_view type, const Vs& inputs, const Attrs& attrs);
   std::string_view interned(std::string_view name) { return value_names_.name(value_names_.intern(name)); }
   // A node appended to the graph. A node bound for the tape (it reads a tangent while a tape
   // is set) is bare: op type, domain and attributes only. It never reaches the result, so it
@@ -315,6 +324,11 @@ class Builder {
   void finish(onnx::NodeProto& node, const Vs& inputs, const Vs& outputs, const Vs* recorded = nullptr);
   void infer(onnx::NodeProto& node, const Vs& inputs, const Vs& outputs);
   void propagate_witness(const onnx::NodeProto& node, const Vs& inputs, const Vs& outputs);
+  void refine_loop_outputs(const onnx::NodeProto& node, const Vs& inputs, const Vs& outputs);
+  // The number of iterations `node` (a Loop) runs when it is certain: a known trip count, and a
+  // condition absent, or a known true the body passes along unchanged.
+  Dim exact_trips(const onnx::NodeProto& node, const Vs& inputs) const;
+  LoopInference loop_inference_;
 
   onnx::GraphProto& out_;
   NameScope& value_names_;

@@ -375,9 +375,19 @@ Vs loop_transpose(TransposeCtx& c) {
   const int f_out = n_primal + 2 + static_cast<int>(varying.size());
   Vs f = b.op("Loop", fins, {Attr::graph("body", std::move(fwd))}, f_out);
   {
+    // What the builder inferred for the loop (the body's dims, the trip count when it is known)
+    // fills in the dims these facts leave unknown.
+    auto settle = [&](V v, Facts given) {
+      const Facts& inferred = b.facts(v);
+      if (inferred.has_shape && inferred.rank() == given.rank())
+        for (size_t d = 0; d < given.dims.size(); ++d)
+          if ((given.dims[d] == Dim{} || given.dims[d].internal()) && !inferred.dims[d].internal())
+            given.dims[d] = inferred.dims[d];
+      b.set_facts(v, std::move(given));
+    };
     int pos = 0;
     for (int k = 0; k < n; ++k)
-      if (!lin[static_cast<size_t>(k)]) b.set_facts(f[pos++], b.facts(c.in(2 + k)));
+      if (!lin[static_cast<size_t>(k)]) settle(f[pos++], b.facts(c.in(2 + k)));
     auto stacked = [](const Facts& per_iteration) {
       Facts s = per_iteration;
       if (s.has_shape)
@@ -385,9 +395,9 @@ Vs loop_transpose(TransposeCtx& c) {
       if (s.has_shape) s.dims.insert(s.dims.begin(), Dim{});
       return s;
     };
-    b.set_facts(f[pos++], stacked(scalar_facts(onnx::TensorProto::INT64)));
-    b.set_facts(f[pos++], stacked(scalar_facts(onnx::TensorProto::BOOL)));
-    for (int k : varying) b.set_facts(f[pos++], stacked(b.facts(c.in(2 + k))));
+    settle(f[pos++], stacked(scalar_facts(onnx::TensorProto::INT64)));
+    settle(f[pos++], stacked(scalar_facts(onnx::TensorProto::BOOL)));
+    for (int k : varying) settle(f[pos++], stacked(b.facts(c.in(2 + k))));
   }
   const V iterations = b.squeeze(b.shape_of(f[n_primal], 0, 1), {0});
   const V last = b.sub(iterations, b.i64(1));

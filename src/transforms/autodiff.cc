@@ -17,6 +17,7 @@
 #include "rules/derivative.h"
 #include "transforms/prepare.h"
 #include "transforms/provenance.h"
+#include "transforms/subgraph.h"
 
 namespace onnax {
 namespace {
@@ -250,6 +251,8 @@ void differentiate_graph(Prepared& p, Mode mode, const Selection& sel) {
   out.set_doc_string(src->doc_string());
   Builder b(out, p.value_names, p.node_names, p.opset);
   b.enable_inference(model_opsets(p));
+  b.set_loop_inference([opsets = model_opsets(p)](const onnx::NodeProto& loop, const std::vector<const Facts*>& in,
+                                                  Dim trips) { return loop_output_facts(loop, in, trips, opsets); });
   // Reverse mode transposes a weight shared by many nodes (an unrolled recurrence) once, not
   // once per use.
   b.enable_reuse();

@@ -106,8 +106,9 @@ std::vector<Facts> loop_carried_facts(const onnx::GraphProto& body, int states,
                                       const std::vector<std::pair<std::string, Facts>>& extra_inputs,
                                       const std::unordered_map<std::string, int>& opsets,
                                       const std::vector<onnx::TensorProto>& known_values,
-                                      std::vector<std::string>* grows) {
+                                      std::vector<std::string>* grows, std::vector<Facts>* body_outputs) {
   if (grows) grows->assign(static_cast<size_t>(std::max(states, 0)), std::string());
+  if (body_outputs) body_outputs->clear();
   std::vector<Facts> facts;
   for (const Facts* f : input_facts) facts.push_back(f ? *f : Facts{});
   auto rank_only = [&] {
@@ -115,7 +116,7 @@ std::vector<Facts> loop_carried_facts(const onnx::GraphProto& body, int states,
       for (auto& d : facts[static_cast<size_t>(2 + k)].dims) d = Dim{};
     return facts;
   };
-  if (states <= 0 || body.input_size() < 2 + states || body.output_size() < 1 + states ||
+  if (states < 0 || body.input_size() < 2 + states || body.output_size() < 1 + states ||
       input_facts.size() < static_cast<size_t>(2 + states))
     return rank_only();
   // Each round either keeps every dim (done) or forgets at least one: at most one round per dim.
@@ -143,12 +144,37 @@ std::vector<Facts> loop_carried_facts(const onnx::GraphProto& body, int states,
           }
         }
       }
+      if (!changed && body_outputs)
+        for (const auto& o : body.output()) body_outputs->push_back(p.fact(o.name()));
     } catch (const std::exception&) {
       return rank_only();
     }
     if (!changed) return facts;
   }
   return rank_only();
+}
+
+std::vector<Facts> loop_output_facts(const onnx::NodeProto& loop, const std::vector<const Facts*>& input_facts,
+                                     Dim trips, const std::unordered_map<std::string, int>& opsets) {
+  const onnx::GraphProto* body = graph_attribute(loop, "body");
+  const int states = loop.input_size() - 2;
+  if (!body || states < 0 || body->input_size() != 2 + states || body->output_size() < 1 + states ||
+      input_facts.size() < static_cast<size_t>(loop.input_size()) || !graph_outer_reads(*body).empty())
+    return {};
+  const Facts iter = Facts::of(onnx::TensorProto::INT64, {}), cond = Facts::of(onnx::TensorProto::BOOL, {});
+  std::vector<const Facts*> entering = {&iter, &cond};
+  for (int k = 0; k < states; ++k) entering.push_back(input_facts[static_cast<size_t>(2 + k)]);
+  std::vector<Facts> outputs;
+  const std::vector<Facts> carried = loop_carried_facts(*body, states, entering, {}, opsets, {}, nullptr, &outputs);
+  if (outputs.size() != static_cast<size_t>(body->output_size())) return {};
+  std::vector<Facts> result;
+  // A final state is the entering one after some iterations, none included: the carried facts.
+  for (int k = 0; k < states; ++k) result.push_back(carried[static_cast<size_t>(2 + k)]);
+  for (int j = 1 + states; j < body->output_size(); ++j) {
+    const Facts& step = outputs[static_cast<size_t>(j)];
+    result.push_back(step.has_shape ? step.with_dim(0, trips) : Facts{step.dtype, false, {}});
+  }
+  return result;
 }
 
 void strip_known_values(onnx::GraphProto& g) {

@@ -46,12 +46,23 @@ onnx::ModelProto standalone_model(const onnx::GraphProto& body, const std::vecto
 // facts. Any failure to infer leaves every carried value with its rank only. `grows` (when
 // given) gets, per carried value, the shape the body provably gives back instead of the one it
 // got (a known dim of another size, or another rank), empty when none is known.
+// `body_outputs` (when given) gets the facts of the body's outputs inferred from the result
+// (empty when no fixed point was reached).
 std::vector<Facts> loop_carried_facts(const onnx::GraphProto& body, int states,
                                       const std::vector<const Facts*>& input_facts,
                                       const std::vector<std::pair<std::string, Facts>>& extra_inputs,
                                       const std::unordered_map<std::string, int>& opsets,
                                       const std::vector<onnx::TensorProto>& known_values = {},
-                                      std::vector<std::string>* grows = nullptr);
+                                      std::vector<std::string>* grows = nullptr,
+                                      std::vector<Facts>* body_outputs = nullptr);
+
+// The facts of a Loop's outputs from those of its inputs (`input_facts`, one per input of
+// `loop`): each final state with the dims it keeps (loop_carried_facts), each scan output the
+// body's per-iteration facts stacked over `trips` iterations (Dim{} when not known). Empty when
+// the body reads values of the enclosing graph (their facts are not known here) or cannot be
+// inferred.
+std::vector<Facts> loop_output_facts(const onnx::NodeProto& loop, const std::vector<const Facts*>& input_facts,
+                                     Dim trips, const std::unordered_map<std::string, int>& opsets);
 
 // Removes the initializers that shadow graph inputs of the same name (the known values
 // standalone_model added): the enclosing node feeds those inputs.

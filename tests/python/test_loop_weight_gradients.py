@@ -236,3 +236,17 @@ def test_reverse_mode_through_a_growing_state_is_refused_clearly() -> None:
         onnax.OnnaxError, match=r"changes shape from one iteration to the next \(from \[3\] to \[6\]\)"
     ):
         onnax.grad(model, inputs=["W"], output="loss")
+
+
+@pytest.mark.parametrize("op", ["RNN", "GRU", "LSTM"])
+def test_recurrent_op_gradient_runs_the_recurrence_twice(op: str) -> None:
+    # The op computes its outputs; its expansion's loop is needed in reverse mode only for the
+    # shapes of its outputs, which the builder now infers (the trip count is a known constant,
+    # the state keeps its dims). So the gradient runs the stacking loop and the reverse loop
+    # only, and asks for no run-time shapes. (Before: a third loop, the expansion's forward pass,
+    # ran for LSTM just to feed Shape nodes.)
+    model = recurrent_op(op, 2)
+    g = onnax.grad(model, inputs=["Wr", "R"], output="loss")
+    ops = [n.op_type for n in g.graph.node]
+    assert ops.count("Loop") == 2 and "Shape" not in ops, ops
+    onnx.checker.check_model(g, full_check=True)
