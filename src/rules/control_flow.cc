@@ -23,6 +23,7 @@
 #include "diagnostics/error.h"
 #include "rules/derivative.h"
 #include "rules/loop_products.h"
+#include "rules/loop_residuals.h"
 #include "transforms/prepare.h"
 #include "transforms/subgraph.h"
 
@@ -334,73 +335,9 @@ Vs loop_transpose(TransposeCtx& c) {
   for (int k = 0; k < n; ++k) lin[static_cast<size_t>(k)] = c.linear(2 + k);
   NameScope& scope = b.value_scope();
   auto name_of = [&](V v) { return std::string(b.name(v)); };
-
-  // 1. The primal part, once more, stacking the state each iteration starts from (the state
-  //    the body passes through unchanged is read from the loop's inputs instead).
   std::vector<int> varying;  // non-linear state that changes between iterations
   for (int k = 0; k < n; ++k)
     if (!lin[static_cast<size_t>(k)] && !invariant_state(*body, k)) varying.push_back(k);
-  onnx::GraphProto fwd = *body;
-  fwd.clear_output();
-  *fwd.add_output() = body->output(0);
-  int n_primal = 0;
-  for (int k = 0; k < n; ++k)
-    if (!lin[static_cast<size_t>(k)]) {
-      *fwd.add_output() = body->output(1 + k);
-      ++n_primal;
-    }
-  add_output(fwd, body->input(0).name(), scalar_info("", onnx::TensorProto::INT64), scope);
-  add_output(fwd, body->input(1).name(), scalar_info("", onnx::TensorProto::BOOL), scope);
-  for (int k : varying) add_output(fwd, body->input(2 + k).name(), body->input(2 + k), scope);
-  prune(fwd);
-  {
-    std::unordered_set<std::string> read;
-    for (const auto& nd : fwd.node())
-      for (const auto& i : nd.input()) read.insert(i);
-    for (const auto& o : fwd.output()) read.insert(o.name());
-    onnx::GraphProto inputs;
-    for (int i = 0; i < body->input_size(); ++i) {
-      const bool tangent_state = i >= 2 && lin[static_cast<size_t>(i - 2)];
-      if (tangent_state && read.count(body->input(i).name()))
-        c.unsupported("the primal part of the loop reads its tangent state",
-                      "differentiate the model that contains the original loop instead");
-      if (!tangent_state) *inputs.add_input() = body->input(i);
-    }
-    fwd.mutable_input()->Swap(inputs.mutable_input());
-  }
-  rename_definitions(fwd, scope, b.node_scope());
-  Vs fins = {c.in(0), c.in(1)};
-  for (int k = 0; k < n; ++k)
-    if (!lin[static_cast<size_t>(k)]) fins.push_back(c.in(2 + k));
-  const int f_out = n_primal + 2 + static_cast<int>(varying.size());
-  Vs f = b.op("Loop", fins, {Attr::graph("body", std::move(fwd))}, f_out);
-  {
-    // What the builder inferred for the loop (the body's dims, the trip count when it is known)
-    // fills in the dims these facts leave unknown.
-    auto settle = [&](V v, Facts given) {
-      const Facts& inferred = b.facts(v);
-      if (inferred.has_shape && inferred.rank() == given.rank())
-        for (size_t d = 0; d < given.dims.size(); ++d)
-          if ((given.dims[d] == Dim{} || given.dims[d].internal()) && !inferred.dims[d].internal())
-            given.dims[d] = inferred.dims[d];
-      b.set_facts(v, std::move(given));
-    };
-    int pos = 0;
-    for (int k = 0; k < n; ++k)
-      if (!lin[static_cast<size_t>(k)]) settle(f[pos++], b.facts(c.in(2 + k)));
-    auto stacked = [](const Facts& per_iteration) {
-      Facts s = per_iteration;
-      if (s.has_shape)
-        for (auto& d : s.dims) d = Dim{};
-      if (s.has_shape) s.dims.insert(s.dims.begin(), Dim{});
-      return s;
-    };
-    settle(f[pos++], stacked(scalar_facts(onnx::TensorProto::INT64)));
-    settle(f[pos++], stacked(scalar_facts(onnx::TensorProto::BOOL)));
-    for (int k : varying) settle(f[pos++], stacked(b.facts(c.in(2 + k))));
-  }
-  const V iterations = b.squeeze(b.shape_of(f[n_primal], 0, 1), {0});
-  const V last = b.sub(iterations, b.i64(1));
 
   // 2. The vjp of the body on its tangent state (and the tangent scan outputs with a
   //    cotangent), as a model. State the body reads one row of per iteration is differentiated
@@ -495,7 +432,86 @@ Vs loop_transpose(TransposeCtx& c) {
     }
     products = hoist_loop_products(g, accumulated, into, b.opsets(), scope);
   }
+  // The primal values the reverse body reads, stacked by the forward loop (which computes them
+  // under the same names) instead of recomputed (rules/loop_residuals.h).
+  std::vector<LoopResidual> residuals;
+  {
+    std::unordered_set<std::string> primal_inputs = {g.input(0).name(), g.input(1).name()};
+    for (int k = 0; k < n; ++k)
+      if (!lin[static_cast<size_t>(k)]) primal_inputs.insert(g.input(2 + k).name());
+    std::unordered_set<std::string> forward_defined;
+    for (const auto& nd : body->node())
+      for (const auto& o : nd.output()) forward_defined.insert(o);
+    residuals = take_loop_residuals(g, primal_inputs, forward_defined, b.opsets());
+  }
+  const int first_residual = g.input_size() - static_cast<int>(residuals.size());
   rename_definitions(g, scope, b.node_scope());
+
+  // 1. The primal part, once more, stacking the state each iteration starts from (the state
+  //    the body passes through unchanged is read from the loop's inputs instead).
+  onnx::GraphProto fwd = *body;
+  fwd.clear_output();
+  *fwd.add_output() = body->output(0);
+  int n_primal = 0;
+  for (int k = 0; k < n; ++k)
+    if (!lin[static_cast<size_t>(k)]) {
+      *fwd.add_output() = body->output(1 + k);
+      ++n_primal;
+    }
+  add_output(fwd, body->input(0).name(), scalar_info("", onnx::TensorProto::INT64), scope);
+  add_output(fwd, body->input(1).name(), scalar_info("", onnx::TensorProto::BOOL), scope);
+  for (int k : varying) add_output(fwd, body->input(2 + k).name(), body->input(2 + k), scope);
+  for (const auto& r : residuals) add_output(fwd, r.name, typed_value_info(r.name, r.facts), scope);
+  prune(fwd);
+  {
+    std::unordered_set<std::string> read;
+    for (const auto& nd : fwd.node())
+      for (const auto& i : nd.input()) read.insert(i);
+    for (const auto& o : fwd.output()) read.insert(o.name());
+    onnx::GraphProto inputs;
+    for (int i = 0; i < body->input_size(); ++i) {
+      const bool tangent_state = i >= 2 && lin[static_cast<size_t>(i - 2)];
+      if (tangent_state && read.count(body->input(i).name()))
+        c.unsupported("the primal part of the loop reads its tangent state",
+                      "differentiate the model that contains the original loop instead");
+      if (!tangent_state) *inputs.add_input() = body->input(i);
+    }
+    fwd.mutable_input()->Swap(inputs.mutable_input());
+  }
+  rename_definitions(fwd, scope, b.node_scope());
+  Vs fins = {c.in(0), c.in(1)};
+  for (int k = 0; k < n; ++k)
+    if (!lin[static_cast<size_t>(k)]) fins.push_back(c.in(2 + k));
+  const int f_out = n_primal + 2 + static_cast<int>(varying.size() + residuals.size());
+  Vs f = b.op("Loop", fins, {Attr::graph("body", std::move(fwd))}, f_out);
+  {
+    // What the builder inferred for the loop (the body's dims, the trip count when it is known)
+    // fills in the dims these facts leave unknown.
+    auto settle = [&](V v, Facts given) {
+      const Facts& inferred = b.facts(v);
+      if (inferred.has_shape && inferred.rank() == given.rank())
+        for (size_t d = 0; d < given.dims.size(); ++d)
+          if ((given.dims[d] == Dim{} || given.dims[d].internal()) && !inferred.dims[d].internal())
+            given.dims[d] = inferred.dims[d];
+      b.set_facts(v, std::move(given));
+    };
+    int pos = 0;
+    for (int k = 0; k < n; ++k)
+      if (!lin[static_cast<size_t>(k)]) settle(f[pos++], b.facts(c.in(2 + k)));
+    auto stacked = [](const Facts& per_iteration) {
+      Facts s = per_iteration;
+      if (s.has_shape)
+        for (auto& d : s.dims) d = Dim{};
+      if (s.has_shape) s.dims.insert(s.dims.begin(), Dim{});
+      return s;
+    };
+    settle(f[pos++], stacked(scalar_facts(onnx::TensorProto::INT64)));
+    settle(f[pos++], stacked(scalar_facts(onnx::TensorProto::BOOL)));
+    for (int k : varying) settle(f[pos++], stacked(b.facts(c.in(2 + k))));
+    for (const auto& r : residuals) settle(f[pos++], r.facts.with_dim(0, Dim{}));
+  }
+  const V iterations = b.squeeze(b.shape_of(f[n_primal], 0, 1), {0});
+  const V last = b.sub(iterations, b.i64(1));
 
   // 3. The reverse loop: iteration j of T runs the body's vjp at iteration T-1-j, the state
   //    taken from the stacks; its state is the cotangent of the tangent state.
@@ -528,6 +544,9 @@ Vs loop_transpose(TransposeCtx& c) {
         *rev.add_node() = make_node("Identity", {name_of(c.in(2 + k))}, target);
     }
   }
+  for (size_t q = 0; q < residuals.size(); ++q)
+    gather(name_of(f[static_cast<size_t>(n_primal + 2) + varying.size() + q]),
+           g.input(first_residual + static_cast<int>(q)).name());
   // A row's value does not matter (it is a tangent), only its shape: the primal twin's row.
   for (size_t q = 0; q < scanned.size(); ++q)
     gather(name_of(b.witness(c.in(2 + scanned[q]))), g.input(2 + n + static_cast<int>(q)).name());

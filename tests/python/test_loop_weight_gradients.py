@@ -13,6 +13,8 @@ loop of ``grad``):
 * The loop-carried state has static dims inside the bodies when the loop keeps them, so
   unbroadcasting a cotangent needs no run-time test at every step: the reverse body of an RNN op
   holds no ``Compress`` / ``Equal``, while a state that grows keeps only its rank.
+* The reverse body does not run the forward step again: the values it reads (activations and
+  their derivatives) are stacked by the stacking loop, which computes them anyway.
 """
 
 from __future__ import annotations
@@ -135,9 +137,10 @@ def test_weight_gradient_is_one_product_after_the_loop(case: Case) -> None:
     # scan outputs are the two stacked factors of W's product.
     states = len(reverse.input) - 2
     assert len(reverse.output) - states == 2 * case.products, [o.name for o in rev_body.output]
-    # Inside: the forward step recomputed (h W) and the cotangent of h (dy W^T), nothing
-    # weight-sized.
-    assert [n.op_type for n in rev_body.node].count("MatMul") == 2
+    # Inside: the cotangent of h (dy W^T) only, nothing weight-sized, and no forward step
+    # recomputed (h W and tanh: the stacking loop stacked tanh's derivative).
+    ops = [n.op_type for n in rev_body.node]
+    assert ops.count("MatMul") == 1 and "Tanh" not in ops, ops
     # After it: the product over the sequence, whose result is the gradient.
     after = list(g.graph.node).index(reverse)
     assert "MatMul" in [n.op_type for n in g.graph.node[after + 1 :]]
@@ -185,11 +188,18 @@ def test_reverse_body_of_a_recurrent_op_has_static_shapes(op: str, batch: Any) -
     # The recurrence keeps its state's shape, so the reverse body knows it: no Shape / Equal /
     # Compress deciding at every step which axes a cotangent was broadcast along. And the
     # gradient still matches float64 central differences of the float32 model.
+    # Nor does the reverse body run the cell forward again: the stacking loop stacks the
+    # activations (and their derivatives) the reverse body reads.
     model = recurrent_op(op, batch)
     g = onnax.grad(model, inputs=["Wr", "R"], output="loss")
     for b in _loop_bodies(g.graph):
         ops = [n.op_type for n in b.node]
         assert "Compress" not in ops and "Equal" not in ops, (op, ops)
+    reverse_ops = [n.op_type for n in _reverse_loop(g).attribute[0].g.node]
+    # (Products with R^T for the state's cotangent: GRU applies R in two parts, around its
+    # reset gate.)
+    matmuls = {"RNN": 1, "GRU": 2, "LSTM": 1}[op]
+    assert not {"Sigmoid", "Tanh"} & set(reverse_ops) and reverse_ops.count("MatMul") == matmuls, reverse_ops
     feeds = make_feeds(model, {"X": normal((T_STEPS, 2, 3))}, np.random.default_rng(1))
     out = run(g, feeds)
     eps = 1e-3

@@ -1,0 +1,33 @@
+// Reverse mode through a Loop: the reverse loop's body (the vjp of the JVP body) recomputes the
+// primal values its linear part reads (a recurrent cell's gates) from the state stacked for
+// that iteration. The stacking loop computes those same values anyway, under the same names (it
+// runs the same body's primal part), so it can stack them too: the reverse body then reads them
+// (residuals) instead of running the forward step again.
+#pragma once
+
+#include <onnx/onnx_pb.h>
+
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "facts/facts.h"
+
+namespace onnax {
+
+struct LoopResidual {
+  std::string name;  // in the reverse body, and in the forward body that computes it
+  Facts facts;       // per iteration
+};
+
+// The residuals of the reverse body `g`: floating-point values computed from `primal_inputs`
+// alone (iteration number, condition, non-linear state: what the stacking loop's body has) by
+// nodes `forward_defined` names the outputs of too, and read by g's other nodes or outputs.
+// Each becomes an input of g appended after its present ones (so g must be given it by the
+// reverse loop: a row of the stack), and the nodes only it needed are pruned.
+std::vector<LoopResidual> take_loop_residuals(onnx::GraphProto& g, const std::unordered_set<std::string>& primal_inputs,
+                                              const std::unordered_set<std::string>& forward_defined,
+                                              const std::unordered_map<std::string, int>& opsets);
+
+}  // namespace onnax
