@@ -323,6 +323,86 @@ std::vector<int> scanned_states(const onnx::GraphProto& body, const std::vector<
   return out;
 }
 
+// The loop reverse mode runs before the reverse loop: the primal part of the JVP loop `body`
+// (its non-linear state), once more, stacking as scan outputs the iteration number, the
+// condition, the state each iteration starts from (`varying`; the state the body passes through
+// unchanged is read from the loop's inputs instead) and the `residuals` the reverse body reads.
+// Outputs: the final non-linear states (n_primal of them), then those stacks in that order.
+struct StackingLoop {
+  Vs outputs;
+  int n_primal = 0;
+};
+StackingLoop stacking_loop(TransposeCtx& c, const onnx::GraphProto& body, const std::vector<char>& lin,
+                           const std::vector<int>& varying, const std::vector<LoopResidual>& residuals) {
+  Builder& b = c.b;
+  const int n = static_cast<int>(lin.size());
+  NameScope& scope = b.value_scope();
+  onnx::GraphProto fwd = body;
+  fwd.clear_output();
+  *fwd.add_output() = body.output(0);
+  StackingLoop result;
+  int& n_primal = result.n_primal;
+  for (int k = 0; k < n; ++k)
+    if (!lin[static_cast<size_t>(k)]) {
+      *fwd.add_output() = body.output(1 + k);
+      ++n_primal;
+    }
+  add_output(fwd, body.input(0).name(), scalar_info("", onnx::TensorProto::INT64), scope);
+  add_output(fwd, body.input(1).name(), scalar_info("", onnx::TensorProto::BOOL), scope);
+  for (int k : varying) add_output(fwd, body.input(2 + k).name(), body.input(2 + k), scope);
+  for (const auto& r : residuals) add_output(fwd, r.name, typed_value_info(r.name, r.facts), scope);
+  prune(fwd);
+  {
+    std::unordered_set<std::string> read;
+    for (const auto& nd : fwd.node())
+      for (const auto& i : nd.input()) read.insert(i);
+    for (const auto& o : fwd.output()) read.insert(o.name());
+    onnx::GraphProto inputs;
+    for (int i = 0; i < body.input_size(); ++i) {
+      const bool tangent_state = i >= 2 && lin[static_cast<size_t>(i - 2)];
+      if (tangent_state && read.count(body.input(i).name()))
+        c.unsupported("the primal part of the loop reads its tangent state",
+                      "differentiate the model that contains the original loop instead");
+      if (!tangent_state) *inputs.add_input() = body.input(i);
+    }
+    fwd.mutable_input()->Swap(inputs.mutable_input());
+  }
+  rename_definitions(fwd, scope, b.node_scope());
+  Vs fins = {c.in(0), c.in(1)};
+  for (int k = 0; k < n; ++k)
+    if (!lin[static_cast<size_t>(k)]) fins.push_back(c.in(2 + k));
+  const int f_out = n_primal + 2 + static_cast<int>(varying.size() + residuals.size());
+  Vs& f = result.outputs;
+  f = b.op("Loop", fins, {Attr::graph("body", std::move(fwd))}, f_out);
+  {
+    // What the builder inferred for the loop (the body's dims, the trip count when it is known)
+    // fills in the dims these facts leave unknown.
+    auto settle = [&](V v, Facts given) {
+      const Facts& inferred = b.facts(v);
+      if (inferred.has_shape && inferred.rank() == given.rank())
+        for (size_t d = 0; d < given.dims.size(); ++d)
+          if ((given.dims[d] == Dim{} || given.dims[d].internal()) && !inferred.dims[d].internal())
+            given.dims[d] = inferred.dims[d];
+      b.set_facts(v, std::move(given));
+    };
+    int pos = 0;
+    for (int k = 0; k < n; ++k)
+      if (!lin[static_cast<size_t>(k)]) settle(f[pos++], b.facts(c.in(2 + k)));
+    auto stacked = [](const Facts& per_iteration) {
+      Facts s = per_iteration;
+      if (s.has_shape)
+        for (auto& d : s.dims) d = Dim{};
+      if (s.has_shape) s.dims.insert(s.dims.begin(), Dim{});
+      return s;
+    };
+    settle(f[pos++], stacked(scalar_facts(onnx::TensorProto::INT64)));
+    settle(f[pos++], stacked(scalar_facts(onnx::TensorProto::BOOL)));
+    for (int k : varying) settle(f[pos++], stacked(b.facts(c.in(2 + k))));
+    for (const auto& r : residuals) settle(f[pos++], r.facts.with_dim(0, Dim{}));
+  }
+  return result;
+}
+
 Vs loop_transpose(TransposeCtx& c) {
   Builder& b = c.b;
   const onnx::GraphProto* body = graph_attribute(c.node, "body");
@@ -339,7 +419,7 @@ Vs loop_transpose(TransposeCtx& c) {
   for (int k = 0; k < n; ++k)
     if (!lin[static_cast<size_t>(k)] && !invariant_state(*body, k)) varying.push_back(k);
 
-  // 2. The vjp of the body on its tangent state (and the tangent scan outputs with a
+  // 1. The vjp of the body on its tangent state (and the tangent scan outputs with a
   //    cotangent), as a model. State the body reads one row of per iteration is differentiated
   //    through that row (a body input in place of the Gather): its cotangent is a row per
   //    iteration, stacked by the reverse loop, not a full-size accumulator that every iteration
@@ -447,69 +527,11 @@ Vs loop_transpose(TransposeCtx& c) {
   const int first_residual = g.input_size() - static_cast<int>(residuals.size());
   rename_definitions(g, scope, b.node_scope());
 
-  // 1. The primal part, once more, stacking the state each iteration starts from (the state
-  //    the body passes through unchanged is read from the loop's inputs instead).
-  onnx::GraphProto fwd = *body;
-  fwd.clear_output();
-  *fwd.add_output() = body->output(0);
-  int n_primal = 0;
-  for (int k = 0; k < n; ++k)
-    if (!lin[static_cast<size_t>(k)]) {
-      *fwd.add_output() = body->output(1 + k);
-      ++n_primal;
-    }
-  add_output(fwd, body->input(0).name(), scalar_info("", onnx::TensorProto::INT64), scope);
-  add_output(fwd, body->input(1).name(), scalar_info("", onnx::TensorProto::BOOL), scope);
-  for (int k : varying) add_output(fwd, body->input(2 + k).name(), body->input(2 + k), scope);
-  for (const auto& r : residuals) add_output(fwd, r.name, typed_value_info(r.name, r.facts), scope);
-  prune(fwd);
-  {
-    std::unordered_set<std::string> read;
-    for (const auto& nd : fwd.node())
-      for (const auto& i : nd.input()) read.insert(i);
-    for (const auto& o : fwd.output()) read.insert(o.name());
-    onnx::GraphProto inputs;
-    for (int i = 0; i < body->input_size(); ++i) {
-      const bool tangent_state = i >= 2 && lin[static_cast<size_t>(i - 2)];
-      if (tangent_state && read.count(body->input(i).name()))
-        c.unsupported("the primal part of the loop reads its tangent state",
-                      "differentiate the model that contains the original loop instead");
-      if (!tangent_state) *inputs.add_input() = body->input(i);
-    }
-    fwd.mutable_input()->Swap(inputs.mutable_input());
-  }
-  rename_definitions(fwd, scope, b.node_scope());
-  Vs fins = {c.in(0), c.in(1)};
-  for (int k = 0; k < n; ++k)
-    if (!lin[static_cast<size_t>(k)]) fins.push_back(c.in(2 + k));
-  const int f_out = n_primal + 2 + static_cast<int>(varying.size() + residuals.size());
-  Vs f = b.op("Loop", fins, {Attr::graph("body", std::move(fwd))}, f_out);
-  {
-    // What the builder inferred for the loop (the body's dims, the trip count when it is known)
-    // fills in the dims these facts leave unknown.
-    auto settle = [&](V v, Facts given) {
-      const Facts& inferred = b.facts(v);
-      if (inferred.has_shape && inferred.rank() == given.rank())
-        for (size_t d = 0; d < given.dims.size(); ++d)
-          if ((given.dims[d] == Dim{} || given.dims[d].internal()) && !inferred.dims[d].internal())
-            given.dims[d] = inferred.dims[d];
-      b.set_facts(v, std::move(given));
-    };
-    int pos = 0;
-    for (int k = 0; k < n; ++k)
-      if (!lin[static_cast<size_t>(k)]) settle(f[pos++], b.facts(c.in(2 + k)));
-    auto stacked = [](const Facts& per_iteration) {
-      Facts s = per_iteration;
-      if (s.has_shape)
-        for (auto& d : s.dims) d = Dim{};
-      if (s.has_shape) s.dims.insert(s.dims.begin(), Dim{});
-      return s;
-    };
-    settle(f[pos++], stacked(scalar_facts(onnx::TensorProto::INT64)));
-    settle(f[pos++], stacked(scalar_facts(onnx::TensorProto::BOOL)));
-    for (int k : varying) settle(f[pos++], stacked(b.facts(c.in(2 + k))));
-    for (const auto& r : residuals) settle(f[pos++], r.facts.with_dim(0, Dim{}));
-  }
+  // 2. The primal part, once more, stacking the state each iteration starts from and the
+  //    residuals.
+  const StackingLoop stacks = stacking_loop(c, *body, lin, varying, residuals);
+  const Vs& f = stacks.outputs;
+  const int n_primal = stacks.n_primal;
   const V iterations = b.squeeze(b.shape_of(f[n_primal], 0, 1), {0});
   const V last = b.sub(iterations, b.i64(1));
 
