@@ -908,6 +908,43 @@ Vs Builder::name_optional_outputs(const onnx::NodeProto& node, int first,
   return values;
 }
 
+bool Builder::take_over_outputs(int source_index, const Vs& source_inputs, const Vs& source_outputs, const Vs& same) {
+  const int last = out_.node_size() - 1;
+  if (source_index < 0 || source_index >= last || source_outputs.size() != same.size()) return false;
+  onnx::NodeProto& source = *out_.mutable_node(source_index);
+  onnx::NodeProto& now = *out_.mutable_node(last);
+  auto output_of = [](onnx::NodeProto& n, std::string_view name) -> std::string* {
+    for (auto& o : *n.mutable_output())
+      if (o == name) return &o;
+    return nullptr;
+  };
+  for (size_t i = 0; i < same.size(); ++i) {
+    if (!source_outputs[i].valid() || !same[i].valid()) continue;
+    if (!output_of(source, name(source_outputs[i])) || !output_of(now, name(same[i]))) return false;
+  }
+  for (size_t i = 0; i < same.size(); ++i) {
+    const V s = source_outputs[i], t = same[i];
+    if (!s.valid() || !t.valid()) continue;
+    Value& sv = values_[static_cast<size_t>(s.id)];
+    Value& tv = values_[static_cast<size_t>(t.id)];
+    // The names trade places in the two nodes; each value keeps its name, made by the other.
+    output_of(source, sv.name)->assign(tv.name);
+    output_of(now, tv.name)->assign(sv.name);
+    std::swap(sv.producer, tv.producer);
+  }
+  // The last node now defines values source nodes read by name: it stays. The source node is
+  // this builder's to drop (its inputs' reads counted, as for the nodes it emits).
+  if (emitted_.size() <= static_cast<size_t>(last)) emitted_.resize(static_cast<size_t>(last) + 1);
+  emitted_[static_cast<size_t>(last)] = EmittedInputs{};
+  emitted_[static_cast<size_t>(source_index)] = {static_cast<uint32_t>(emitted_inputs_.size()),
+                                                 static_cast<uint32_t>(source_inputs.size())};
+  for (V v : source_inputs) {
+    emitted_inputs_.push_back(v.id);
+    count_read(v);
+  }
+  return true;
+}
+
 void Builder::record_emitted(const onnx::NodeProto* n, const Vs& inputs) {
   const int index = out_.node_size() - 1;
   if (index < 0 || &out_.node(index) != n) return;  // (bound for the tape)

@@ -207,6 +207,14 @@ class Builder {
   // anyway (LayerNormalization's statistics). Empty when the last node is not that node.
   Vs name_optional_outputs(const onnx::NodeProto& node, int first,
                            const std::vector<std::pair<std::string_view, Facts>>& outputs);
+  // Forward mode: the node emitted last computes the outputs of the source node at
+  // `source_index` (one the transform copied unchanged, reading `source_inputs`) too, as
+  // `same[i]` does `source_outputs[i]`. The last node takes over those outputs' names (and so
+  // their readers); the source node gets the last node's names for them, nothing reads it, and
+  // drop_dead_nodes removes it: its work is not done twice. Returns false (and changes
+  // nothing) when the node at `source_index` does not define `source_outputs`.
+  bool take_over_outputs(int source_index, const Vs& source_inputs, const Vs& source_outputs, const Vs& same);
+  onnx::NodeProto& node_at(int index) { return *out_.mutable_node(index); }
   // Emits `node` unchanged, taking ownership of it (no copy).
   // (A node on the graph's arena is added as is; a heap node is handed to that arena.)
   void adopt_node(NodePtr node) { out_.mutable_node()->AddAllocated(node.release()); }

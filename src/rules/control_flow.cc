@@ -40,10 +40,22 @@ std::string node_label(const onnx::NodeProto& node) {
   return type + " " + (node.name().empty() ? "producing '" + produced + "'" : "'" + node.name() + "'");
 }
 
+// Set while a JVP body is derived for reverse mode (a tape is being recorded around it): the
+// body must keep its primal part apart from its tangent part, since the loop reverse mode makes
+// of it reruns the primal part alone; so no loop inside it may compute its primal outputs in
+// its JVP loop (see the end of loop_jvp).
+thread_local bool jvp_for_reverse_mode = false;
+
 // jvp or vjp of a body as a model of its own; failures name the node whose body it is.
-// (`where` names the node whose body it is.)
-onnx::GraphProto derive_body(bool forward, onnx::ModelProto model, const Selection& selection,
-                             const std::string& where) {
+// (`where` names the node whose body it is; `for_reverse_mode`: the enclosing transform records
+// a tape.)
+onnx::GraphProto derive_body(bool forward, onnx::ModelProto model, const Selection& selection, const std::string& where,
+                             bool for_reverse_mode) {
+  struct Restore {
+    bool saved = jvp_for_reverse_mode;
+    ~Restore() { jvp_for_reverse_mode = saved; }
+  } restore;
+  jvp_for_reverse_mode = jvp_for_reverse_mode || for_reverse_mode;
   try {
     onnx::ModelProto r = forward ? jvp(std::move(model), selection) : vjp(std::move(model), selection);
     strip_known_values(*r.mutable_graph());
@@ -123,6 +135,9 @@ int32_t state_dtype(const JvpCtx& c, const onnx::GraphProto& body, int k) {
 
 Vs loop_jvp(JvpCtx& c) {
   Builder& b = c.b;
+  // (The node emitted last is the loop itself when this rule runs for a node the transform
+  // copied: see take_over_outputs at the end.)
+  const int source_index = b.node_count() - 1;
   const onnx::NodeProto& node = c.node;
   const onnx::GraphProto* body = graph_attribute(node, "body");
   const int n = node.input_size() - 2;  // loop-carried values
@@ -207,7 +222,7 @@ Vs loop_jvp(JvpCtx& c) {
   std::vector<const Facts*> carried_facts;
   for (const Facts& f : carried) carried_facts.push_back(&f);
   onnx::GraphProto g = derive_body(true, standalone_model(*body, carried_facts, extra, b.opsets(), known_values, true),
-                                   sel, node_label(node));
+                                   sel, node_label(node), b.has_tape());
 
   // g: inputs [iter, cond, state, captured, tangents of the selected inputs]; outputs [cond,
   // state, scan outputs, tangents of the selected outputs]. The JVP body carries the captured
@@ -278,6 +293,24 @@ Vs loop_jvp(JvpCtx& c) {
       known(res[pos], c.y(n + j));
       tangents[static_cast<size_t>(n + j)] = res[pos++];
     }
+  // Forward mode: the JVP loop computes the primal outputs too, so the source loop need not run
+  // (reverse mode keeps it: the JVP loop goes to the tape).
+  if (!b.has_tape() && !jvp_for_reverse_mode && source_index >= 0 && b.node_at(source_index).op_type() == "Loop") {
+    Vs source_outputs, same;
+    const int scans_at =
+        n + n_cap + static_cast<int>(std::count(act.begin(), act.end(), 1)) + static_cast<int>(tcaps.size());
+    for (int k = 0; k < n; ++k) {
+      source_outputs.push_back(c.y(k));
+      same.push_back(res[static_cast<size_t>(k)]);
+    }
+    for (int j = 0; j < k_scan; ++j) {
+      source_outputs.push_back(c.y(n + j));
+      same.push_back(res[static_cast<size_t>(scans_at + j)]);
+    }
+    Vs source_inputs;
+    for (int i = 0; i < node.input_size(); ++i) source_inputs.push_back(c.x(i));
+    b.take_over_outputs(source_index, source_inputs, source_outputs, same);
+  }
   return tangents;
 }
 
@@ -488,7 +521,7 @@ Vs loop_transpose(TransposeCtx& c) {
     if (c.ct(n + j).valid()) scan_out[static_cast<size_t>(j)] = outs.add(body->output(1 + n + j).name());
   sel.outputs = outs.names;
   onnx::GraphProto g = derive_body(false, standalone_model(vjp_body, input_facts, {}, b.opsets(), known_values, true),
-                                   sel, tape_label(c));
+                                   sel, tape_label(c), true);
   // g: inputs [iter, cond, state, rows, cotangents of the selected outputs]; outputs [cond,
   // state, scan outputs, cotangents of the tangent state, then of the rows]. Keep the
   // cotangents only.
@@ -882,7 +915,8 @@ Vs if_jvp(JvpCtx& c) {
       std::vector<size_t> index;
       for (int j : outs_active) index.push_back(outs.add(br.output(j).name()));
       sel.outputs = outs.names;
-      g = derive_body(true, standalone_model(br, {}, extra, b.opsets(), known_values), sel, node_label(node));
+      g = derive_body(true, standalone_model(br, {}, extra, b.opsets(), known_values), sel, node_label(node),
+                      b.has_tape());
       // g: inputs [reads, tangents of the selected]; outputs [branch outputs, tangents].
       const int n_reads = static_cast<int>(outer.size());
       for (size_t i = 0; i < sel.inputs->size(); ++i)
@@ -975,7 +1009,7 @@ Vs if_transpose(TransposeCtx& c) {
     std::unordered_map<int, std::string> ct_out;  // position in c.ins -> output name in g
     if (!sel.inputs->empty()) {
       sel.outputs = outs.names;
-      g = derive_body(false, standalone_model(br, {}, extra, b.opsets(), known_values), sel, tape_label(c));
+      g = derive_body(false, standalone_model(br, {}, extra, b.opsets(), known_values), sel, tape_label(c), true);
       // g: inputs [reads, cotangents of the selected outputs]; outputs [branch outputs,
       // cotangents of the selected tangents].
       const int n_reads = static_cast<int>(outer.size());

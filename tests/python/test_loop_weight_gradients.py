@@ -263,7 +263,8 @@ def test_growing_state_keeps_only_its_rank_inside_the_body() -> None:
     model = recurrence(T_STEPS, [3], grows=True)
     check_jvp(model, ["W", "acc0"])
     j = onnax.jvp(model, inputs=["W", "acc0"])
-    (jvp_body,) = _loop_bodies(j.graph)[1:]
+    # (One loop: the JVP loop computes the primal outputs too, so the source loop is gone.)
+    (jvp_body,) = _loop_bodies(j.graph)
     declared = {v.name: v.type.tensor_type.shape.dim for v in list(jvp_body.input) + list(jvp_body.output)}
     assert any(n.startswith("h_in") and [d.dim_value for d in dims] == [3] for n, dims in declared.items())
     for name, dims in declared.items():
@@ -294,3 +295,20 @@ def test_recurrent_op_gradient_runs_the_recurrence_twice(op: str) -> None:
     ops = [n.op_type for n in g.graph.node]
     assert ops.count("Loop") == 2 and "Shape" not in ops, ops
     onnx.checker.check_model(g, full_check=True)
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_forward_mode_runs_the_loop_once(case: Case) -> None:
+    # The JVP loop computes the primal outputs as well, so jvp's result runs one loop, not the
+    # source loop beside it; the primal outputs still match the source model, and the tangents
+    # float64 central differences.
+    j = onnax.jvp(case.model, inputs=case.inputs)
+    assert [n.op_type for n in j.graph.node].count("Loop") == 1
+    check_jvp(case.model, case.inputs, gens=case.gens)
+    feeds = make_feeds(case.model, case.gens, np.random.default_rng(2))
+    tangents = {f"{k}_tangent": np.ones_like(v) for k, v in feeds.items() if k in case.inputs}
+    tangents["W_tangent"] = np.ones((3, 3))
+    got = run(j, {**feeds, **tangents})
+    want = run(case.model, feeds)
+    for name in ("loss", "hT"):
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-12, atol=1e-12)
