@@ -584,9 +584,52 @@ V Builder::folded(std::string_view type, const Vs& inputs, const Attrs& attrs) {
   return V{};
 }
 
+V Builder::transposed_transpose(const Vs& inputs, const Attrs& attrs) {
+  if (inputs.size() != 1 || !inputs[0].valid()) return V{};
+  const int32_t p = values_[static_cast<size_t>(inputs[0].id)].producer;
+  if (p < 0 || static_cast<size_t>(p) >= emitted_.size() ||
+      emitted_[static_cast<size_t>(p)].begin == EmittedInputs::kNone)
+    return V{};
+  const onnx::NodeProto& inner = out_.node(p);
+  if (inner.op_type() != "Transpose" || !inner.domain().empty() || emitted_[static_cast<size_t>(p)].count != 1)
+    return V{};
+  const V x = V{emitted_inputs_[emitted_[static_cast<size_t>(p)].begin]};
+  const int64_t rank = facts(x).rank();
+  if (!x.valid() || rank < 0) return V{};
+  // A missing perm reverses the axes.
+  auto perm_of = [&](auto&& attributes, auto&& name_of, auto&& ints_of) {
+    std::vector<int64_t> perm;
+    for (const auto& a : attributes)
+      if (name_of(a) == "perm") perm = ints_of(a);
+    if (perm.empty())
+      for (int64_t i = rank; i-- > 0;) perm.push_back(i);
+    return perm;
+  };
+  const std::vector<int64_t> first = perm_of(
+      inner.attribute(), [](const onnx::AttributeProto& a) { return a.name(); },
+      [](const onnx::AttributeProto& a) { return std::vector<int64_t>(a.ints().begin(), a.ints().end()); });
+  const std::vector<int64_t> second = perm_of(
+      attrs, [](const Attr& a) { return a.proto.name(); },
+      [](const Attr& a) { return std::vector<int64_t>(a.proto.ints().begin(), a.proto.ints().end()); });
+  if (static_cast<int64_t>(first.size()) != rank || static_cast<int64_t>(second.size()) != rank) return V{};
+  std::vector<int64_t> both;
+  bool identity = true;
+  for (int64_t i = 0; i < rank; ++i) {
+    const int64_t s = second[static_cast<size_t>(i)];
+    if (s < 0 || s >= rank) return V{};
+    both.push_back(first[static_cast<size_t>(s)]);
+    identity = identity && both.back() == i;
+  }
+  return identity ? x : transpose(x, both);
+}
+
 Vs Builder::op(std::string_view type, const Vs& inputs, const Attrs& attrs, int num_outputs) {
   if (reuse_ && num_outputs == 1)
     if (const V f = folded(type, inputs, attrs); f.valid()) return {f};
+  // A transpose of a transpose this builder emitted is one transpose of the first's input (none
+  // when they cancel): a weight transposed for a Gemm and back for its cotangent.
+  if (reuse_ && num_outputs == 1 && type == "Transpose")
+    if (const V t = transposed_transpose(inputs, attrs); t.valid()) return {t};
   // With reuse on, a computation emitted again returns the first one's outputs instead of a
   // copy: the transpose of a weight shared by many layers (once per use in reverse mode), the
   // sum of one cotangent that a normalization's scale, bias and mean gradients each take.

@@ -310,6 +310,9 @@ class Builder {
   // The constant an int64 shape computation on known operands gives (see emit/int64_fold.h);
   // invalid when it does not fold. (With reuse on.)
   V folded_int64(std::string_view type, const Vs& inputs, const Attrs& attrs);
+  // The value a Transpose (`attrs`) of `inputs[0]` gives when that is the output of a Transpose
+  // this builder emitted: the first one's input, or one Transpose of it; invalid otherwise.
+  V transposed_transpose(const Vs& inputs, const Attrs& attrs);
   // folded_int64, or the constant shape of a value whose dims in range are static (a Shape).
   V folded(std::string_view type, const Vs& inputs, const Attrs& attrs);
   std::string_view interned(std::string_view name) { return value_names_.name(value_names_.intern(name)); }

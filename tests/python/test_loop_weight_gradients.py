@@ -9,7 +9,9 @@ loop of ``grad``):
   the loop (``X^T dY``: the per-iteration factors are stacked by the reverse loop), not a
   weight-sized product added to an accumulator at every step. Cases cover the three factor forms
   (``x_t^T dy_t`` of a batched state, the outer product of a vector state, and a weight on the
-  left, ``dy_t x_t^T``), a symbolic batch, zero iterations and a state that grows.
+  left, ``dy_t x_t^T``), a state of rank 3, a Gemm of the transposed weight (whose transposes
+  cancel), two products per step, a symbolic batch, early exit and zero iterations; a state
+  that grows is refused in reverse mode.
 * The loop-carried state has static dims inside the bodies when the loop keeps them, so
   unbroadcasting a cotangent needs no run-time test at every step: the reverse body of an RNN op
   holds no ``Compress`` / ``Equal``, while a state that grows keeps only its rank.
@@ -110,9 +112,7 @@ class Case:
     inputs: list[str]
     in_axes: tuple[int | None, ...]
     gens: Mapping[str, ADGen] = field(default_factory=dict)
-    # Weight products the reverse loop hands out (stacked factor pairs); -1: a form the
-    # hoisting does not take (a Gemm, a batched product summed over its batch), numbers only.
-    products: int = 1
+    products: int = 1  # weight products the reverse loop hands out (stacked factor pairs)
 
 
 CASES = [
@@ -135,8 +135,8 @@ CASES = [
         products=2,
     ),
     Case("early-exit", recurrence(T_STEPS, [2, 3], variant="early-exit"), ["h0", "xs", "W"], (0, 0)),
-    Case("gemm-step", recurrence(T_STEPS, [2, 3], variant="gemm"), ["h0", "xs", "W"], (0, 0), products=-1),
-    Case("rank-3-state", recurrence(T_STEPS, [2, 2, 3]), ["h0", "xs", "W"], (0, 0), products=-1),
+    Case("gemm-step", recurrence(T_STEPS, [2, 3], variant="gemm"), ["h0", "xs", "W"], (0, 0)),
+    Case("rank-3-state", recurrence(T_STEPS, [2, 2, 3]), ["h0", "xs", "W"], (0, 0)),
 ]
 IDS = [c.id for c in CASES]
 
