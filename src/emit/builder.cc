@@ -217,22 +217,23 @@ void Builder::infer(onnx::NodeProto& node, const Vs& inputs, const Vs& outputs) 
 Dim Builder::exact_trips(const onnx::NodeProto& node, const Vs& inputs) const {
   const std::vector<int64_t>* trips = inputs.size() > 0 && inputs[0].valid() ? known_i64(inputs[0]) : nullptr;
   if (!trips || trips->size() != 1) return Dim{};
+  // The body's condition must be the one it got, passed along: a computed one stops the loop
+  // early even when the node has no condition input (as ONNX Runtime runs it).
   if (inputs.size() > 1 && inputs[1].valid()) {
     const std::vector<int64_t>* cond = known_i64(inputs[1]);
-    const onnx::GraphProto* body = nullptr;
-    for (const auto& a : node.attribute())
-      if (a.name() == "body" && a.has_g()) body = &a.g();
-    if (!cond || cond->size() != 1 || (*cond)[0] == 0 || !body || body->input_size() < 2 || body->output_size() < 1)
-      return Dim{};
-    const std::string& in = body->input(1).name();
-    const std::string& out = body->output(0).name();
-    bool passed_along = out == in;
-    for (const auto& n : body->node())
-      if (n.output_size() == 1 && n.output(0) == out)
-        passed_along = n.op_type() == "Identity" && n.input_size() == 1 && n.input(0) == in;
-    if (!passed_along) return Dim{};
+    if (!cond || cond->size() != 1 || (*cond)[0] == 0) return Dim{};
   }
-  return Dim::of(std::max<int64_t>((*trips)[0], 0));
+  const onnx::GraphProto* body = nullptr;
+  for (const auto& a : node.attribute())
+    if (a.name() == "body" && a.has_g()) body = &a.g();
+  if (!body || body->input_size() < 2 || body->output_size() < 1) return Dim{};
+  const std::string& in = body->input(1).name();
+  const std::string& out = body->output(0).name();
+  bool passed_along = out == in;
+  for (const auto& n : body->node())
+    if (n.output_size() == 1 && n.output(0) == out)
+      passed_along = n.op_type() == "Identity" && n.input_size() == 1 && n.input(0) == in;
+  return passed_along ? Dim::of(std::max<int64_t>((*trips)[0], 0)) : Dim{};
 }
 
 void Builder::refine_loop_outputs(const onnx::NodeProto& node, const Vs& inputs, const Vs& outputs) {

@@ -336,8 +336,8 @@ class Builder {
   void infer(onnx::NodeProto& node, const Vs& inputs, const Vs& outputs);
   void propagate_witness(const onnx::NodeProto& node, const Vs& inputs, const Vs& outputs);
   void refine_loop_outputs(const onnx::NodeProto& node, const Vs& inputs, const Vs& outputs);
-  // The number of iterations `node` (a Loop) runs when it is certain: a known trip count, and a
-  // condition absent, or a known true the body passes along unchanged.
+  // The number of iterations `node` (a Loop) runs when it is certain: a known trip count, a
+  // condition input absent or a known true, and a body that passes its condition along.
   Dim exact_trips(const onnx::NodeProto& node, const Vs& inputs) const;
   LoopInference loop_inference_;
 

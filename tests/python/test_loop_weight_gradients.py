@@ -51,7 +51,7 @@ def recurrence(
     With `grows`, a second state appends h_{t+1} to itself every iteration (its length changes).
     Variants: "twice" adds (h_t * h_t) W (two products with W per step), "gemm" computes h_t W
     with Gemm(transB) of W^T, "early-exit" stops after three iterations (the condition is
-    computed in the body)."""
+    computed in the body; "early-exit-no-condition" with no condition input)."""
     matmul = ["W", "h_in"] if weight_left else ["h_in", "W"]
     step = [helper.make_node("MatMul", matmul, ["hw"])]
     if variant == "gemm":
@@ -67,7 +67,7 @@ def recurrence(
             helper.make_node("Add", ["hw1", "hw2"], ["hw"]),
         ]
     cond = [helper.make_node("Identity", ["cond_in"], ["cond_out"])]
-    if variant == "early-exit":
+    if variant.startswith("early-exit"):
         cond = [const("two", 2, I64), helper.make_node("Less", ["it", "two"], ["cond_out"])]
     nodes = [
         helper.make_node("Gather", ["xs_in", "it"], ["xt"], axis=0),
@@ -80,7 +80,9 @@ def recurrence(
     seq = [T_STEPS, *state]
     ins = [vi("it", I64, []), vi("cond_in", B, []), vi("h_in", D, state), vi("xs_in", D, seq)]
     outs = [vi("cond_out", B, []), vi("h_out", D, state), vi("xs_out", D, seq)]
-    loop_in, loop_out, losses = ["M", "c0", "h0", "xs"], ["hT", "xsT"], ["hT"]
+    # (Without a condition input, the body's computed condition still stops the loop.)
+    loop_in = ["M", "" if variant == "early-exit-no-condition" else "c0", "h0", "xs"]
+    loop_out, losses = ["hT", "xsT"], ["hT"]
     if grows:
         nodes.append(helper.make_node("Concat", ["acc_in", "h_out"], ["acc_out"], axis=0))
         ins.append(vi("acc_in", D, None))
@@ -135,6 +137,12 @@ CASES = [
         products=2,
     ),
     Case("early-exit", recurrence(T_STEPS, [2, 3], variant="early-exit"), ["h0", "xs", "W"], (0, 0)),
+    Case(
+        "early-exit-no-condition",
+        recurrence(T_STEPS, [2, 3], variant="early-exit-no-condition"),
+        ["h0", "xs", "W"],
+        (0, 0),
+    ),
     Case("gemm-step", recurrence(T_STEPS, [2, 3], variant="gemm"), ["h0", "xs", "W"], (0, 0)),
     Case("rank-3-state", recurrence(T_STEPS, [2, 2, 3]), ["h0", "xs", "W"], (0, 0)),
 ]
