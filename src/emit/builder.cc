@@ -241,7 +241,6 @@ void Builder::refine_loop_outputs(const onnx::NodeProto& node, const Vs& inputs,
   std::vector<const Facts*> in;
   for (V v : inputs) in.push_back(v.valid() ? &facts(v) : &kUnknown);
   const std::vector<Facts> inferred = loop_inference_(node, in, exact_trips(node, inputs));
-
   for (size_t i = 0; i < outputs.size() && i < inferred.size(); ++i) {
     if (!outputs[i].valid() || !inferred[i].has_shape) continue;
     const Facts& now = facts(outputs[i]);
@@ -595,8 +594,9 @@ V Builder::transposed_transpose(const Vs& inputs, const Attrs& attrs) {
   if (inner.op_type() != "Transpose" || !inner.domain().empty() || emitted_[static_cast<size_t>(p)].count != 1)
     return V{};
   const V x = V{emitted_inputs_[emitted_[static_cast<size_t>(p)].begin]};
+  if (!x.valid()) return V{};
   const int64_t rank = facts(x).rank();
-  if (!x.valid() || rank < 0) return V{};
+  if (rank < 0) return V{};
   // A missing perm reverses the axes.
   auto perm_of = [&](auto&& attributes, auto&& name_of, auto&& ints_of) {
     std::vector<int64_t> perm;
