@@ -320,3 +320,28 @@ def test_forward_mode_runs_the_loop_once(case: Case) -> None:
     want = run(case.model, feeds)
     for name in ("loss", "hT"):
         np.testing.assert_allclose(got[name], want[name], rtol=1e-12, atol=1e-12)
+
+
+def _compositions() -> dict[str, Any]:
+    def g(m: onnx.ModelProto) -> onnx.ModelProto:
+        return onnax.grad(m, inputs=["h0", "W"], output="loss")
+
+    return {
+        "jvp-of-jvp": lambda m: onnax.jvp(onnax.jvp(m, inputs=["W"]), inputs=["h0"]),
+        "vmap-of-jvp": lambda m: onnax.vmap(onnax.jvp(m, inputs=["h0"]), in_axes=0),
+        "jvp-of-vmap": lambda m: onnax.jvp(onnax.vmap(m, in_axes=0), inputs=["h0"]),
+        "hvp": lambda m: onnax.jvp(g(m), inputs=["W"]),
+        "vmap-of-hvp": lambda m: onnax.vmap(onnax.jvp(g(m), inputs=["W"]), in_axes=(0, 0, None)),
+    }
+
+
+@pytest.mark.parametrize("name", list(_compositions()))
+def test_compositions_through_the_loop_validate(name: str) -> None:
+    # The forward-mode loop that takes over its source loop, the hoisted products and the
+    # residuals, composed: onnax.testing.validate replays the recorded chain against finite
+    # differences and per-example loops, independently of onnax.
+    from onnax import testing
+
+    source = recurrence(T_STEPS, [2, 3])
+    report = testing.validate(source, _compositions()[name](source))
+    assert report.ok, report.format()
