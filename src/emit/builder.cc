@@ -111,6 +111,21 @@ void Builder::set_facts(V v, Facts f) {
     value.own = own_facts(std::move(f));
 }
 
+void Builder::learn_dims(V v, const Facts& known) {
+  const Facts& have = facts(v);
+  if (!known.has_shape || (have.has_shape && have.rank() != known.rank())) return;
+  Facts merged = have.has_shape ? have : Facts::of(have.dtype, Dims(known.dims.size(), Dim{}));
+  bool gained = !have.has_shape;
+  for (size_t i = 0; i < known.dims.size(); ++i) {
+    const Dim k = known.dims[i], h = merged.dims[i];
+    const bool better = (k.known() && !h.known()) || (k.symbolic() && !k.internal() && (h == Dim{} || h.internal()));
+    if (better) merged.dims[i] = k;
+    gained = gained || better;
+  }
+  if (!merged.dtype) merged.dtype = known.dtype;
+  if (gained) set_facts(v, std::move(merged));
+}
+
 void Builder::share_facts(V v, const Facts* shared, bool with_lead, Dim lead) {
   Value& value = values_[static_cast<size_t>(v.id)];
   value.own = -1;  // (a stale own entry stays in the store, unused)
@@ -241,22 +256,8 @@ void Builder::refine_loop_outputs(const onnx::NodeProto& node, const Vs& inputs,
   std::vector<const Facts*> in;
   for (V v : inputs) in.push_back(v.valid() ? &facts(v) : &kUnknown);
   const std::vector<Facts> inferred = loop_inference_(node, in, exact_trips(node, inputs));
-  for (size_t i = 0; i < outputs.size() && i < inferred.size(); ++i) {
-    if (!outputs[i].valid() || !inferred[i].has_shape) continue;
-    const Facts& now = facts(outputs[i]);
-    if (now.has_shape && now.rank() != inferred[i].rank()) continue;
-    Facts f = now.has_shape ? now : inferred[i];
-    if (!f.dtype) f.dtype = inferred[i].dtype;
-    bool gained = !now.has_shape;
-    // (Unknown dims the builder named, Dim::internal, are unknown too.)
-    auto unknown = [](Dim d) { return d == Dim{} || d.internal(); };
-    for (size_t d = 0; d < f.dims.size(); ++d)
-      if (unknown(f.dims[d]) && !unknown(inferred[i].dims[d])) {
-        f.dims[d] = inferred[i].dims[d];
-        gained = true;
-      }
-    if (gained) set_facts(outputs[i], std::move(f));
-  }
+  for (size_t i = 0; i < outputs.size() && i < inferred.size(); ++i)
+    if (outputs[i].valid()) learn_dims(outputs[i], inferred[i]);
 }
 
 void Builder::finish(onnx::NodeProto& node, const Vs& inputs, const Vs& outputs, const Vs* recorded) {
@@ -549,6 +550,19 @@ V Builder::folded_int64(std::string_view type, const Vs& inputs, const Attrs& at
       if (const auto dims = static_dims_between(xf, (*starts)[0], (*ends)[0])) return i64s(*dims);
     }
   }
+  // One static dim of a value's whole shape (a trip count taken from a sequence's length).
+  if (type == "Gather" && inputs.size() == 2 && shape_source(inputs[0]).valid()) {
+    int64_t axis = 0;
+    for (const auto& a : attrs)
+      if (a.proto.name() == "axis") axis = a.proto.i();
+    const auto* index = known_i64(inputs[1]);
+    const Facts& xf = facts(shape_source(inputs[0]));
+    if ((axis == 0 || axis == -1) && index && index->size() == 1 && facts(inputs[1]).rank() == 0 && xf.has_shape) {
+      const int64_t i = (*index)[0] < 0 ? (*index)[0] + xf.rank() : (*index)[0];
+      if (i >= 0 && i < xf.rank() && xf.dims[static_cast<size_t>(i)].known())
+        return i64(xf.dims[static_cast<size_t>(i)].value());
+    }
+  }
   // (On the stack: this runs for every int64 op, and most do not fold.)
   std::array<KnownInt64, 8> known{};
   if (inputs.size() > known.size()) return V{};
@@ -569,17 +583,25 @@ V Builder::folded_int64(std::string_view type, const Vs& inputs, const Attrs& at
   return folded->rank == 0 ? i64(folded->values.at(0)) : i64s(folded->values);
 }
 
+// A Shape's start and end attributes (end absent: the whole shape).
+static std::pair<int64_t, std::optional<int64_t>> shape_range(const Attrs& attrs) {
+  int64_t start = 0;
+  std::optional<int64_t> end;
+  for (const auto& a : attrs) {
+    if (a.proto.name() == "start") start = a.proto.i();
+    if (a.proto.name() == "end") end = a.proto.i();
+  }
+  return {start, end};
+}
+static constexpr int64_t kWholeShape = std::numeric_limits<int64_t>::max();
+
 V Builder::folded(std::string_view type, const Vs& inputs, const Attrs& attrs) {
   if (int64_foldable(type)) return folded_int64(type, inputs, attrs);
-  // The shape of a value whose dims in range are static (what shape_of gives, for rules and
-  // expansions that emit Shape themselves). (A tangent's Shape goes to the tape, as before.)
+  // The shape of a value whose dims in range are static (shape_of leaves the whole shape to
+  // this). (A tangent's Shape goes to the tape, as before.)
   if (type == "Shape" && inputs.size() == 1 && inputs[0].valid() && !tangent(inputs[0])) {
-    int64_t start = 0, end = std::numeric_limits<int64_t>::max();
-    for (const auto& a : attrs) {
-      if (a.proto.name() == "start") start = a.proto.i();
-      if (a.proto.name() == "end") end = a.proto.i();
-    }
-    if (const auto dims = static_dims_between(facts(inputs[0]), start, end)) return i64s(*dims);
+    const auto [start, end] = shape_range(attrs);
+    if (const auto dims = static_dims_between(facts(inputs[0]), start, end.value_or(kWholeShape))) return i64s(*dims);
   }
   return V{};
 }
@@ -764,12 +786,17 @@ Vs Builder::clone(const onnx::NodeProto& node, const Vs& inputs, const Attrs& ov
     finish(*n, inputs, outs);
     return outs;
   }
-  // Shape arithmetic on known values folds as in op() (expansions clone their nodes).
+  // Shape arithmetic on known values folds as in op() (expansions clone their nodes), and a
+  // Shape is shape_of's (so a Gather or Slice of it folds where its dims are static).
   if (reuse_ && overrides.empty() && drop.empty() && num_outputs < 0 && node.output_size() == 1 &&
       node.domain().empty() && (node.op_type() == "Shape" || int64_foldable(node.op_type())) &&
       !(transposing_ && transposing_->node.get() == &node)) {
     Attrs attrs;
     for (const auto& a : node.attribute()) attrs.push_back(Attr{a});
+    if (node.op_type() == "Shape" && inputs.size() == 1 && inputs[0].valid() && !tangent(inputs[0])) {
+      const auto [start, end] = shape_range(attrs);
+      return {shape_of(inputs[0], start, end)};
+    }
     if (const V f = folded(node.op_type(), inputs, attrs); f.valid()) return {f};
   }
   const bool for_tape = bound_for_tape(inputs);
@@ -962,10 +989,17 @@ bool Builder::take_over_outputs(int source_index, const Vs& source_inputs, const
       if (o == name) return &o;
     return nullptr;
   };
+  // Every output of the source node must be taken over: it is dropped as unread afterwards,
+  // and source nodes reading it by name are not counted as readers.
+  size_t taken = 0;
   for (size_t i = 0; i < same.size(); ++i) {
     if (!source_outputs[i].valid() || !same[i].valid()) continue;
     if (!output_of(source, name(source_outputs[i])) || !output_of(now, name(same[i]))) return false;
+    ++taken;
   }
+  size_t defined = 0;
+  for (const auto& o : source.output()) defined += o.empty() ? 0 : 1;
+  if (taken != defined) return false;
   for (size_t i = 0; i < same.size(); ++i) {
     const V s = source_outputs[i], t = same[i];
     if (!s.valid() || !t.valid()) continue;
@@ -1163,15 +1197,16 @@ V Builder::transpose(V x, const std::vector<int64_t>& perm) {
 }
 
 V Builder::shape_of(V x, int64_t start, std::optional<int64_t> end) {
-  // Static dims are a constant. (Not the whole shape: shape_source would then map a constant
-  // shared by every value of that shape; shape_value gives that.)
+  // Static dims are a constant. (The whole shape folds in op(), with reuse on; shape_value
+  // gives it otherwise.)
   if (start != 0 || end)
-    if (const auto dims = static_dims_between(facts(x), start, end.value_or(std::numeric_limits<int64_t>::max())))
-      return i64s(*dims);
+    if (const auto dims = static_dims_between(facts(x), start, end.value_or(kWholeShape))) return i64s(*dims);
   Attrs attrs;
   if (start != 0) attrs.push_back(Attr::i("start", start));
   if (end) attrs.push_back(Attr::i("end", *end));
   V y = op1("Shape", {x}, attrs);
+  // A folded shape is a constant (shared by every value of that shape: not one value's source).
+  if (values_[static_cast<size_t>(y.id)].leaf) return y;
   if (start == 0 && !end) {
     if (static_cast<size_t>(y.id) >= shape_sources_.size()) shape_sources_.resize(values_.size());
     shape_sources_[static_cast<size_t>(y.id)] = x;

@@ -152,6 +152,10 @@ class Builder {
   std::string_view name(V v) const { return values_[v.id].name; }
   const Facts& facts(V v) const;
   void set_facts(V v, Facts f);
+  // `v`'s facts gain what `known` (facts of a value of the same shape) knows more: its rank when
+  // `v` has none, its static sizes and its symbols (not the builder's own, Dim::internal) where
+  // `v`'s dims are unknown or only named by the builder, its element type when `v` has none.
+  void learn_dims(V v, const Facts& known);
   // Facts kept elsewhere for the builder's lifetime (a transform's table of source facts),
   // read through a pointer instead of copied: `shared` itself, or with `lead` put in front
   // when `with_lead` (vmap's batch dim), built only if someone asks for them.
@@ -212,9 +216,8 @@ class Builder {
   // `same[i]` does `source_outputs[i]`. The last node takes over those outputs' names (and so
   // their readers); the source node gets the last node's names for them, nothing reads it, and
   // drop_dead_nodes removes it: its work is not done twice. Returns false (and changes
-  // nothing) when the node at `source_index` does not define `source_outputs`.
+  // nothing) unless the node at `source_index` defines `source_outputs` and nothing else.
   bool take_over_outputs(int source_index, const Vs& source_inputs, const Vs& source_outputs, const Vs& same);
-  onnx::NodeProto& node_at(int index) { return *out_.mutable_node(index); }
   // Emits `node` unchanged, taking ownership of it (no copy).
   // (A node on the graph's arena is added as is; a heap node is handed to that arena.)
   void adopt_node(NodePtr node) { out_.mutable_node()->AddAllocated(node.release()); }

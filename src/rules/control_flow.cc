@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -295,7 +296,8 @@ Vs loop_jvp(JvpCtx& c) {
     }
   // Forward mode: the JVP loop computes the primal outputs too, so the source loop need not run
   // (reverse mode keeps it: the JVP loop goes to the tape).
-  if (!b.has_tape() && !jvp_for_reverse_mode && source_index >= 0 && b.node_at(source_index).op_type() == "Loop") {
+  // (take_over_outputs checks that the node at source_index is the one defining them.)
+  if (!b.has_tape() && !jvp_for_reverse_mode) {
     Vs source_outputs, same;
     const int scans_at =
         n + n_cap + static_cast<int>(std::count(act.begin(), act.end(), 1)) + static_cast<int>(tcaps.size());
@@ -411,12 +413,9 @@ StackingLoop stacking_loop(TransposeCtx& c, const onnx::GraphProto& body, const 
     // What the builder inferred for the loop (the body's dims, the trip count when it is known)
     // fills in the dims these facts leave unknown.
     auto settle = [&](V v, Facts given) {
-      const Facts& inferred = b.facts(v);
-      if (inferred.has_shape && inferred.rank() == given.rank())
-        for (size_t d = 0; d < given.dims.size(); ++d)
-          if ((given.dims[d] == Dim{} || given.dims[d].internal()) && !inferred.dims[d].internal())
-            given.dims[d] = inferred.dims[d];
+      const Facts inferred = b.facts(v);
       b.set_facts(v, std::move(given));
+      b.learn_dims(v, inferred);
     };
     int pos = 0;
     for (int k = 0; k < n; ++k)
@@ -532,9 +531,19 @@ Vs loop_transpose(TransposeCtx& c) {
     g.mutable_output()->Swap(cts.mutable_output());
   }
   prune(g);
-  // The weights' cotangents: their per-iteration products leave the loop (rules/loop_products.h).
+  // The weights' cotangents: their per-iteration products leave the loop (rules/loop_products.h);
+  // the primal values the reverse body reads are stacked by the forward loop (which computes
+  // them under the same names) instead of recomputed (rules/loop_residuals.h). Both read g's
+  // facts (the values they look at keep them through the first's rewriting).
   std::vector<LoopProduct> products;
-  {
+  std::vector<LoopResidual> residuals;
+  std::optional<Prepared> g_facts;
+  try {
+    g_facts.emplace(prepare(standalone_model(g, {}, {}, b.opsets()), "vjp"));
+  } catch (const std::exception&) {
+    // (then the reverse loop accumulates and recomputes, as it did)
+  }
+  if (g_facts) {
     std::vector<int> accumulated;
     std::vector<std::string> into;
     for (size_t li = 0; li < linear_states.size(); ++li) {
@@ -543,19 +552,14 @@ Vs loop_transpose(TransposeCtx& c) {
       accumulated.push_back(static_cast<int>(li));
       into.push_back(g.input(2 + n + n_rows + static_cast<int>(state_out[static_cast<size_t>(k)])).name());
     }
-    products = hoist_loop_products(g, accumulated, into, b.opsets(), scope);
-  }
-  // The primal values the reverse body reads, stacked by the forward loop (which computes them
-  // under the same names) instead of recomputed (rules/loop_residuals.h).
-  std::vector<LoopResidual> residuals;
-  {
+    products = hoist_loop_products(g, accumulated, into, *g_facts, scope);
     std::unordered_set<std::string> primal_inputs = {g.input(0).name(), g.input(1).name()};
     for (int k = 0; k < n; ++k)
       if (!lin[static_cast<size_t>(k)]) primal_inputs.insert(g.input(2 + k).name());
     std::unordered_set<std::string> forward_defined;
     for (const auto& nd : body->node())
       for (const auto& o : nd.output()) forward_defined.insert(o);
-    residuals = take_loop_residuals(g, primal_inputs, forward_defined, b.opsets());
+    residuals = take_loop_residuals(g, primal_inputs, forward_defined, *g_facts);
   }
   const int first_residual = g.input_size() - static_cast<int>(residuals.size());
   rename_definitions(g, scope, b.node_scope());

@@ -240,6 +240,11 @@ V computed_shape(Builder& b, V t, int depth) {
 
 }  // namespace
 
+void bind_tangent(Builder& b, V tangent, V primal) {
+  if (!b.witness(tangent).valid()) b.set_witness(tangent, primal);
+  if (b.facts(primal).has_shape && !b.tangent(primal)) b.set_facts(tangent, b.facts(primal));
+}
+
 V unbroadcast(Builder& b, V ct, V target, V witness) {
   if (!ct.valid()) return ct;
   const Facts& cf = b.facts(ct);

@@ -95,6 +95,12 @@ class TransposeCtx {
 
 using TransposeRule = std::function<Vs(TransposeCtx&)>;
 
+// `tangent` is the tangent of `primal` (a primal value, not itself a tangent): it takes
+// `primal` as its witness (unless it has one) and its facts, which may know more than the
+// tangent's inference did (data propagation; static dims where the tangent's are unknown, which
+// unbroadcasting would otherwise test at run time).
+void bind_tangent(Builder& b, V tangent, V primal);
+
 // Sums `ct` down to the shape of `target` (numpy broadcasting in reverse), deciding axes from
 // static facts where possible and from `witness` (a primal value of target's shape) at run
 // time otherwise.

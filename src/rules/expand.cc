@@ -187,10 +187,7 @@ Vs expansion_jvp(JvpCtx& c, const onnx::GraphProto& g, const KnownPrimal* known)
       if (n.output(k).empty() || !touts[k].valid() ||
           (c.b.facts(ys[k]).dtype != 0 && !float_dtype(c.b.facts(ys[k]).dtype)))
         continue;
-      if (!c.b.witness(touts[k]).valid()) c.b.set_witness(touts[k], ys[k]);
-      // A tangent has its primal's shape; inference may know less about it (unknown dims where
-      // the primal's are static, which unbroadcasting would have to test at run time).
-      if (c.b.facts(ys[k]).has_shape && !c.b.tangent(ys[k])) c.b.set_facts(touts[k], c.b.facts(ys[k]));
+      bind_tangent(c.b, touts[k], ys[k]);
       tangent[n.output(k)] = touts[k];
     }
   }

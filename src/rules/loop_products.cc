@@ -1,10 +1,8 @@
 #include "rules/loop_products.h"
 
 #include <functional>
-#include <optional>
 #include <unordered_set>
 
-#include "transforms/prepare.h"
 #include "transforms/subgraph.h"
 
 namespace onnax {
@@ -54,25 +52,6 @@ struct Uses {
   }
 };
 
-// The values of `g` that depend on `input` (nodes are in topological order).
-std::unordered_set<std::string> depending_on(const onnx::GraphProto& g, const std::string& input) {
-  std::unordered_set<std::string> dep = {input};
-  for (const auto& n : g.node()) {
-    bool hit = false;
-    for (const auto& in : n.input()) hit = hit || dep.count(in) > 0;
-    if (!hit && has_subgraphs(n))
-      for (const auto& a : n.attribute()) {
-        if (a.has_g())
-          for (const auto& r : graph_outer_reads(a.g())) hit = hit || dep.count(r) > 0;
-        for (const auto& sg : a.graphs())
-          for (const auto& r : graph_outer_reads(sg)) hit = hit || dep.count(r) > 0;
-      }
-    if (hit)
-      for (const auto& o : n.output()) dep.insert(o);
-  }
-  return dep;
-}
-
 // A term of an accumulation: the value, and the Add that adds it (its input `side`).
 struct Term {
   std::string value;
@@ -83,19 +62,12 @@ struct Term {
 }  // namespace
 
 std::vector<LoopProduct> hoist_loop_products(onnx::GraphProto& g, const std::vector<int>& accumulated,
-                                             const std::vector<std::string>& excluded,
-                                             const std::unordered_map<std::string, int>& opsets, NameScope& scope) {
+                                             const std::vector<std::string>& excluded, const Prepared& facts,
+                                             NameScope& scope) {
   std::vector<LoopProduct> hoisted;
   if (accumulated.empty()) return hoisted;
-  // The ranks of the body's values (its inputs are typed).
-  std::optional<Prepared> facts;
-  try {
-    facts.emplace(prepare(standalone_model(g, {}, {}, opsets), "vjp"));
-  } catch (const std::exception&) {
-    return hoisted;  // (then the loop accumulates as it did)
-  }
-  auto rank = [&](const std::string& v) { return facts->fact(v).rank(); };
-  auto dim = [&](const std::string& v, size_t d) { return facts->fact(v).dims[d]; };
+  auto rank = [&](const std::string& v) { return facts.fact(v).rank(); };
+  auto dim = [&](const std::string& v, size_t d) { return facts.fact(v).dims[d]; };
   const Uses uses(g);
 
   std::vector<std::pair<std::string, std::string>> factors;  // appended after the loop
@@ -127,7 +99,7 @@ std::vector<LoopProduct> hoist_loop_products(onnx::GraphProto& g, const std::vec
       const std::string& bv = mm->input(1);
       if (rank(a) != 2 || rank(bv) != 2 || rank(t.value) != 2) continue;
       if (!dep_known) {
-        dep = depending_on(g, excluded[i]);
+        dep = values_depending_on(g, {excluded[i]});
         dep_known = true;
       }
       if (dep.count(a) || dep.count(bv)) continue;
@@ -148,15 +120,15 @@ std::vector<LoopProduct> hoist_loop_products(onnx::GraphProto& g, const std::vec
       add.clear_input();
       add.add_input(other);
       rewritten.insert(t.add);
-      p.left_facts = facts->fact(left);
-      p.right_facts = facts->fact(bv);
+      p.left_facts = facts.fact(left);
+      p.right_facts = facts.fact(bv);
       factors.emplace_back(left, bv);
       hoisted.push_back(std::move(p));
     }
   }
   for (const auto& [left, right] : factors) {
-    add_output(g, left, typed_value_info(left, facts->fact(left)), scope);
-    add_output(g, right, typed_value_info(right, facts->fact(right)), scope);
+    add_output(g, left, typed_value_info(left, facts.fact(left)), scope);
+    add_output(g, right, typed_value_info(right, facts.fact(right)), scope);
   }
   prune(g);
   return hoisted;

@@ -14,6 +14,7 @@
 
 #include "emit/builder.h"
 #include "emit/names.h"
+#include "transforms/prepare.h"
 
 namespace onnax {
 
@@ -33,10 +34,11 @@ struct LoopProduct {
 // `g` compute: each output's value is an Add tree over terms; a term that is a MatMul of two
 // rank-2 per-iteration factors (not depending on `excluded[i]`, the cotangent the output
 // accumulates into, and read by nothing else) leaves the tree, and its factors become outputs
-// of `g` after its present ones (left, right, per product, in the returned order).
+// of `g` after its present ones (left, right, per product, in the returned order). (`facts`: g
+// prepared as a model of its own.)
 std::vector<LoopProduct> hoist_loop_products(onnx::GraphProto& g, const std::vector<int>& accumulated,
-                                             const std::vector<std::string>& excluded,
-                                             const std::unordered_map<std::string, int>& opsets, NameScope& scope);
+                                             const std::vector<std::string>& excluded, const Prepared& facts,
+                                             NameScope& scope);
 
 // The sum over iterations of one product, from its stacked factors (the loop's scan outputs):
 // a rank-2 value.

@@ -1,7 +1,5 @@
 #include "rules/loop_residuals.h"
 
-#include <optional>
-
 #include "rules/derivative.h"
 #include "transforms/prepare.h"
 #include "transforms/subgraph.h"
@@ -10,25 +8,19 @@ namespace onnax {
 
 std::vector<LoopResidual> take_loop_residuals(onnx::GraphProto& g, const std::unordered_set<std::string>& primal_inputs,
                                               const std::unordered_set<std::string>& forward_defined,
-                                              const std::unordered_map<std::string, int>& opsets) {
+                                              const Prepared& facts) {
   std::vector<LoopResidual> residuals;
-  std::optional<Prepared> facts;  // (the body's inputs are typed)
-  try {
-    facts.emplace(prepare(standalone_model(g, {}, {}, opsets), "vjp"));
-  } catch (const std::exception&) {
-    return residuals;  // (then the reverse body recomputes them, as it did)
-  }
-  // Values computed from the primal inputs alone (constants and initializers included).
-  std::unordered_set<std::string> primal = primal_inputs;
-  for (const auto& t : g.initializer()) primal.insert(t.name());
+  // Nodes that compute from the primal inputs alone (constants and initializers included):
+  // those depending on none of g's other inputs.
+  std::unordered_set<std::string> others;
+  for (const auto& vi : g.input())
+    if (!primal_inputs.count(vi.name())) others.insert(vi.name());
+  const std::unordered_set<std::string> linear = values_depending_on(g, others);
   std::vector<char> primal_node(static_cast<size_t>(g.node_size()), 0);
   for (int i = 0; i < g.node_size(); ++i) {
-    const onnx::NodeProto& n = g.node(i);
-    bool p = !has_subgraphs(n);
-    for (const auto& in : n.input()) p = p && (in.empty() || primal.count(in) > 0);
-    if (!p) continue;
-    primal_node[static_cast<size_t>(i)] = 1;
-    for (const auto& o : n.output()) primal.insert(o);
+    bool p = true;
+    for (const auto& o : g.node(i).output()) p = p && !linear.count(o);
+    primal_node[static_cast<size_t>(i)] = p ? 1 : 0;
   }
   // Read by the linear part (or an output): worth stacking when the forward body computes it
   // and it is floating point (shape arithmetic and constants are cheap to recompute).
@@ -49,7 +41,7 @@ std::vector<LoopResidual> take_loop_residuals(onnx::GraphProto& g, const std::un
     bool any = false, all = true;
     for (const auto& o : n.output()) {
       if (o.empty() || !read.count(o)) continue;
-      const Facts& f = facts->fact(o);
+      const Facts& f = facts.fact(o);
       const bool takeable =
           forward_defined.count(o) && !primal_inputs.count(o) && differentiable_dtype(f.dtype) && f.has_shape;
       all = all && takeable;
@@ -58,7 +50,7 @@ std::vector<LoopResidual> take_loop_residuals(onnx::GraphProto& g, const std::un
     if (!any || !all) continue;
     for (const auto& o : n.output()) {
       if (o.empty() || !read.count(o)) continue;
-      residuals.push_back(LoopResidual{o, facts->fact(o)});
+      residuals.push_back(LoopResidual{o, facts.fact(o)});
       taken.insert(o);
     }
   }

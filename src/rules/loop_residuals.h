@@ -8,11 +8,11 @@
 #include <onnx/onnx_pb.h>
 
 #include <string>
-#include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
 #include "facts/facts.h"
+#include "transforms/prepare.h"
 
 namespace onnax {
 
@@ -25,9 +25,10 @@ struct LoopResidual {
 // alone (iteration number, condition, non-linear state: what the stacking loop's body has) by
 // nodes `forward_defined` names the outputs of too, and read by g's other nodes or outputs.
 // Each becomes an input of g appended after its present ones (so g must be given it by the
-// reverse loop: a row of the stack), and the nodes only it needed are pruned.
+// reverse loop: a row of the stack), and the nodes only it needed are pruned. (`facts`: g
+// prepared as a model of its own.)
 std::vector<LoopResidual> take_loop_residuals(onnx::GraphProto& g, const std::unordered_set<std::string>& primal_inputs,
                                               const std::unordered_set<std::string>& forward_defined,
-                                              const std::unordered_map<std::string, int>& opsets);
+                                              const Prepared& facts);
 
 }  // namespace onnax

@@ -211,26 +211,6 @@ size_t differentiated_nodes(const Prepared& p, const std::vector<int>& seed_ids,
   return count;
 }
 
-// A cotangent has the shape of the value it is the cotangent of, whose facts may know dims that
-// the cotangent's own computation lost (a crop by pads computed at run time): it takes those,
-// so unbroadcasting it sees sizes of 1 it would otherwise have to sum over.
-void refine_cotangent_facts(Builder& b, V ct, V value) {
-  const Facts& known = b.facts(value);
-  const Facts& have = b.facts(ct);
-  if (!known.has_shape || (have.has_shape && have.rank() != known.rank())) return;
-  Facts merged = have.has_shape ? have : Facts::of(have.dtype, Dims(known.dims.size(), Dim{}));
-  bool gained = false;
-  for (size_t i = 0; i < known.dims.size(); ++i) {
-    const Dim k = known.dims[i], h = merged.dims[i];
-    const bool better = (k.known() && !h.known()) || (k.symbolic() && !k.internal() && !h.known() && !h.same_as(k));
-    if (better) merged.dims[i] = k;
-    gained = gained || better;
-  }
-  if (!gained) return;
-  if (!merged.dtype) merged.dtype = known.dtype;
-  b.set_facts(ct, std::move(merged));
-}
-
 onnx::ValueInfoProto value_info_like(const std::string& name, const Facts& f) {
   onnx::ValueInfoProto vi;
   vi.set_name(name);
@@ -416,9 +396,7 @@ void differentiate_graph(Prepared& p, Mode mode, const Selection& sel) {
       if (o.empty() || !touts[k].valid() || !(dt == 0 || differentiable_dtype(dt))) continue;
       at(tangent, output_ids[k]) = touts[k];
       origin[static_cast<size_t>(output_ids[k])] = from;
-      if (!b.witness(touts[k]).valid()) b.set_witness(touts[k], ys[k]);
-      // A tangent has its primal's shape; the primal's facts may know more (data propagation).
-      if (of.has_shape && !b.tangent(ys[k])) b.set_facts(touts[k], of);
+      bind_tangent(b, touts[k], ys[k]);
     }
   }
 
@@ -467,7 +445,10 @@ void differentiate_graph(Prepared& p, Mode mode, const Selection& sel) {
     auto accumulate = [&](V t, V c) {
       if (!t.valid() || !c.valid()) return;
       const V sum = b.add(ct_of(t), c);  // add() of a zero (invalid) and c is c
-      refine_cotangent_facts(b, sum, t);
+      // A cotangent has the shape of the value it is the cotangent of, whose facts may know dims
+      // that the cotangent's own computation lost (a crop by pads computed at run time): it takes
+      // those, so unbroadcasting it sees sizes of 1 it would otherwise have to sum over.
+      b.learn_dims(sum, b.facts(t));
       if (static_cast<size_t>(t.id) >= ct.size()) ct.resize(static_cast<size_t>(b.value_count()));
       ct[static_cast<size_t>(t.id)] = sum;
     };

@@ -188,6 +188,14 @@ void strip_known_values(onnx::GraphProto& g) {
 }
 
 std::vector<char> outputs_depending_on(const onnx::GraphProto& g, const std::unordered_set<std::string>& active) {
+  const std::unordered_set<std::string> live = values_depending_on(g, active);
+  std::vector<char> out;
+  for (const auto& o : g.output()) out.push_back(live.count(o.name()) ? 1 : 0);
+  return out;
+}
+
+std::unordered_set<std::string> values_depending_on(const onnx::GraphProto& g,
+                                                    const std::unordered_set<std::string>& active) {
   std::unordered_set<std::string> live = active;
   for (const auto& n : g.node()) {
     bool hit = false;
@@ -204,9 +212,7 @@ std::vector<char> outputs_depending_on(const onnx::GraphProto& g, const std::uno
       for (const auto& o : n.output())
         if (!o.empty()) live.insert(o);
   }
-  std::vector<char> out;
-  for (const auto& o : g.output()) out.push_back(live.count(o.name()) ? 1 : 0);
-  return out;
+  return live;
 }
 
 void prune(onnx::GraphProto& g) {

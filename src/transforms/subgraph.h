@@ -71,6 +71,10 @@ void strip_known_values(onnx::GraphProto& g);
 // For each output of `g`: whether it depends on any value named in `active` (graph inputs or
 // values read from enclosing scopes), through its nodes and their subgraphs.
 std::vector<char> outputs_depending_on(const onnx::GraphProto& g, const std::unordered_set<std::string>& active);
+// The names of `active` and of every value of `g` that depends on one of them (nodes in
+// topological order; a node's subgraph reads count as its inputs).
+std::unordered_set<std::string> values_depending_on(const onnx::GraphProto& g,
+                                                    const std::unordered_set<std::string>& active);
 
 // Drops the nodes of `g` that none of its outputs needs.
 void prune(onnx::GraphProto& g);
