@@ -4,10 +4,11 @@ The model: ``h <- tanh(h @ Wh + xs[t] @ Wx)`` for ``T`` steps in an ONNX ``Loop`
 read from the enclosing graph, the sequence carried and gathered by the iteration number, as
 whole-sequence exports write it), then ``loss = sum((h - target)^2)``. ``grad(f)`` w.r.t. the
 two weights is the per-example gradient; ``vmap(grad(f), in_axes=0)`` computes it for a batch
-of ``B`` examples in one run: the loops that grad writes (the source loop, the loop stacking
-its state, the reverse loop) have shared trip counts, so vmap batches their bodies and runs
-each loop once. The baseline is ``B`` ONNX Runtime runs of ``grad(f)``, one per example.
-Both give every per-example gradient; they are checked equal before timing.
+of ``B`` examples in one run: the loops that grad writes (the forward loop, which stacks the
+state and replaces the source loop, and the reverse loop) have shared trip counts, so vmap
+batches their bodies and runs each loop once. The baseline is ``B`` ONNX Runtime runs of
+``grad(f)``, one per example. Both give every per-example gradient; they are checked equal
+before timing.
 
 ORT: one intra-op and one inter-op thread, default optimizations; each variant runs once to
 warm up, then the median of ``--repeats`` timed calls is reported.

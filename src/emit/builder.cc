@@ -1023,6 +1023,88 @@ bool Builder::take_over_outputs(int source_index, const Vs& source_inputs, const
   return true;
 }
 
+void Builder::adopt_node(NodePtr node, const Vs& outputs) {
+  adopt_node(std::move(node));
+  for (V v : outputs)
+    if (v.valid()) values_[static_cast<size_t>(v.id)].producer = out_.node_size() - 1;
+}
+
+int Builder::defining_node(const Vs& values, const Vs& reads) const {
+  auto producer = [&](V v) { return v.valid() ? values_[static_cast<size_t>(v.id)].producer : -1; };
+  int index = -1;
+  for (V v : values)
+    if (producer(v) >= 0) {
+      index = producer(v);
+      break;
+    }
+  size_t count = 0;
+  for (size_t i = 0; i < values.size(); ++i) {
+    if (producer(values[i]) != index) continue;
+    bool repeated = false;
+    for (size_t j = 0; j < i; ++j) repeated = repeated || values[j].id == values[i].id;
+    count += repeated ? 0 : 1;
+  }
+  if (index < 0 || (static_cast<size_t>(index) < emitted_.size() &&
+                    emitted_[static_cast<size_t>(index)].begin != EmittedInputs::kNone))
+    return -1;
+  size_t defined = 0;
+  for (const auto& o : out_.node(index).output()) defined += o.empty() ? 0 : 1;
+  if (count != defined) return -1;
+  // (Values of source nodes are defined before a node that reads them: a source node's inputs
+  // are.)
+  for (V r : reads)
+    if (r.valid() && values_[static_cast<size_t>(r.id)].producer >= index) return -1;
+  return index;
+}
+
+void Builder::take_place_of(int index, const Vs& source_outputs, const Vs& same) {
+  const int last = out_.node_size() - 1;
+  if (index < 0 || index >= last || source_outputs.size() != same.size())
+    throw std::logic_error("onnax internal error: take_place_of without a node to replace");
+  onnx::NodeProto& source = *out_.mutable_node(index);
+  onnx::NodeProto& now = *out_.mutable_node(last);
+  auto output_of = [](onnx::NodeProto& n, std::string_view name) -> std::string& {
+    for (auto& o : *n.mutable_output())
+      if (o == name) return o;
+    throw std::logic_error("onnax internal error: take_place_of: '" + std::string(name) + "' is not an output");
+  };
+  std::vector<int32_t> traded;
+  for (size_t i = 0; i < same.size(); ++i) {
+    const V s = source_outputs[i], t = same[i];
+    if (!s.valid() || values_[static_cast<size_t>(s.id)].producer != index ||
+        std::find(traded.begin(), traded.end(), s.id) != traded.end())
+      continue;
+    traded.push_back(s.id);
+    Value& sv = values_[static_cast<size_t>(s.id)];
+    Value& tv = values_[static_cast<size_t>(t.id)];
+    output_of(source, sv.name).assign(tv.name);
+    output_of(now, tv.name).assign(sv.name);
+    std::swap(sv.producer, tv.producer);
+  }
+  // The nodes trade places: every value keeps its name, now defined at the other position.
+  out_.mutable_node()->SwapElements(index, last);
+  for (size_t i = 0; i < values_.size(); ++i) {
+    Value& v = values_[i];
+    if (v.producer == index)
+      v.producer = last;
+    else if (v.producer == last)
+      v.producer = index;
+  }
+  for (int& k : subgraph_nodes_) {
+    if (k == index)
+      k = last;
+    else if (k == last)
+      k = index;
+  }
+  // The taker defines values source nodes read by name: it stays. The source node is dropped
+  // when its new names are unread (this builder did not count its reads).
+  emitted_.resize(static_cast<size_t>(last) + 1);
+  emitted_[static_cast<size_t>(index)] = EmittedInputs{};
+  emitted_[static_cast<size_t>(last)] = EmittedInputs{static_cast<uint32_t>(emitted_inputs_.size()), 0};
+  for (Recent& r : recent_)
+    if (r.node == index || r.node == last) r.node = -1;
+}
+
 void Builder::record_emitted(const onnx::NodeProto* n, const Vs& inputs) {
   const int index = out_.node_size() - 1;
   if (index < 0 || &out_.node(index) != n) return;  // (bound for the tape)

@@ -218,9 +218,23 @@ class Builder {
   // drop_dead_nodes removes it: its work is not done twice. Returns false (and changes
   // nothing) unless the node at `source_index` defines `source_outputs` and nothing else.
   bool take_over_outputs(int source_index, const Vs& source_inputs, const Vs& source_outputs, const Vs& same);
+  // The index of the node adopted with its outputs (adopt_node) that defines the first of
+  // `values` any node defines, when every output it defines is among `values` and every value in
+  // `reads` is defined before it; -1 otherwise. (The other values are not its outputs.)
+  int defining_node(const Vs& values, const Vs& reads) const;
+  // Reverse mode's twin of take_over_outputs: the node emitted last (after the readers of
+  // `source_outputs`, reading what defining_node(source_outputs, its inputs) allowed) computes
+  // them too, as `same[i]` does `source_outputs[i]` (those `index` defines; the first twin of
+  // each). It takes their names and the position
+  // `index` of the node defining them, which gets the last node's names and the last position,
+  // where drop_dead_nodes removes it when nothing reads them.
+  void take_place_of(int index, const Vs& source_outputs, const Vs& same);
   // Emits `node` unchanged, taking ownership of it (no copy).
   // (A node on the graph's arena is added as is; a heap node is handed to that arena.)
   void adopt_node(NodePtr node) { out_.mutable_node()->AddAllocated(node.release()); }
+  // adopt_node, recording the node as the producer of `outputs` (its output values) for
+  // take_place_of.
+  void adopt_node(NodePtr node, const Vs& outputs);
   // Emits a one-output node whose output has exactly `output_name` (already reserved).
   V op_named(std::string_view type, const Vs& inputs, const Attrs& attrs, const std::string& output_name);
 

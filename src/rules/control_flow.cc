@@ -360,15 +360,20 @@ std::vector<int> scanned_states(const onnx::GraphProto& body, const std::vector<
 
 // The loop reverse mode runs before the reverse loop: the primal part of the JVP loop `body`
 // (its non-linear state), once more, stacking as scan outputs the iteration number, the
-// condition, the state each iteration starts from (`varying`; the state the body passes through
-// unchanged is read from the loop's inputs instead) and the `residuals` the reverse body reads.
-// Outputs: the final non-linear states (n_primal of them), then those stacks in that order.
+// condition (when `stack_cond`), the state each iteration starts from (`varying`; the state the
+// body passes through unchanged is read from the loop's inputs instead) and the `residuals` the
+// reverse body reads.
+// Outputs: the final non-linear states (n_primal of them), then those stacks in that order, then
+// the JVP loop's `primal_scans` (scan outputs computed by the primal part).
 struct StackingLoop {
   Vs outputs;
   int n_primal = 0;
+  int scans_at = 0;     // where the primal scan outputs start
+  int cond_stacks = 0;  // 1 when the condition is stacked (after the iteration number)
 };
 StackingLoop stacking_loop(TransposeCtx& c, const onnx::GraphProto& body, const std::vector<char>& lin,
-                           const std::vector<int>& varying, const std::vector<LoopResidual>& residuals) {
+                           const std::vector<int>& varying, bool stack_cond, const std::vector<LoopResidual>& residuals,
+                           const std::vector<int>& primal_scans) {
   Builder& b = c.b;
   const int n = static_cast<int>(lin.size());
   NameScope& scope = b.value_scope();
@@ -383,9 +388,11 @@ StackingLoop stacking_loop(TransposeCtx& c, const onnx::GraphProto& body, const 
       ++n_primal;
     }
   add_output(fwd, body.input(0).name(), scalar_info("", onnx::TensorProto::INT64), scope);
-  add_output(fwd, body.input(1).name(), scalar_info("", onnx::TensorProto::BOOL), scope);
+  if (stack_cond) add_output(fwd, body.input(1).name(), scalar_info("", onnx::TensorProto::BOOL), scope);
+  result.cond_stacks = stack_cond ? 1 : 0;
   for (int k : varying) add_output(fwd, body.input(2 + k).name(), body.input(2 + k), scope);
   for (const auto& r : residuals) add_output(fwd, r.name, typed_value_info(r.name, r.facts), scope);
+  for (int j : primal_scans) add_output(fwd, body.output(1 + n + j).name(), body.output(1 + n + j), scope);
   prune(fwd);
   {
     std::unordered_set<std::string> read;
@@ -406,7 +413,8 @@ StackingLoop stacking_loop(TransposeCtx& c, const onnx::GraphProto& body, const 
   Vs fins = {c.in(0), c.in(1)};
   for (int k = 0; k < n; ++k)
     if (!lin[static_cast<size_t>(k)]) fins.push_back(c.in(2 + k));
-  const int f_out = n_primal + 2 + static_cast<int>(varying.size() + residuals.size());
+  result.scans_at = n_primal + 1 + result.cond_stacks + static_cast<int>(varying.size() + residuals.size());
+  const int f_out = result.scans_at + static_cast<int>(primal_scans.size());
   Vs& f = result.outputs;
   f = b.op("Loop", fins, {Attr::graph("body", std::move(fwd))}, f_out);
   {
@@ -428,9 +436,10 @@ StackingLoop stacking_loop(TransposeCtx& c, const onnx::GraphProto& body, const 
       return s;
     };
     settle(f[pos++], stacked(scalar_facts(onnx::TensorProto::INT64)));
-    settle(f[pos++], stacked(scalar_facts(onnx::TensorProto::BOOL)));
+    if (stack_cond) settle(f[pos++], stacked(scalar_facts(onnx::TensorProto::BOOL)));
     for (int k : varying) settle(f[pos++], stacked(b.facts(c.in(2 + k))));
     for (const auto& r : residuals) settle(f[pos++], r.facts.with_dim(0, Dim{}));
+    for (int j : primal_scans) settle(f[pos++], b.facts(c.outs[static_cast<size_t>(n + j)]));
   }
   return result;
 }
@@ -563,12 +572,54 @@ Vs loop_transpose(TransposeCtx& c) {
   }
   const int first_residual = g.input_size() - static_cast<int>(residuals.size());
   rename_definitions(g, scope, b.node_scope());
+  // What the reverse body reads of the primal state: only that is stacked.
+  std::unordered_set<std::string> g_reads;
+  for (const auto& nd : g.node()) {
+    for (const auto& i : nd.input()) g_reads.insert(i);
+    for (auto& r : outer_scope_reads(nd)) g_reads.insert(std::move(r));  // (an If's branches)
+  }
+  for (const auto& o : g.output()) g_reads.insert(o.name());
+  const bool stack_cond = g_reads.count(g.input(1).name()) > 0;
+  std::vector<int> stacked_states;
+  for (int k : varying)
+    if (g_reads.count(g.input(2 + k).name())) stacked_states.push_back(k);
 
   // 2. The primal part, once more, stacking the state each iteration starts from and the
-  //    residuals.
-  const StackingLoop stacks = stacking_loop(c, *body, lin, varying, residuals);
+  //    residuals. It computes what the source loop computes (the JVP loop's primal part is the
+  //    source body): when that loop is a node of the model, it also gives the loop's scan outputs
+  //    and takes its place, so the forward pass runs once (as JAX's scan saves residuals while
+  //    it runs the primal). (A Scan's Loop reads a trip count computed after it: both run.)
+  // loop_jvp gives each output of the JVP loop the source output it stands for as witness, a
+  // primal output before its tangent (so the first twin of a source output is the primal one).
+  std::vector<int> primal_scans;
+  Vs source_outputs, reads = {c.in(0), c.in(1)};
+  for (int k = 0; k < n; ++k)
+    if (!lin[static_cast<size_t>(k)]) {
+      source_outputs.push_back(b.witness(c.outs[static_cast<size_t>(k)]));
+      reads.push_back(c.in(2 + k));
+    }
+  {
+    std::unordered_set<std::string> linear_inputs;
+    for (int k = 0; k < n; ++k)
+      if (lin[static_cast<size_t>(k)]) linear_inputs.insert(body->input(2 + k).name());
+    const std::vector<char> dep = outputs_depending_on(*body, linear_inputs);
+    for (int j = 0; j < k_scan; ++j)
+      if (!dep[static_cast<size_t>(1 + n + j)] && b.witness(c.outs[static_cast<size_t>(n + j)]).valid()) {
+        primal_scans.push_back(j);
+        source_outputs.push_back(b.witness(c.outs[static_cast<size_t>(n + j)]));
+      }
+  }
+  const int source_loop = b.defining_node(source_outputs, reads);
+  if (source_loop < 0) primal_scans.clear();
+  const StackingLoop stacks = stacking_loop(c, *body, lin, stacked_states, stack_cond, residuals, primal_scans);
   const Vs& f = stacks.outputs;
   const int n_primal = stacks.n_primal;
+  if (source_loop >= 0) {
+    Vs same;
+    for (int k = 0; k < n_primal; ++k) same.push_back(f[static_cast<size_t>(k)]);
+    for (size_t q = 0; q < primal_scans.size(); ++q) same.push_back(f[static_cast<size_t>(stacks.scans_at) + q]);
+    b.take_place_of(source_loop, source_outputs, same);
+  }
   const V iterations = b.squeeze(b.shape_of(f[n_primal], 0, 1), {0});
   const V last = b.sub(iterations, b.i64(1));
 
@@ -589,22 +640,22 @@ Vs loop_transpose(TransposeCtx& c) {
     *rev.add_node() = make_node("Gather", {stack, i_name}, out);
   };
   *rev.add_node() = make_node("Sub", {name_of(last), j_name}, i_name);
-  gather(name_of(f[n_primal + 1]), g.input(1).name());
+  if (stack_cond) gather(name_of(f[n_primal + 1]), g.input(1).name());
   {
-    int stack = n_primal + 2, lin_pos = 0;
+    int stack = n_primal + 1 + stacks.cond_stacks, lin_pos = 0;
     for (int k = 0; k < n; ++k) {
       const std::string& target = g.input(2 + k).name();
       if (std::find(scanned.begin(), scanned.end(), k) != scanned.end()) continue;  // (read through its row)
       if (lin[static_cast<size_t>(k)])
         *rev.add_node() = make_node("Identity", {ct_state[static_cast<size_t>(lin_pos++)]}, target);  // (shape only)
-      else if (std::find(varying.begin(), varying.end(), k) != varying.end())
+      else if (std::find(stacked_states.begin(), stacked_states.end(), k) != stacked_states.end())
         gather(name_of(f[stack++]), target);
-      else
+      else if (std::find(varying.begin(), varying.end(), k) == varying.end())
         *rev.add_node() = make_node("Identity", {name_of(c.in(2 + k))}, target);
     }
   }
   for (size_t q = 0; q < residuals.size(); ++q)
-    gather(name_of(f[static_cast<size_t>(n_primal + 2) + varying.size() + q]),
+    gather(name_of(f[static_cast<size_t>(n_primal + 1 + stacks.cond_stacks) + stacked_states.size() + q]),
            g.input(first_residual + static_cast<int>(q)).name());
   // A row's value does not matter (it is a tangent), only its shape: the primal twin's row.
   for (size_t q = 0; q < scanned.size(); ++q)
@@ -634,6 +685,7 @@ Vs loop_transpose(TransposeCtx& c) {
   for (auto& t : *g.mutable_sparse_initializer()) *rev.add_sparse_initializer() = std::move(t);
   add_output(rev, cond_name, scalar_info("", onnx::TensorProto::BOOL), scope);
   for (int i = 0; i < g.output_size(); ++i) add_output(rev, g.output(i).name(), g.output(i), scope);
+  prune(rev);  // (the inputs of g it does not read, the shapes only a rule needed)
 
   Vs rins = {iterations, b.scalar(1.0, onnx::TensorProto::BOOL)};
   for (int k : linear_states) {

@@ -337,8 +337,13 @@ void differentiate_graph(Prepared& p, Mode mode, const Selection& sel) {
       const int32_t dt = output_ids[k] < 0 ? -1 : p.facts.at(output_ids[k]).dtype;
       float_out = float_out || dt == 0 || differentiable_dtype(dt);  // unknown dtype: could be float
     }
-    // The primal node itself passes through unchanged.
-    b.adopt_node(owned.empty() ? NodePtr(new onnx::NodeProto(node)) : std::move(owned[static_cast<size_t>(ni)]));
+    // The primal node itself passes through unchanged. (A loop's, known as its outputs' producer,
+    // can give its place to the loop reverse mode runs anyway: Builder::take_place_of.)
+    NodePtr adopted = owned.empty() ? NodePtr(new onnx::NodeProto(node)) : std::move(owned[static_cast<size_t>(ni)]);
+    if (has_subgraphs(node))
+      b.adopt_node(std::move(adopted), ys);
+    else
+      b.adopt_node(std::move(adopted));
     if (!active || !useful) continue;
     if (!float_out) continue;  // integer/bool results carry no derivative
     const bool default_domain = node.domain().empty() || node.domain() == "ai.onnx";

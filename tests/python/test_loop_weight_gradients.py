@@ -52,7 +52,8 @@ def recurrence(
     With `grows`, a second state appends h_{t+1} to itself every iteration (its length changes).
     Variants: "twice" adds (h_t * h_t) W (two products with W per step), "gemm" computes h_t W
     with Gemm(transB) of W^T, "early-exit" stops after three iterations (the condition is
-    computed in the body; "early-exit-no-condition" with no condition input)."""
+    computed in the body; "early-exit-no-condition" with no condition input), "stacked" also
+    stacks h_{t+1} as a scan output `hs`, a model output that the loss reads."""
     matmul = ["W", "h_in"] if weight_left else ["h_in", "W"]
     step = [helper.make_node("MatMul", matmul, ["hw"])]
     if variant == "gemm":
@@ -84,6 +85,13 @@ def recurrence(
     # (Without a condition input, the body's computed condition still stops the loop.)
     loop_in = ["M", "" if variant == "early-exit-no-condition" else "c0", "h0", "xs"]
     loop_out, losses = ["hT", "xsT"], ["hT"]
+    outputs: list[Any] = [("loss", D, []), "hT"]
+    if variant == "stacked":
+        nodes.append(helper.make_node("Identity", ["h_out"], ["h_row"]))
+        outs.append(vi("h_row", D, state))
+        loop_out.append("hs")
+        losses.append("hs")
+        outputs.append("hs")
     if grows:
         nodes.append(helper.make_node("Concat", ["acc_in", "h_out"], ["acc_out"], axis=0))
         ins.append(vi("acc_in", D, None))
@@ -103,9 +111,7 @@ def recurrence(
     if grows:
         inputs.append(("acc0", D, state))
     rng = np.random.default_rng(11)
-    return make_ad_model(
-        g, inputs, [("loss", D, []), "hT"], initializers={"W": rng.standard_normal((3, 3)) * 0.5}
-    )
+    return make_ad_model(g, inputs, outputs, initializers={"W": rng.standard_normal((3, 3)) * 0.5})
 
 
 @dataclass
@@ -146,6 +152,7 @@ CASES = [
     ),
     Case("gemm-step", recurrence(T_STEPS, [2, 3], variant="gemm"), ["h0", "xs", "W"], (0, 0)),
     Case("rank-3-state", recurrence(T_STEPS, [2, 2, 3]), ["h0", "xs", "W"], (0, 0)),
+    Case("stacked-output", recurrence(T_STEPS, [2, 3], variant="stacked"), ["h0", "xs", "W"], (0, 0)),
 ]
 IDS = [c.id for c in CASES]
 
@@ -295,6 +302,22 @@ def test_forward_mode_runs_the_loop_once(case: Case) -> None:
     want = run(case.model, feeds)
     for name in ("loss", "hT"):
         np.testing.assert_allclose(got[name], want[name], rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_reverse_mode_runs_the_forward_loop_once(case: Case) -> None:
+    # The stacking loop computes what the source loop computes (and its scan outputs): it takes
+    # the source loop's place, so grad runs two loops (stacking, reverse), not three. The primal
+    # outputs still match the source model; the gradients are checked against float64 central
+    # differences (also by the battery above, for every case).
+    g = onnax.grad(case.model, inputs=case.inputs, output="loss")
+    assert [n.op_type for n in g.graph.node].count("Loop") == 2
+    onnx.checker.check_model(g, full_check=True)
+    feeds = make_feeds(case.model, case.gens, np.random.default_rng(4))
+    got, want = run(g, feeds), run(case.model, feeds)
+    for o in case.model.graph.output:
+        np.testing.assert_allclose(got[o.name], want[o.name], rtol=1e-12, atol=1e-12)
+    check_grad(case.model, case.inputs, "loss", gens=case.gens)
 
 
 def _compositions() -> dict[str, Any]:
