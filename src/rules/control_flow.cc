@@ -639,6 +639,17 @@ Vs loop_transpose(TransposeCtx& c) {
   auto gather = [&](const std::string& stack, const std::string& out) {
     *rev.add_node() = make_node("Gather", {stack, i_name}, out);
   };
+  // g's inputs that are another value of the reverse body or of the enclosing graph: g's nodes
+  // read that value (no Identity per iteration), unless the input is also one of g's outputs.
+  std::unordered_map<std::string, std::string> aliases;
+  std::unordered_set<std::string> g_outputs;
+  for (const auto& o : g.output()) g_outputs.insert(o.name());
+  auto alias = [&](const std::string& target, const std::string& value) {
+    if (g_outputs.count(target))
+      *rev.add_node() = make_node("Identity", {value}, target);
+    else
+      aliases[target] = value;
+  };
   *rev.add_node() = make_node("Sub", {name_of(last), j_name}, i_name);
   if (stack_cond) gather(name_of(f[n_primal + 1]), g.input(1).name());
   {
@@ -647,11 +658,11 @@ Vs loop_transpose(TransposeCtx& c) {
       const std::string& target = g.input(2 + k).name();
       if (std::find(scanned.begin(), scanned.end(), k) != scanned.end()) continue;  // (read through its row)
       if (lin[static_cast<size_t>(k)])
-        *rev.add_node() = make_node("Identity", {ct_state[static_cast<size_t>(lin_pos++)]}, target);  // (shape only)
+        alias(target, ct_state[static_cast<size_t>(lin_pos++)]);  // (shape only)
       else if (std::find(stacked_states.begin(), stacked_states.end(), k) != stacked_states.end())
         gather(name_of(f[stack++]), target);
       else if (std::find(varying.begin(), varying.end(), k) == varying.end())
-        *rev.add_node() = make_node("Identity", {name_of(c.in(2 + k))}, target);
+        alias(target, name_of(c.in(2 + k)));
     }
   }
   for (size_t q = 0; q < residuals.size(); ++q)
@@ -677,9 +688,14 @@ Vs loop_transpose(TransposeCtx& c) {
       *rev.add_node() = make_node("Add", {sum, parts[p]}, next);
       sum = next;
     }
-    if (parts.size() == 1) *rev.add_node() = make_node("Identity", {sum}, target);
+    if (parts.size() == 1) alias(target, sum);
   }
-  for (auto& nd : *g.mutable_node()) *rev.add_node() = std::move(nd);
+  for (auto& nd : *g.mutable_node()) {
+    for (auto& i : *nd.mutable_input())
+      if (auto it = aliases.find(i); it != aliases.end()) i = it->second;
+    if (!aliases.empty()) rename_outer_reads(nd, aliases);
+    *rev.add_node() = std::move(nd);
+  }
   for (auto& vi : *g.mutable_value_info()) *rev.add_value_info() = std::move(vi);
   for (auto& t : *g.mutable_initializer()) *rev.add_initializer() = std::move(t);
   for (auto& t : *g.mutable_sparse_initializer()) *rev.add_sparse_initializer() = std::move(t);
@@ -687,28 +703,81 @@ Vs loop_transpose(TransposeCtx& c) {
   for (int i = 0; i < g.output_size(); ++i) add_output(rev, g.output(i).name(), g.output(i), scope);
   prune(rev);  // (the inputs of g it does not read, the shapes only a rule needed)
 
-  Vs rins = {iterations, b.scalar(1.0, onnx::TensorProto::BOOL)};
-  for (int k : linear_states) {
+  // Cotangent state the reverse body gives back unchanged (a weight's, whose products left the
+  // loop) is not carried: the body reads the cotangent entering the loop instead, and that is
+  // the loop's result for it (also after zero iterations or an early exit).
+  const size_t n_lin = linear_states.size();
+  std::vector<char> passed(n_lin, 0);
+  {
+    std::unordered_map<std::string, std::string> identity_input;
+    for (const auto& nd : rev.node())
+      if (nd.op_type() == "Identity" && nd.domain().empty() && nd.input_size() == 1 && nd.output_size() == 1)
+        identity_input[nd.output(0)] = nd.input(0);
+    for (size_t li = 0; li < n_lin; ++li) {
+      std::string v = rev.output(1 + static_cast<int>(li)).name();
+      for (auto it = identity_input.find(v); it != identity_input.end(); it = identity_input.find(v)) v = it->second;
+      passed[li] = v == ct_state[li] ? 1 : 0;
+    }
+  }
+  auto entering_ct = [&](size_t li) {
+    const int k = linear_states[li];
     V ct = c.ct(k);
     if (!ct.valid()) {
       const V w = b.witness(c.outs[k]);
       if (!w.valid()) c.unsupported("the shape of a tangent the loop carries is unknown");
       ct = b.zeros_like(w);
     }
-    rins.push_back(ct);
+    return ct;
+  };
+  Vs rins = {iterations, b.scalar(1.0, onnx::TensorProto::BOOL)};
+  if (std::find(passed.begin(), passed.end(), 1) != passed.end()) {
+    onnx::GraphProto kept;
+    *kept.add_input() = rev.input(0);
+    *kept.add_input() = rev.input(1);
+    *kept.add_output() = rev.output(0);
+    for (size_t li = 0; li < n_lin; ++li)
+      if (!passed[li]) {
+        *kept.add_input() = rev.input(2 + static_cast<int>(li));
+        *kept.add_output() = rev.output(1 + static_cast<int>(li));
+      }
+    for (int o = 1 + static_cast<int>(n_lin); o < rev.output_size(); ++o) *kept.add_output() = rev.output(o);
+    rev.mutable_input()->Swap(kept.mutable_input());
+    rev.mutable_output()->Swap(kept.mutable_output());
+    prune(rev);
+    std::unordered_set<std::string> read;
+    for (const auto& nd : rev.node()) {
+      for (const auto& i : nd.input()) read.insert(i);
+      for (auto& r : outer_scope_reads(nd)) read.insert(std::move(r));
+    }
+    std::unordered_map<std::string, std::string> outer;
+    for (size_t li = 0; li < n_lin; ++li)
+      if (passed[li] && read.count(ct_state[li])) outer[ct_state[li]] = name_of(entering_ct(li));
+    if (!outer.empty())
+      for (auto& nd : *rev.mutable_node()) {
+        for (auto& i : *nd.mutable_input())
+          if (auto it = outer.find(i); it != outer.end()) i = it->second;
+        rename_outer_reads(nd, outer);
+      }
   }
+  for (size_t li = 0; li < n_lin; ++li)
+    if (!passed[li]) rins.push_back(entering_ct(li));
+  const size_t n_carried = n_lin - static_cast<size_t>(std::count(passed.begin(), passed.end(), 1));
   const int n_products = static_cast<int>(products.size());
-  Vs r = b.op("Loop", rins, {Attr::graph("body", std::move(rev))},
-              static_cast<int>(linear_states.size()) + n_rows + 2 * n_products);
+  Vs r =
+      b.op("Loop", rins, {Attr::graph("body", std::move(rev))}, static_cast<int>(n_carried) + n_rows + 2 * n_products);
   Vs res(c.ins.size(), V{});
-  for (size_t li = 0; li < linear_states.size(); ++li) {
+  for (size_t li = 0, pos = 0; li < n_lin; ++li) {
     const int k = linear_states[li];
-    b.set_facts(r[li], b.facts(c.in(2 + k)));
-    res[static_cast<size_t>(2 + k)] = r[li];
+    if (passed[li]) {
+      res[static_cast<size_t>(2 + k)] = c.ct(k);  // (invalid: zero)
+      continue;
+    }
+    b.set_facts(r[pos], b.facts(c.in(2 + k)));
+    res[static_cast<size_t>(2 + k)] = r[pos++];
   }
   for (int q = 0; q < n_products; ++q) {
     const LoopProduct& p = products[static_cast<size_t>(q)];
-    const size_t at = linear_states.size() + static_cast<size_t>(n_rows + 2 * q);
+    const size_t at = n_carried + static_cast<size_t>(n_rows + 2 * q);
     auto stacked = [](const Facts& per_iteration) {
       Facts s = per_iteration;
       if (s.has_shape) s.dims.insert(s.dims.begin(), Dim{});
@@ -728,7 +797,7 @@ Vs loop_transpose(TransposeCtx& c) {
     const int k = scanned[q];
     const V twin = b.witness(c.in(2 + k));
     const V rest = b.shape_of(twin, 1);
-    const V stacked = r[linear_states.size() + q];
+    const V stacked = r[n_carried + q];
     const V in_order = b.reverse_first_axis(stacked);
     const V rows = b.reshape(in_order, b.concat({trips, rest}, 0));
     const V missing = b.sub(b.shape_of(twin, 0, 1), trips);
