@@ -183,10 +183,16 @@ def test_weight_gradient_is_one_product_after_the_loop(case: Case) -> None:
     g = onnax.grad(case.model, inputs=["W"], output="loss")
     reverse = _reverse_loop(g)
     rev_body = reverse.attribute[0].g
-    # The reverse loop's state is the cotangent of h (and of the growing state) and of W; its
-    # scan outputs are the two stacked factors of W's product.
+    # The reverse loop's state is the cotangent of h only: W's cotangent would pass through
+    # unchanged (its products leave the loop), so it is not carried. Its scan outputs are the
+    # two stacked factors of W's product.
     states = len(reverse.input) - 2
+    assert states == 1, [i.name for i in rev_body.input]
     assert len(reverse.output) - states == 2 * case.products, [o.name for o in rev_body.output]
+    # No Identity per iteration for a value the body can read directly.
+    assert "Identity" not in [
+        n.op_type for n in rev_body.node if n.output[0] not in {o.name for o in rev_body.output}
+    ]
     # Inside: the cotangent of h (dy W^T) only, nothing weight-sized, and no forward step
     # recomputed (h W and tanh: the stacking loop stacked tanh's derivative).
     ops = [n.op_type for n in rev_body.node]
