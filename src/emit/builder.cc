@@ -980,21 +980,25 @@ Vs Builder::name_optional_outputs(const onnx::NodeProto& node, int first,
 }
 
 bool Builder::take_over_outputs(int source_index, const Vs& source_inputs, const Vs& source_outputs, const Vs& same) {
-  const int last = out_.node_size() - 1;
-  if (source_index < 0 || source_index >= last || source_outputs.size() != same.size()) return false;
+  const int count = out_.node_size();
+  if (source_index < 0 || source_index >= count - 1 || source_outputs.size() != same.size()) return false;
   onnx::NodeProto& source = *out_.mutable_node(source_index);
-  onnx::NodeProto& now = *out_.mutable_node(last);
   auto output_of = [](onnx::NodeProto& n, std::string_view name) -> std::string* {
     for (auto& o : *n.mutable_output())
       if (o == name) return &o;
     return nullptr;
   };
+  emitted_.resize(static_cast<size_t>(count));
   // Every output of the source node must be taken over: it is dropped as unread afterwards,
-  // and source nodes reading it by name are not counted as readers.
+  // and source nodes reading it by name are not counted as readers. Each taker is a node this
+  // builder emitted after the source node (so before the source node's readers).
   size_t taken = 0;
   for (size_t i = 0; i < same.size(); ++i) {
     if (!source_outputs[i].valid() || !same[i].valid()) continue;
-    if (!output_of(source, name(source_outputs[i])) || !output_of(now, name(same[i]))) return false;
+    const int32_t p = values_[static_cast<size_t>(same[i].id)].producer;
+    if (p <= source_index || p >= count || emitted_[static_cast<size_t>(p)].begin == EmittedInputs::kNone ||
+        !output_of(source, name(source_outputs[i])) || !output_of(*out_.mutable_node(p), name(same[i])))
+      return false;
     ++taken;
   }
   size_t defined = 0;
@@ -1005,21 +1009,24 @@ bool Builder::take_over_outputs(int source_index, const Vs& source_inputs, const
     if (!s.valid() || !t.valid()) continue;
     Value& sv = values_[static_cast<size_t>(s.id)];
     Value& tv = values_[static_cast<size_t>(t.id)];
+    const int32_t taker = tv.producer;
     // The names trade places in the two nodes; each value keeps its name, made by the other.
     output_of(source, sv.name)->assign(tv.name);
-    output_of(now, tv.name)->assign(sv.name);
+    output_of(*out_.mutable_node(taker), tv.name)->assign(sv.name);
     std::swap(sv.producer, tv.producer);
+    // The taker now defines values source nodes read by name: it stays.
+    emitted_[static_cast<size_t>(taker)] = EmittedInputs{};
   }
-  // The last node now defines values source nodes read by name: it stays. The source node is
-  // this builder's to drop (its inputs' reads counted, as for the nodes it emits).
-  if (emitted_.size() <= static_cast<size_t>(last)) emitted_.resize(static_cast<size_t>(last) + 1);
-  emitted_[static_cast<size_t>(last)] = EmittedInputs{};
+  // The source node is this builder's to drop (its inputs' reads counted, as for the nodes it
+  // emits).
   emitted_[static_cast<size_t>(source_index)] = {static_cast<uint32_t>(emitted_inputs_.size()),
                                                  static_cast<uint32_t>(source_inputs.size())};
   for (V v : source_inputs) {
     emitted_inputs_.push_back(v.id);
     count_read(v);
   }
+  for (Recent& r : recent_)
+    if (r.node == source_index) r.node = -1;
   return true;
 }
 
@@ -1029,7 +1036,7 @@ void Builder::adopt_node(NodePtr node, const Vs& outputs) {
     if (v.valid()) values_[static_cast<size_t>(v.id)].producer = out_.node_size() - 1;
 }
 
-int Builder::defining_node(const Vs& values, const Vs& reads) const {
+int Builder::defining_node(const Vs& values, const Vs& reads, std::string_view op_type) const {
   auto producer = [&](V v) { return v.valid() ? values_[static_cast<size_t>(v.id)].producer : -1; };
   int index = -1;
   for (V v : values)
@@ -1044,9 +1051,7 @@ int Builder::defining_node(const Vs& values, const Vs& reads) const {
     for (size_t j = 0; j < i; ++j) repeated = repeated || values[j].id == values[i].id;
     count += repeated ? 0 : 1;
   }
-  if (index < 0 || (static_cast<size_t>(index) < emitted_.size() &&
-                    emitted_[static_cast<size_t>(index)].begin != EmittedInputs::kNone))
-    return -1;
+  if (index < 0 || out_.node(index).op_type() != op_type) return -1;
   size_t defined = 0;
   for (const auto& o : out_.node(index).output()) defined += o.empty() ? 0 : 1;
   if (count != defined) return -1;
@@ -1097,10 +1102,13 @@ void Builder::take_place_of(int index, const Vs& source_outputs, const Vs& same)
       k = index;
   }
   // The taker defines values source nodes read by name: it stays. The source node is dropped
-  // when its new names are unread (this builder did not count its reads).
+  // when its new names are unread (with its reads, when this builder emitted and counted them).
   emitted_.resize(static_cast<size_t>(last) + 1);
+  const EmittedInputs source_reads = emitted_[static_cast<size_t>(index)];
   emitted_[static_cast<size_t>(index)] = EmittedInputs{};
-  emitted_[static_cast<size_t>(last)] = EmittedInputs{static_cast<uint32_t>(emitted_inputs_.size()), 0};
+  emitted_[static_cast<size_t>(last)] = source_reads.begin == EmittedInputs::kNone
+                                            ? EmittedInputs{static_cast<uint32_t>(emitted_inputs_.size()), 0}
+                                            : source_reads;
   for (Recent& r : recent_)
     if (r.node == index || r.node == last) r.node = -1;
 }

@@ -211,17 +211,19 @@ class Builder {
   // anyway (LayerNormalization's statistics). Empty when the last node is not that node.
   Vs name_optional_outputs(const onnx::NodeProto& node, int first,
                            const std::vector<std::pair<std::string_view, Facts>>& outputs);
-  // Forward mode: the node emitted last computes the outputs of the source node at
-  // `source_index` (one the transform copied unchanged, reading `source_inputs`) too, as
-  // `same[i]` does `source_outputs[i]`. The last node takes over those outputs' names (and so
-  // their readers); the source node gets the last node's names for them, nothing reads it, and
-  // drop_dead_nodes removes it: its work is not done twice. Returns false (and changes
-  // nothing) unless the node at `source_index` defines `source_outputs` and nothing else.
+  // Forward mode: nodes emitted after the source node at `source_index` (one the transform
+  // copied unchanged, reading `source_inputs`) compute its outputs too, as `same[i]` does
+  // `source_outputs[i]`. Their nodes take over those outputs' names (and so their readers); the
+  // source node gets their names for them, nothing reads it, and drop_dead_nodes removes it:
+  // its work is not done twice. Returns false (and changes nothing) unless the node at
+  // `source_index` defines `source_outputs` and nothing else and every `same[i]` is made by a
+  // node this builder emitted after it.
   bool take_over_outputs(int source_index, const Vs& source_inputs, const Vs& source_outputs, const Vs& same);
-  // The index of the node adopted with its outputs (adopt_node) that defines the first of
-  // `values` any node defines, when every output it defines is among `values` and every value in
-  // `reads` is defined before it; -1 otherwise. (The other values are not its outputs.)
-  int defining_node(const Vs& values, const Vs& reads) const;
+  // The index of the node (emitted, or adopted with its outputs: adopt_node) that defines the
+  // first of `values` any node defines, when it is an `op_type` node, every output it defines is
+  // among `values` and every value in `reads` is defined before it; -1 otherwise. (The other
+  // values are not its outputs.)
+  int defining_node(const Vs& values, const Vs& reads, std::string_view op_type) const;
   // Reverse mode's twin of take_over_outputs: the node emitted last (after the readers of
   // `source_outputs`, reading what defining_node(source_outputs, its inputs) allowed) computes
   // them too, as `same[i]` does `source_outputs[i]` (those `index` defines; the first twin of

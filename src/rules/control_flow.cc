@@ -609,7 +609,7 @@ Vs loop_transpose(TransposeCtx& c) {
         source_outputs.push_back(b.witness(c.outs[static_cast<size_t>(n + j)]));
       }
   }
-  const int source_loop = b.defining_node(source_outputs, reads);
+  const int source_loop = b.defining_node(source_outputs, reads, "Loop");
   if (source_loop < 0) primal_scans.clear();
   const StackingLoop stacks = stacking_loop(c, *body, lin, stacked_states, stack_cond, residuals, primal_scans);
   const Vs& f = stacks.outputs;

@@ -190,13 +190,15 @@ Vs expand_jvp(JvpCtx& c);
 // its inputs (by their names), each differentiated with its own rule. Each expansion node is
 // emitted again for the primal values its rule needs, except a node whose every output is in
 // `known`: the primal values the caller already has (by value, or as another expansion value
-// of the same value, by name), such as a Loop whose results the op's own outputs hold. The
-// expansion may also read the values in `known` as inputs (e.g. the shape of the op's output).
+// of the same value, by name). The expansion may also read the values in `known` as inputs
+// (e.g. the shape of the op's output).
 struct KnownPrimal {
   std::unordered_map<std::string, V> values;
   std::unordered_map<std::string, std::string> same_as;
 };
-Vs expansion_jvp(JvpCtx& c, const onnx::GraphProto& expansion, const KnownPrimal* known = nullptr);
+// (`primal_outputs`, when given, gets the expansion's values of the node's outputs.)
+Vs expansion_jvp(JvpCtx& c, const onnx::GraphProto& expansion, const KnownPrimal* known = nullptr,
+                 Vs* primal_outputs = nullptr);
 void register_recurrent_derivatives(DerivativeRules& r);
 void register_grid_sample_derivatives(DerivativeRules& r);
 void register_resize_derivatives(DerivativeRules& r);

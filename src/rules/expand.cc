@@ -106,7 +106,7 @@ void check_body_node(const JvpCtx& c, const onnx::NodeProto& n, const Vs& xs) {
                 "give the node the optional inputs this configuration of its operator needs");
 }
 
-Vs expansion_jvp(JvpCtx& c, const onnx::GraphProto& g, const KnownPrimal* known) {
+Vs expansion_jvp(JvpCtx& c, const onnx::GraphProto& g, const KnownPrimal* known, Vs* primal_outputs) {
   const DerivativeRules& rules = DerivativeRules::instance();
   std::unordered_map<std::string, V> primal, tangent;
   for (int i = 0; i < c.node.input_size(); ++i) {
@@ -193,6 +193,8 @@ Vs expansion_jvp(JvpCtx& c, const onnx::GraphProto& g, const KnownPrimal* known)
   }
   Vs out;
   for (const auto& o : c.node.output()) out.push_back(o.empty() ? V{} : lookup(tangent, o));
+  if (primal_outputs)
+    for (const auto& o : c.node.output()) primal_outputs->push_back(o.empty() ? V{} : lookup(primal, o));
   return out;
 }
 

@@ -179,6 +179,7 @@ std::string reverse_time(ExpansionWriter& w, const std::string& x, const std::st
 }
 
 Vs recurrent_jvp(JvpCtx& c) {
+  const int source_index = c.b.node_count() - 1;  // (the op itself, when the transform copied it)
   const std::string& type = c.node.op_type();
   const Cell cell = type == "RNN" ? Cell::kRnn : type == "GRU" ? Cell::kGru : Cell::kLstm;
   const size_t per_direction = cell == Cell::kRnn ? 1 : cell == Cell::kGru ? 2 : 3;
@@ -226,19 +227,6 @@ Vs recurrent_jvp(JvpCtx& c) {
   const std::string zero = w.scalar(0.0);
   const std::string keep_going = w.flag(true);
 
-  // The loops' results are slices of the op's own outputs (when it has them): the expansion
-  // then needs no primal copy of the loops, only their JVPs.
-  auto output = [&](size_t k) { return k < c.ys.size() ? c.ys[k] : V{}; };
-  const bool derive = output(0).valid() && output(1).valid() && (cell != Cell::kLstm || output(2).valid());
-  KnownPrimal known;
-  V y_time_major, h_by_direction, c_by_direction, lens_v;
-  if (derive) {
-    Builder& b = c.b;
-    y_time_major = batch_first ? b.transpose(output(0), {1, 2, 0, 3}) : output(0);  // [T, D, batch, H]
-    h_by_direction = batch_first ? b.transpose(output(1), {1, 0, 2}) : output(1);   // [D, batch, H]
-    if (cell == Cell::kLstm) c_by_direction = batch_first ? b.transpose(output(2), {1, 0, 2}) : output(2);
-    if (c.has(4)) lens_v = b.op1("Cast", {c.x(4)}, {Attr::i("to", onnx::TensorProto::INT64)});
-  }
   Names ys, hs, cs;
   for (size_t d = 0; d < directions; ++d) {
     const bool reverse = direction == "reverse" || d == 1;
@@ -324,19 +312,6 @@ Vs recurrent_jvp(JvpCtx& c) {
 
     const int loop_outputs = static_cast<int>(carried_in.size()) + 1;
     const Names outs = w.op_n("Loop", loop_in, loop_outputs, {Attr::graph("body", std::move(body)).proto});
-    if (derive) {
-      Builder& b = c.b;
-      const V di_v = b.i64(static_cast<int64_t>(d));
-      V steps = b.op1("Gather", {y_time_major, di_v}, {Attr::i("axis", 1)});  // [T, batch, H]
-      if (reverse)  // (the loop ran over time reversed; the op's Y is in time order)
-        steps = lens_v.valid()
-                    ? b.op1("ReverseSequence", {steps, lens_v}, {Attr::i("batch_axis", 1), Attr::i("time_axis", 0)})
-                    : b.reverse_first_axis(steps);
-      known.values[outs.back()] = steps;
-      known.values[outs[0]] = b.op1("Gather", {h_by_direction, di_v}, {Attr::i("axis", 0)});
-      if (cell == Cell::kLstm) known.values[outs[1]] = b.op1("Gather", {c_by_direction, di_v}, {Attr::i("axis", 0)});
-      for (size_t k = state_count; k < carried_in.size(); ++k) known.same_as[outs[k]] = loop_in[k + 2];
-    }
     std::string y = outs.back();
     if (reverse) y = reverse_time(w, y, lens);
     ys.push_back(w.op("Unsqueeze", {y, w.i64s({1})}));
@@ -354,7 +329,16 @@ Vs recurrent_jvp(JvpCtx& c) {
   finish(ys, 1, {2, 0, 1, 3}, 0);
   finish(hs, 0, {1, 0, 2}, 1);
   if (cell == Cell::kLstm) finish(cs, 0, {1, 0, 2}, 2);
-  return expansion_jvp(c, g, derive ? &known : nullptr);
+  Vs primal;
+  const Vs tangents = expansion_jvp(c, g, nullptr, &primal);
+  // The expansion's loop runs anyway (forward mode's JVP loop computes it; reverse mode's
+  // stacking loop takes its place), so its values of the op's outputs replace the op's: the
+  // fused op is not run besides. (Nothing changes unless the op is the node adopted just before
+  // this rule ran.)
+  Vs inputs;
+  for (int i = 0; i < c.node.input_size(); ++i) inputs.push_back(c.has(i) ? c.x(i) : V{});
+  c.b.take_over_outputs(source_index, inputs, c.ys, primal);
+  return tangents;
 }
 
 // ------------------------------------------------------------------------------------------
