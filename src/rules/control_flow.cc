@@ -611,7 +611,18 @@ Vs loop_transpose(TransposeCtx& c) {
   }
   const int source_loop = b.defining_node(source_outputs, reads, "Loop");
   if (source_loop < 0) primal_scans.clear();
-  const StackingLoop stacks = stacking_loop(c, *body, lin, stacked_states, stack_cond, residuals, primal_scans);
+  // Residuals computed elementwise from other residuals (an activation's derivative from the
+  // activation) are computed from the stacks after the loop (rules/loop_residuals.h).
+  std::unordered_map<std::string, int64_t> invariant;
+  for (int k = 0; k < n; ++k)
+    if (!lin[static_cast<size_t>(k)] && invariant_state(*body, k))
+      invariant[body->input(2 + k).name()] = b.facts(c.in(2 + k)).rank();
+  const DerivedResiduals derived = derivable_residuals(*body, residuals, invariant);
+  std::vector<LoopResidual> stacked_residuals;
+  for (size_t q = 0; q < residuals.size(); ++q)
+    if (!derived.derived[q]) stacked_residuals.push_back(residuals[q]);
+  const StackingLoop stacks =
+      stacking_loop(c, *body, lin, stacked_states, stack_cond, stacked_residuals, primal_scans);
   const Vs& f = stacks.outputs;
   const int n_primal = stacks.n_primal;
   if (source_loop >= 0) {
@@ -619,6 +630,23 @@ Vs loop_transpose(TransposeCtx& c) {
     for (int k = 0; k < n_primal; ++k) same.push_back(f[static_cast<size_t>(k)]);
     for (size_t q = 0; q < primal_scans.size(); ++q) same.push_back(f[static_cast<size_t>(stacks.scans_at) + q]);
     b.take_place_of(source_loop, source_outputs, same);
+  }
+  Vs residual_stacks(residuals.size(), V{});
+  {
+    std::unordered_map<std::string, V> whole;  // forward body value -> its stack (or invariant value)
+    size_t pos = static_cast<size_t>(n_primal + 1 + stacks.cond_stacks) + stacked_states.size();
+    for (size_t q = 0; q < residuals.size(); ++q)
+      if (!derived.derived[q]) whole[residuals[q].name] = residual_stacks[q] = f[pos++];
+    for (int k = 0; k < n; ++k)
+      if (!lin[static_cast<size_t>(k)] && invariant_state(*body, k)) whole[body->input(2 + k).name()] = c.in(2 + k);
+    for (const onnx::NodeProto* nd : derived.nodes) {
+      Vs xs;
+      for (const auto& in : nd->input()) xs.push_back(in.empty() ? V{} : whole.at(in));
+      const Vs ys = b.clone(*nd, xs);
+      for (int o = 0; o < nd->output_size() && o < static_cast<int>(ys.size()); ++o) whole[nd->output(o)] = ys[o];
+    }
+    for (size_t q = 0; q < residuals.size(); ++q)
+      if (derived.derived[q]) residual_stacks[q] = whole.at(residuals[q].name);
   }
   const V iterations = b.squeeze(b.shape_of(f[n_primal], 0, 1), {0});
   const V last = b.sub(iterations, b.i64(1));
@@ -666,8 +694,7 @@ Vs loop_transpose(TransposeCtx& c) {
     }
   }
   for (size_t q = 0; q < residuals.size(); ++q)
-    gather(name_of(f[static_cast<size_t>(n_primal + 1 + stacks.cond_stacks) + stacked_states.size() + q]),
-           g.input(first_residual + static_cast<int>(q)).name());
+    gather(name_of(residual_stacks[q]), g.input(first_residual + static_cast<int>(q)).name());
   // A row's value does not matter (it is a tangent), only its shape: the primal twin's row.
   for (size_t q = 0; q < scanned.size(); ++q)
     gather(name_of(b.witness(c.in(2 + scanned[q]))), g.input(2 + n + static_cast<int>(q)).name());

@@ -1,5 +1,7 @@
 #include "rules/loop_residuals.h"
 
+#include <functional>
+
 #include "rules/derivative.h"
 #include "transforms/prepare.h"
 #include "transforms/subgraph.h"
@@ -66,6 +68,93 @@ std::vector<LoopResidual> take_loop_residuals(onnx::GraphProto& g, const std::un
   for (const auto& r : residuals) *g.add_input() = typed_value_info(r.name, r.facts);
   prune(g);
   return residuals;
+}
+
+namespace {
+
+// Ops whose output element i depends on the inputs' elements i alone (numpy broadcasting), so
+// they give the same values on stacks as per iteration.
+bool elementwise(const onnx::NodeProto& n) {
+  static const std::unordered_set<std::string> kOps = {
+      "Neg",     "Abs",      "Exp",      "Log",         "Tanh", "Sigmoid", "Relu",  "Sqrt", "Reciprocal",
+      "Sin",     "Cos",      "Erf",      "Softplus",    "Softsign", "HardSigmoid", "LeakyRelu", "Elu", "Selu",
+      "Identity", "Cast",    "Add",      "Sub",         "Mul",  "Div",     "Pow",   "Max",  "Min",
+      "Where",   "Not",      "And",      "Or",          "Equal", "Less",   "Greater"};
+  return (n.domain().empty() || n.domain() == "ai.onnx") && n.output_size() == 1 && kOps.count(n.op_type()) > 0;
+}
+
+}  // namespace
+
+DerivedResiduals derivable_residuals(const onnx::GraphProto& forward_body, const std::vector<LoopResidual>& residuals,
+                                     const std::unordered_map<std::string, int64_t>& invariant) {
+  DerivedResiduals out;
+  out.derived.assign(residuals.size(), 0);
+  std::unordered_map<std::string, int> producer;
+  for (int i = 0; i < forward_body.node_size(); ++i)
+    for (const auto& o : forward_body.node(i).output()) producer[o] = i;
+  std::unordered_map<std::string, size_t> residual_index;
+  for (size_t q = 0; q < residuals.size(); ++q) residual_index[residuals[q].name] = q;
+  // What a value is when computed from stacks: varying (a stack) or invariant, of a rank per
+  // iteration; or not computable.
+  struct Kind {
+    bool ok = false;
+    bool varying = false;
+    int64_t rank = -1;
+  };
+  std::unordered_map<std::string, Kind> memo;
+  std::vector<char> used(static_cast<size_t>(forward_body.node_size()), 0);
+  std::function<Kind(const std::string&, bool)> kind = [&](const std::string& v, bool top) -> Kind {
+    if (auto it = invariant.find(v); it != invariant.end()) return Kind{it->second >= 0, false, it->second};
+    if (auto q = residual_index.find(v); q != residual_index.end() && !top && !out.derived[q->second]) {
+      const Facts& f = residuals[q->second].facts;
+      return Kind{f.has_shape, true, f.rank()};
+    }
+    if (auto it = memo.find(v); it != memo.end()) return it->second;
+    memo[v] = Kind{};  // (while deciding)
+    const auto p = producer.find(v);
+    if (p == producer.end()) return Kind{};
+    const onnx::NodeProto& n = forward_body.node(p->second);
+    Kind k;
+    if (n.op_type() == "Constant" && n.domain().empty()) {
+      for (const auto& a : n.attribute())
+        if (a.name() == "value" && a.has_t()) k = Kind{true, false, a.t().dims_size()};
+    } else if (elementwise(n)) {
+      // Varying operands must have the output's rank and invariant ones no more than it, so
+      // broadcasting against a stack (one more leading axis) lines up as it did per iteration.
+      k = Kind{true, false, -1};
+      int64_t most_invariant = -1;
+      for (const auto& in : n.input()) {
+        if (in.empty()) continue;
+        const Kind o = kind(in, false);
+        if (!o.ok) return Kind{};
+        if (o.varying) {
+          if (k.varying && o.rank != k.rank) return Kind{};
+          k.varying = true;
+          k.rank = o.rank;
+        } else {
+          most_invariant = std::max(most_invariant, o.rank);
+        }
+      }
+      // (All-invariant values are left to the loop: nothing to gain.)
+      if (!k.varying || most_invariant > k.rank) return Kind{};
+    }
+    if (k.ok) used[static_cast<size_t>(p->second)] = 1;
+    return memo[v] = k;
+  };
+  for (size_t q = 0; q < residuals.size(); ++q) {
+    const auto memo_before = memo;
+    const std::vector<char> used_before = used;
+    const Kind k = kind(residuals[q].name, true);
+    if (k.ok && k.varying) {
+      out.derived[q] = 1;
+    } else {
+      memo = memo_before;
+      used = used_before;
+    }
+  }
+  for (int i = 0; i < forward_body.node_size(); ++i)
+    if (used[static_cast<size_t>(i)]) out.nodes.push_back(&forward_body.node(i));
+  return out;
 }
 
 }  // namespace onnax

@@ -8,6 +8,7 @@
 #include <onnx/onnx_pb.h>
 
 #include <string>
+#include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
@@ -30,5 +31,18 @@ struct LoopResidual {
 std::vector<LoopResidual> take_loop_residuals(onnx::GraphProto& g, const std::unordered_set<std::string>& primal_inputs,
                                               const std::unordered_set<std::string>& forward_defined,
                                               const Prepared& facts);
+
+// Residuals that need not be stacked: elementwise functions of the other (stacked) residuals
+// and of values every iteration reads alike (`invariant`: a name and its rank; the forward body's
+// Constants are too), a sigmoid's derivative s (1 - s) of the stacked s, say. Computed after the
+// stacking loop on the whole stacks, they cost one node for all iterations instead of one per
+// iteration. `derived[q]` says whether residuals[q] is one; `nodes` gets the forward body's
+// nodes that compute them, in order (Constants included).
+struct DerivedResiduals {
+  std::vector<char> derived;
+  std::vector<const onnx::NodeProto*> nodes;
+};
+DerivedResiduals derivable_residuals(const onnx::GraphProto& forward_body, const std::vector<LoopResidual>& residuals,
+                                     const std::unordered_map<std::string, int64_t>& invariant);
 
 }  // namespace onnax
