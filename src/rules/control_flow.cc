@@ -621,8 +621,8 @@ Vs loop_transpose(TransposeCtx& c) {
   std::vector<LoopResidual> stacked_residuals;
   for (size_t q = 0; q < residuals.size(); ++q)
     if (!derived.derived[q]) stacked_residuals.push_back(residuals[q]);
-  const StackingLoop stacks =
-      stacking_loop(c, *body, lin, stacked_states, stack_cond, stacked_residuals, primal_scans);
+  for (const auto& r : derived.stacked) stacked_residuals.push_back(r);
+  const StackingLoop stacks = stacking_loop(c, *body, lin, stacked_states, stack_cond, stacked_residuals, primal_scans);
   const Vs& f = stacks.outputs;
   const int n_primal = stacks.n_primal;
   if (source_loop >= 0) {
@@ -637,6 +637,7 @@ Vs loop_transpose(TransposeCtx& c) {
     size_t pos = static_cast<size_t>(n_primal + 1 + stacks.cond_stacks) + stacked_states.size();
     for (size_t q = 0; q < residuals.size(); ++q)
       if (!derived.derived[q]) whole[residuals[q].name] = residual_stacks[q] = f[pos++];
+    for (const auto& r : derived.stacked) whole[r.name] = f[pos++];
     for (int k = 0; k < n; ++k)
       if (!lin[static_cast<size_t>(k)] && invariant_state(*body, k)) whole[body->input(2 + k).name()] = c.in(2 + k);
     for (const onnx::NodeProto* nd : derived.nodes) {

@@ -76,10 +76,10 @@ namespace {
 // they give the same values on stacks as per iteration.
 bool elementwise(const onnx::NodeProto& n) {
   static const std::unordered_set<std::string> kOps = {
-      "Neg",     "Abs",      "Exp",      "Log",         "Tanh", "Sigmoid", "Relu",  "Sqrt", "Reciprocal",
-      "Sin",     "Cos",      "Erf",      "Softplus",    "Softsign", "HardSigmoid", "LeakyRelu", "Elu", "Selu",
-      "Identity", "Cast",    "Add",      "Sub",         "Mul",  "Div",     "Pow",   "Max",  "Min",
-      "Where",   "Not",      "And",      "Or",          "Equal", "Less",   "Greater"};
+      "Neg",      "Abs",  "Exp", "Log",      "Tanh",     "Sigmoid",     "Relu",      "Sqrt", "Reciprocal",
+      "Sin",      "Cos",  "Erf", "Softplus", "Softsign", "HardSigmoid", "LeakyRelu", "Elu",  "Selu",
+      "Identity", "Cast", "Add", "Sub",      "Mul",      "Div",         "Pow",       "Max",  "Min",
+      "Where",    "Not",  "And", "Or",       "Equal",    "Less",        "Greater"};
   return (n.domain().empty() || n.domain() == "ai.onnx") && n.output_size() == 1 && kOps.count(n.op_type()) > 0;
 }
 
@@ -147,6 +147,58 @@ DerivedResiduals derivable_residuals(const onnx::GraphProto& forward_body, const
     const Kind k = kind(residuals[q].name, true);
     if (k.ok && k.varying) {
       out.derived[q] = 1;
+    } else {
+      memo = memo_before;
+      used = used_before;
+    }
+  }
+  // A residual computed per iteration from one value the body computes anyway (a tanh's
+  // derivative 1 - y^2 from y, which the state carries on): that value is stacked instead (the
+  // same size: the chain's other operands are scalars and its ops keep the type) and the
+  // residual derived from it.
+  std::unordered_map<std::string, int> readers;
+  for (const auto& n : forward_body.node())
+    for (const auto& in : n.input()) ++readers[in];
+  for (const auto& o : forward_body.output()) ++readers[o.name()];
+  std::unordered_set<std::string> body_inputs;
+  for (const auto& vi : forward_body.input()) body_inputs.insert(vi.name());
+  static const std::unordered_set<std::string> kSameType = {"Neg",  "Abs",        "Exp", "Log", "Tanh", "Sigmoid",
+                                                            "Sqrt", "Reciprocal", "Add", "Sub", "Mul",  "Div"};
+  for (size_t q = 0; q < residuals.size(); ++q) {
+    if (out.derived[q] || !residuals[q].facts.has_shape) continue;
+    const auto memo_before = memo;  // (the walk's failed lookups must not stay)
+    const std::vector<char> used_before = used;
+    std::string v = residuals[q].name, source;
+    for (int steps = 0; steps < 8 && source.empty(); ++steps) {
+      const auto p = producer.find(v);
+      if (p == producer.end()) break;
+      const onnx::NodeProto& n = forward_body.node(p->second);
+      if (!(n.domain().empty() || n.domain() == "ai.onnx") || n.output_size() != 1 || !kSameType.count(n.op_type()))
+        break;
+      std::string unknown;
+      bool fits = true;
+      for (const auto& in : n.input()) {
+        const Kind k = kind(in, false);
+        if (k.ok && !k.varying && k.rank == 0) continue;
+        if (k.ok || (!unknown.empty() && unknown != in)) fits = false;
+        unknown = in;
+      }
+      if (!fits || unknown.empty() || body_inputs.count(unknown) || residual_index.count(unknown)) break;
+      int own_reads = 0;
+      for (const auto& in : n.input()) own_reads += in == unknown ? 1 : 0;
+      if (readers[unknown] > own_reads)
+        source = unknown;  // (computed anyway: read beyond this chain)
+      else
+        v = unknown;
+    }
+    memo = memo_before;
+    if (source.empty()) continue;
+    const Facts& f = residuals[q].facts;
+    memo[source] = Kind{true, true, f.rank()};
+    if (kind(residuals[q].name, true).varying) {
+      out.derived[q] = 1;
+      if (std::none_of(out.stacked.begin(), out.stacked.end(), [&](const auto& r) { return r.name == source; }))
+        out.stacked.push_back(LoopResidual{source, f});
     } else {
       memo = memo_before;
       used = used_before;

@@ -37,10 +37,13 @@ std::vector<LoopResidual> take_loop_residuals(onnx::GraphProto& g, const std::un
 // Constants are too), a sigmoid's derivative s (1 - s) of the stacked s, say. Computed after the
 // stacking loop on the whole stacks, they cost one node for all iterations instead of one per
 // iteration. `derived[q]` says whether residuals[q] is one; `nodes` gets the forward body's
-// nodes that compute them, in order (Constants included).
+// nodes that compute them, in order (Constants included). A residual computed from one value the
+// body computes anyway (a tanh's derivative 1 - y^2 from y, carried on as state) is derived from
+// that value, which `stacked` lists (of the residual's facts) to be stacked instead.
 struct DerivedResiduals {
   std::vector<char> derived;
   std::vector<const onnx::NodeProto*> nodes;
+  std::vector<LoopResidual> stacked;
 };
 DerivedResiduals derivable_residuals(const onnx::GraphProto& forward_body, const std::vector<LoopResidual>& residuals,
                                      const std::unordered_map<std::string, int64_t>& invariant);

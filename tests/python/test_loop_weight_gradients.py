@@ -326,6 +326,19 @@ def test_reverse_mode_runs_the_forward_loop_once(case: Case) -> None:
     check_grad(case.model, case.inputs, "loss", gens=case.gens)
 
 
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_activation_derivative_is_computed_after_the_stacking_loop(case: Case) -> None:
+    # tanh's derivative 1 - y^2, which the reverse body reads, is computed from the stacked y
+    # after the stacking loop (one Mul and one Sub for all iterations), not at every step.
+    g = onnax.grad(case.model, inputs=case.inputs, output="loss")
+    *forward, _reverse = [n for n in g.graph.node if n.op_type == "Loop"]
+    for loop in forward:
+        assert "Sub" not in [n.op_type for n in loop.attribute[0].g.node]
+    after = list(g.graph.node)[list(g.graph.node).index(forward[-1]) + 1 :]
+    assert "Sub" in [n.op_type for n in after]
+    check_grad(case.model, case.inputs, "loss", gens=case.gens)
+
+
 def _compositions() -> dict[str, Any]:
     def g(m: onnx.ModelProto) -> onnx.ModelProto:
         return onnax.grad(m, inputs=["h0", "W"], output="loss")
