@@ -545,6 +545,7 @@ Vs loop_transpose(TransposeCtx& c) {
   // them under the same names) instead of recomputed (rules/loop_residuals.h). Both read g's
   // facts (the values they look at keep them through the first's rewriting).
   std::vector<LoopProduct> products;
+  std::vector<LoopSum> sums;
   std::vector<LoopResidual> residuals;
   std::optional<Prepared> g_facts;
   try {
@@ -562,6 +563,7 @@ Vs loop_transpose(TransposeCtx& c) {
       into.push_back(g.input(2 + n + n_rows + static_cast<int>(state_out[static_cast<size_t>(k)])).name());
     }
     products = hoist_loop_products(g, accumulated, into, *g_facts, scope);
+    sums = hoist_loop_sums(g, accumulated, into, static_cast<int>(linear_states.size()), *g_facts, scope);
     std::unordered_set<std::string> primal_inputs = {g.input(0).name(), g.input(1).name()};
     for (int k = 0; k < n; ++k)
       if (!lin[static_cast<size_t>(k)]) primal_inputs.insert(g.input(2 + k).name());
@@ -791,8 +793,10 @@ Vs loop_transpose(TransposeCtx& c) {
     if (!passed[li]) rins.push_back(entering_ct(li));
   const size_t n_carried = n_lin - static_cast<size_t>(std::count(passed.begin(), passed.end(), 1));
   const int n_products = static_cast<int>(products.size());
-  Vs r =
-      b.op("Loop", rins, {Attr::graph("body", std::move(rev))}, static_cast<int>(n_carried) + n_rows + 2 * n_products);
+  const int n_sums = static_cast<int>(
+      std::count_if(sums.begin(), sums.end(), [](const LoopSum& sm) { return sm.stacked_output < 0; }));
+  Vs r = b.op("Loop", rins, {Attr::graph("body", std::move(rev))},
+              static_cast<int>(n_carried) + n_rows + 2 * n_products + n_sums);
   Vs res(c.ins.size(), V{});
   for (size_t li = 0, pos = 0; li < n_lin; ++li) {
     const int k = linear_states[li];
@@ -803,20 +807,31 @@ Vs loop_transpose(TransposeCtx& c) {
     b.set_facts(r[pos], b.facts(c.in(2 + k)));
     res[static_cast<size_t>(2 + k)] = r[pos++];
   }
+  auto stacked_facts = [](const Facts& per_iteration) {
+    Facts s = per_iteration;
+    if (s.has_shape) s.dims.insert(s.dims.begin(), Dim{});
+    return s;
+  };
+  auto add_to = [&](int output, V term) {
+    const int k = linear_states[static_cast<size_t>(output)];
+    const V sum = b.add(res[static_cast<size_t>(2 + k)], term);
+    b.set_facts(sum, b.facts(c.in(2 + k)));
+    res[static_cast<size_t>(2 + k)] = sum;
+  };
   for (int q = 0; q < n_products; ++q) {
     const LoopProduct& p = products[static_cast<size_t>(q)];
     const size_t at = n_carried + static_cast<size_t>(n_rows + 2 * q);
-    auto stacked = [](const Facts& per_iteration) {
-      Facts s = per_iteration;
-      if (s.has_shape) s.dims.insert(s.dims.begin(), Dim{});
-      return s;
-    };
-    b.set_facts(r[at], stacked(p.left_facts));
-    b.set_facts(r[at + 1], stacked(p.right_facts));
-    const int k = linear_states[static_cast<size_t>(p.output)];
-    const V sum = b.add(res[static_cast<size_t>(2 + k)], sum_of_loop_product(b, p, r[at], r[at + 1]));
-    b.set_facts(sum, b.facts(c.in(2 + k)));
-    res[static_cast<size_t>(2 + k)] = sum;
+    b.set_facts(r[at], stacked_facts(p.left_facts));
+    b.set_facts(r[at + 1], stacked_facts(p.right_facts));
+    add_to(p.output, sum_of_loop_product(b, p, r[at], r[at + 1]));
+  }
+  for (size_t q = 0, own = 0; q < sums.size(); ++q) {
+    const LoopSum& sm = sums[q];
+    // (g's outputs after the cotangent state are the loop's after the carried ones.)
+    const size_t at = sm.stacked_output >= 0 ? n_carried + static_cast<size_t>(sm.stacked_output) - n_lin
+                                             : n_carried + static_cast<size_t>(n_rows + 2 * n_products) + own++;
+    if (sm.stacked_output < 0) b.set_facts(r[at], stacked_facts(sm.facts));
+    add_to(sm.output, sum_of_loop_sum(b, sm, r[at]));
   }
   // The rows' cotangents, stacked from the last iteration to the first: reversed, reshaped
   // (zero iterations stack nothing), and padded with zero rows the loop did not reach.

@@ -1,8 +1,12 @@
 #include "rules/loop_products.h"
 
+#include <onnx/defs/tensor_proto_util.h>
+
 #include <functional>
+#include <optional>
 #include <unordered_set>
 
+#include "rules/derivative.h"
 #include "transforms/subgraph.h"
 
 namespace onnax {
@@ -59,6 +63,55 @@ struct Term {
   int side = 0;
 };
 
+// The terms of the Add tree that computes `root` (Adds read once, by the tree).
+std::vector<Term> add_terms(const onnx::GraphProto& g, const Uses& uses, const std::string& root) {
+  std::vector<Term> terms;
+  std::function<void(const std::string&, int, int)> walk = [&](const std::string& v, int add, int side) {
+    const auto it = uses.producer.find(v);
+    const onnx::NodeProto* n = it == uses.producer.end() ? nullptr : &g.node(it->second);
+    const bool inner = add < 0 || uses.count(v) == 1;
+    if (n && inner && n->op_type() == "Add" && is_default_domain(*n) && n->input_size() == 2) {
+      walk(n->input(0), it->second, 0);
+      walk(n->input(1), it->second, 1);
+      return;
+    }
+    terms.push_back(Term{v, add, side});
+  };
+  walk(root, -1, 0);
+  return terms;
+}
+
+// The Add that added term `t` keeps its other operand only.
+void drop_term(onnx::GraphProto& g, const Term& t) {
+  onnx::NodeProto& add = *g.mutable_node(t.add);
+  const std::string other = add.input(1 - t.side);
+  add.set_op_type("Identity");
+  add.clear_input();
+  add.add_input(other);
+}
+
+// The axes of a ReduceSum of `g` given by a Constant (non-negative for rank `rank`), and its
+// keepdims; nullopt when they are not known or it reduces nothing or everything by default.
+std::optional<std::pair<std::vector<int64_t>, bool>> reduce_sum_axes(const onnx::GraphProto& g, const Uses& uses,
+                                                                     const onnx::NodeProto& n, int64_t rank) {
+  if (n.input_size() != 2 || rank < 0) return std::nullopt;
+  const onnx::NodeProto* c = uses.made_by(g, n.input(1));
+  if (!c || c->op_type() != "Constant" || !is_default_domain(*c)) return std::nullopt;
+  std::vector<int64_t> axes;
+  for (const auto& a : c->attribute())
+    if (a.name() == "value" && a.has_t() && a.t().data_type() == onnx::TensorProto::INT64)
+      axes = onnx::ParseData<int64_t>(&a.t());
+  if (axes.empty()) return std::nullopt;
+  bool keepdims = true;
+  for (const auto& a : n.attribute())
+    if (a.name() == "keepdims") keepdims = a.i() != 0;
+  for (int64_t& x : axes) {
+    if (x < -rank || x >= rank) return std::nullopt;
+    if (x < 0) x += rank;
+  }
+  return std::make_pair(axes, keepdims);
+}
+
 }  // namespace
 
 std::vector<LoopProduct> hoist_loop_products(onnx::GraphProto& g, const std::vector<int>& accumulated,
@@ -74,20 +127,7 @@ std::vector<LoopProduct> hoist_loop_products(onnx::GraphProto& g, const std::vec
   for (size_t i = 0; i < accumulated.size(); ++i) {
     const int out = accumulated[i];
     if (out < 0 || out >= g.output_size()) continue;
-    // The terms of the output's Add tree (Adds read once, by the tree).
-    std::vector<Term> terms;
-    std::function<void(const std::string&, int, int)> walk = [&](const std::string& v, int add, int side) {
-      const auto it = uses.producer.find(v);
-      const onnx::NodeProto* n = it == uses.producer.end() ? nullptr : &g.node(it->second);
-      const bool inner = add < 0 || uses.count(v) == 1;
-      if (n && inner && n->op_type() == "Add" && is_default_domain(*n) && n->input_size() == 2) {
-        walk(n->input(0), it->second, 0);
-        walk(n->input(1), it->second, 1);
-        return;
-      }
-      terms.push_back(Term{v, add, side});
-    };
-    walk(g.output(out).name(), -1, 0);
+    const std::vector<Term> terms = add_terms(g, uses, g.output(out).name());
     std::unordered_set<std::string> dep;
     bool dep_known = false;
     std::unordered_set<int> rewritten;  // Adds already turned into Identity
@@ -113,12 +153,7 @@ std::vector<LoopProduct> hoist_loop_products(onnx::GraphProto& g, const std::vec
       } else if (dim(a, 1).known() && dim(a, 1).value() == 1) {
         p.left = LoopProduct::Left::kColumn;
       }
-      // The Add keeps its other operand only.
-      onnx::NodeProto& add = *g.mutable_node(t.add);
-      const std::string other = add.input(1 - t.side);
-      add.set_op_type("Identity");
-      add.clear_input();
-      add.add_input(other);
+      drop_term(g, t);
       rewritten.insert(t.add);
       p.left_facts = facts.fact(left);
       p.right_facts = facts.fact(bv);
@@ -132,6 +167,56 @@ std::vector<LoopProduct> hoist_loop_products(onnx::GraphProto& g, const std::vec
   }
   prune(g);
   return hoisted;
+}
+
+std::vector<LoopSum> hoist_loop_sums(onnx::GraphProto& g, const std::vector<int>& accumulated,
+                                     const std::vector<std::string>& excluded, int first_stacked, const Prepared& facts,
+                                     NameScope& scope) {
+  std::vector<LoopSum> hoisted;
+  const Uses uses(g);
+  std::vector<std::string> stacked;
+  for (size_t i = 0; i < accumulated.size(); ++i) {
+    const int out = accumulated[i];
+    if (out < 0 || out >= g.output_size()) continue;
+    const std::unordered_set<std::string> dep = values_depending_on(g, {excluded[i]});
+    std::unordered_set<int> rewritten;
+    for (const Term& t : add_terms(g, uses, g.output(out).name())) {
+      // (A term read elsewhere too is still computed per iteration; stacking it drops the Add.)
+      if (t.add < 0 || rewritten.count(t.add) || dep.count(t.value)) continue;
+      const Facts& f = facts.fact(t.value);
+      if (!f.has_shape || !differentiable_dtype(f.dtype)) continue;
+      LoopSum sum;
+      sum.output = out;
+      std::string value = t.value;
+      // A ReduceSum's input is stacked instead (it reduces after the loop), unless something
+      // else reads it too (then it is computed per iteration anyway).
+      const onnx::NodeProto* r = uses.count(t.value) == 1 ? uses.made_by(g, t.value) : nullptr;
+      if (r && r->op_type() == "ReduceSum" && is_default_domain(*r) && r->input_size() == 2 &&
+          !dep.count(r->input(0)) && facts.fact(r->input(0)).has_shape)
+        if (const auto axes = reduce_sum_axes(g, uses, *r, facts.fact(r->input(0)).rank())) {
+          sum.reduce = true;
+          sum.axes = axes->first;
+          sum.keepdims = axes->second;
+          value = r->input(0);
+        }
+      sum.facts = facts.fact(value);
+      drop_term(g, t);
+      rewritten.insert(t.add);
+      for (int o = first_stacked; o < g.output_size() && sum.stacked_output < 0; ++o)
+        if (g.output(o).name() == value) sum.stacked_output = o;
+      if (sum.stacked_output < 0) stacked.push_back(value);
+      hoisted.push_back(std::move(sum));
+    }
+  }
+  for (const auto& v : stacked) add_output(g, v, typed_value_info(v, facts.fact(v)), scope);
+  prune(g);
+  return hoisted;
+}
+
+V sum_of_loop_sum(Builder& b, const LoopSum& sum, V stacked) {
+  V total = b.op1("ReduceSum", {stacked, b.i64s({0})}, {Attr::i("keepdims", 0)});
+  if (sum.reduce) total = b.op1("ReduceSum", {total, b.i64s(sum.axes)}, {Attr::i("keepdims", sum.keepdims ? 1 : 0)});
+  return total;
 }
 
 V sum_of_loop_product(Builder& b, const LoopProduct& product, V stacked_left, V stacked_right) {

@@ -44,4 +44,27 @@ std::vector<LoopProduct> hoist_loop_products(onnx::GraphProto& g, const std::vec
 // a rank-2 value.
 V sum_of_loop_product(Builder& b, const LoopProduct& product, V stacked_left, V stacked_right);
 
+// One other term taken out of a reverse body's accumulation (a bias's cotangent): the value it
+// adds per iteration, or the input of the ReduceSum that makes it (then reduced after the loop),
+// became a scan output of the loop, summed over the iterations after the loop.
+struct LoopSum {
+  int output = 0;  // index among the body's outputs of the accumulated cotangent
+  Facts facts;     // of the stacked value, per iteration
+  bool reduce = false;
+  std::vector<int64_t> axes;  // of the ReduceSum (reduce), non-negative
+  bool keepdims = true;
+  int stacked_output = -1;  // when the stacked value is one of g's outputs already (a factor): its index
+};
+
+// After hoist_loop_products: the remaining terms of the same accumulations that depend on no
+// `excluded[i]` and have a known shape leave the Add trees; each
+// stacked value becomes an output of `g` after its present ones, in the returned order, unless
+// it is one already, from `first_stacked` on (the outputs the loop stacks): stacked_output.
+std::vector<LoopSum> hoist_loop_sums(onnx::GraphProto& g, const std::vector<int>& accumulated,
+                                     const std::vector<std::string>& excluded, int first_stacked, const Prepared& facts,
+                                     NameScope& scope);
+
+// The sum over iterations of one term, from its stack (the loop's scan output).
+V sum_of_loop_sum(Builder& b, const LoopSum& sum, V stacked);
+
 }  // namespace onnax

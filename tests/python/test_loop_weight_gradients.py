@@ -53,13 +53,19 @@ def recurrence(
     Variants: "twice" adds (h_t * h_t) W (two products with W per step), "gemm" computes h_t W
     with Gemm(transB) of W^T, "early-exit" stops after three iterations (the condition is
     computed in the body; "early-exit-no-condition" with no condition input), "stacked" also
-    stacks h_{t+1} as a scan output `hs`, a model output that the loss reads."""
+    stacks h_{t+1} as a scan output `hs`, a model output that the loss reads, "bias" adds an
+    initializer b [3] to h_t W (broadcast over a batched state)."""
     matmul = ["W", "h_in"] if weight_left else ["h_in", "W"]
     step = [helper.make_node("MatMul", matmul, ["hw"])]
     if variant == "gemm":
         step = [
             helper.make_node("Transpose", ["W"], ["Wt"], perm=[1, 0]),
             helper.make_node("Gemm", ["h_in", "Wt"], ["hw"], transB=1),
+        ]
+    if variant == "bias":
+        step = [
+            helper.make_node("MatMul", matmul, ["hw0"]),
+            helper.make_node("Add", ["hw0", "b"], ["hw"]),
         ]
     if variant == "twice":
         step = [
@@ -111,7 +117,10 @@ def recurrence(
     if grows:
         inputs.append(("acc0", D, state))
     rng = np.random.default_rng(11)
-    return make_ad_model(g, inputs, outputs, initializers={"W": rng.standard_normal((3, 3)) * 0.5})
+    initializers = {"W": rng.standard_normal((3, 3)) * 0.5}
+    if variant == "bias":
+        initializers["b"] = rng.standard_normal(3) * 0.5
+    return make_ad_model(g, inputs, outputs, initializers=initializers)
 
 
 @dataclass
@@ -153,6 +162,8 @@ CASES = [
     Case("gemm-step", recurrence(T_STEPS, [2, 3], variant="gemm"), ["h0", "xs", "W"], (0, 0)),
     Case("rank-3-state", recurrence(T_STEPS, [2, 2, 3]), ["h0", "xs", "W"], (0, 0)),
     Case("stacked-output", recurrence(T_STEPS, [2, 3], variant="stacked"), ["h0", "xs", "W"], (0, 0)),
+    Case("bias-vector-state", recurrence(T_STEPS, [3], variant="bias"), ["h0", "xs", "W", "b"], (0, 0)),
+    Case("bias-batched-state", recurrence(T_STEPS, [2, 3], variant="bias"), ["h0", "xs", "W", "b"], (0, 0)),
 ]
 IDS = [c.id for c in CASES]
 
@@ -303,7 +314,9 @@ def test_forward_mode_runs_the_loop_once(case: Case) -> None:
     check_jvp(case.model, case.inputs, gens=case.gens)
     feeds = make_feeds(case.model, case.gens, np.random.default_rng(2))
     tangents = {f"{k}_tangent": np.ones_like(v) for k, v in feeds.items() if k in case.inputs}
-    tangents["W_tangent"] = np.ones((3, 3))
+    for t in case.model.graph.initializer:
+        if t.name in case.inputs:
+            tangents[f"{t.name}_tangent"] = np.ones(tuple(t.dims))
     got = run(j, {**feeds, **tangents})
     want = run(case.model, feeds)
     for name in ("loss", "hT"):
