@@ -990,14 +990,14 @@ bool Builder::take_over_outputs(int source_index, const Vs& source_inputs, const
   };
   emitted_.resize(static_cast<size_t>(count));
   // Every output of the source node must be taken over: it is dropped as unread afterwards,
-  // and source nodes reading it by name are not counted as readers. Each taker is a node this
-  // builder emitted after the source node (so before the source node's readers).
+  // and source nodes reading it by name are not counted as readers. Each taker is a node after
+  // the source node (one this builder emitted, so before the source node's readers).
   size_t taken = 0;
   for (size_t i = 0; i < same.size(); ++i) {
     if (!source_outputs[i].valid() || !same[i].valid()) continue;
     const int32_t p = values_[static_cast<size_t>(same[i].id)].producer;
-    if (p <= source_index || p >= count || emitted_[static_cast<size_t>(p)].begin == EmittedInputs::kNone ||
-        !output_of(source, name(source_outputs[i])) || !output_of(*out_.mutable_node(p), name(same[i])))
+    if (p <= source_index || p >= count || !output_of(source, name(source_outputs[i])) ||
+        !output_of(*out_.mutable_node(p), name(same[i])))
       return false;
     ++taken;
   }

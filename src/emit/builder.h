@@ -217,7 +217,7 @@ class Builder {
   // source node gets their names for them, nothing reads it, and drop_dead_nodes removes it:
   // its work is not done twice. Returns false (and changes nothing) unless the node at
   // `source_index` defines `source_outputs` and nothing else and every `same[i]` is made by a
-  // node this builder emitted after it.
+  // node after it.
   bool take_over_outputs(int source_index, const Vs& source_inputs, const Vs& source_outputs, const Vs& same);
   // The index of the node (emitted, or adopted with its outputs: adopt_node) that defines the
   // first of `values` any node defines, when it is an `op_type` node, every output it defines is

@@ -877,6 +877,7 @@ void add_captured(std::vector<JvpCtx::Captured>& captured, JvpCtx::Captured cap)
 
 Vs scan_jvp(JvpCtx& c) {
   Builder& b = c.b;
+  const int scan_index = b.node_count() - 1;  // (the Scan itself, when the transform copied it)
   const onnx::NodeProto& node = c.node;
   const onnx::GraphProto* body = graph_attribute(node, "body");
   int64_t m = 0;
@@ -934,6 +935,11 @@ Vs scan_jvp(JvpCtx& c) {
   add_output(lb, cond, scalar_info("", onnx::TensorProto::BOOL), scope);
   for (int i = 0; i < body->output_size(); ++i) add_output(lb, body->output(i).name(), body->output(i), scope);
 
+  // The Scan's own computation as that Loop (its body's names made fresh): it replaces the Scan
+  // (take_over_outputs below), so forward mode's JVP loop, which takes the place of this one,
+  // and reverse mode's stacking loop, which takes its place too, run the primal once.
+  onnx::GraphProto primal_body = lb;
+  rename_definitions(primal_body, scope, b.node_scope());
   onnx::NodeProto loop;
   loop.set_op_type("Loop");
   loop.set_name(node.name());
@@ -943,48 +949,100 @@ Vs scan_jvp(JvpCtx& c) {
   loop.add_input();
   for (int k = 0; k < n; ++k) loop.add_input(node.input(k));
   for (int o = 0; o < node.output_size(); ++o) loop.add_output(node.output(o));
-  Vs xs = {trips, b.scalar(1.0, onnx::TensorProto::BOOL)}, ts = {V{}, V{}}, ys;
+  Vs xs = {trips, b.scalar(1.0, onnx::TensorProto::BOOL)}, ts = {V{}, V{}};
   for (int k = 0; k < n; ++k) {
     xs.push_back(c.x(k));
     ts.push_back(c.t(k));
-    ys.push_back(c.y(k));
   }
-  for (int j = 0; j < k_scan; ++j) ys.push_back(V{});  // (stacked on axis 0 here, not the Scan's layout)
+  // A scan output's stack (axis 0, in iteration order) and the Scan's layout of it.
+  struct Layout {
+    int64_t axis = 0;
+    std::vector<int64_t> to_front, to_axis;
+    bool known = false;  // the rank is known
+  };
+  std::vector<Layout> layouts(static_cast<size_t>(k_scan));
+  for (int j = 0; j < k_scan; ++j) {
+    Layout& l = layouts[static_cast<size_t>(j)];
+    const V y = c.y(n + j);
+    const int64_t rank = b.rank(y);
+    l.axis = axis_of(out_axes[static_cast<size_t>(j)], rank, "scan output '" + node.output(n + j) + "'");
+    if (l.axis != 0 && rank < 0)
+      c.unsupported("the rank of scan output '" + node.output(n + j) + "' is unknown",
+                    "declare the Scan's output shapes (value_info)");
+    l.known = rank >= 0;
+    l.to_front = {l.axis};
+    for (int64_t i = 0; i < rank; ++i)
+      if (i != l.axis) l.to_front.push_back(i);
+    for (int64_t i = 1; i <= l.axis; ++i) l.to_axis.push_back(i);
+    l.to_axis.push_back(0);
+    for (int64_t i = l.axis + 1; i < rank; ++i) l.to_axis.push_back(i);
+  }
+  auto stacked_facts = [&](int j) {
+    const V y = c.y(n + j);
+    const Layout& l = layouts[static_cast<size_t>(j)];
+    Facts f = b.facts(y);
+    if (y.valid() && l.known)
+      for (size_t i = 0; i < l.to_front.size(); ++i) f.dims[i] = b.facts(y).dims[static_cast<size_t>(l.to_front[i])];
+    return f;
+  };
+  auto in_scan_layout = [&](V stacked, int j) {
+    const Layout& l = layouts[static_cast<size_t>(j)];
+    V v = stacked;
+    if (out_dirs[static_cast<size_t>(j)]) {
+      const V w = b.witness(v);
+      v = b.reverse_first_axis(v);
+      if (w.valid()) b.set_witness(v, w);
+    }
+    if (l.axis != 0) v = b.transpose(v, l.to_axis);
+    if (c.y(n + j).valid()) b.set_facts(v, b.facts(c.y(n + j)));
+    return v;
+  };
+  const Vs primal = b.op("Loop", xs, {Attr::graph("body", std::move(primal_body))}, n + k_scan);
+  for (int k = 0; k < n; ++k)
+    if (c.y(k).valid()) b.set_facts(primal[static_cast<size_t>(k)], b.facts(c.y(k)));
+  for (int j = 0; j < k_scan; ++j) b.set_facts(primal[static_cast<size_t>(n + j)], stacked_facts(j));
+  Vs scan_inputs;
+  for (int i = 0; i < node.input_size(); ++i) scan_inputs.push_back(c.x(i));
+  Vs same;  // the primal loop's values of the Scan's outputs
+  auto replace_scan = [&] {
+    for (int k = 0; k < n; ++k) same.push_back(primal[static_cast<size_t>(k)]);
+    for (int j = 0; j < k_scan; ++j) same.push_back(in_scan_layout(primal[static_cast<size_t>(n + j)], j));
+    return b.take_over_outputs(scan_index, scan_inputs, c.ys, same);
+  };
+  // Forward mode: the JVP loop takes the primal loop's place first (it must be the node emitted
+  // last), then the Scan's outputs are taken from it. Reverse mode: the JVP loop goes to the
+  // tape, reading the Scan's outputs (now the primal loop's) as its primal twins.
+  const bool forward = !b.has_tape() && !jvp_for_reverse_mode;
+  const bool replaced = !forward && replace_scan();
+  // The JVP loop's primal twins: the primal loop's outputs. (Where the Scan's output is a loop
+  // output as is, the two values traded names and makers: the Scan's value is the loop's now.
+  // Unless the primal loop replaced the Scan, nothing may read it: it is dropped.)
+  Vs ys;
+  for (int k = 0; k < n; ++k) ys.push_back(forward ? primal[static_cast<size_t>(k)] : c.y(k));
+  for (int j = 0; j < k_scan; ++j) {
+    const V stack = primal[static_cast<size_t>(n + j)];
+    const bool traded = replaced && same[static_cast<size_t>(n + j)].id == stack.id;
+    ys.push_back(forward ? stack : !replaced ? V{} : traded ? c.y(n + j) : stack);
+  }
   JvpCtx lc{b, loop, c.opset, xs, ys, ts, std::move(captured)};
   Vs t = loop_jvp(lc);
+  if (forward) replace_scan();
   for (int j = 0; j < k_scan; ++j) {
     V& tj = t[static_cast<size_t>(n + j)];
     if (!tj.valid()) continue;
     const V y = c.y(n + j);
-    const int64_t rank = b.rank(y);
-    const int64_t axis = axis_of(out_axes[static_cast<size_t>(j)], rank, "scan output '" + node.output(n + j) + "'");
-    if (axis != 0 && rank < 0)
-      c.unsupported("the rank of scan output '" + node.output(n + j) + "' is unknown",
-                    "declare the Scan's output shapes (value_info)");
-    // The stack's layout: the Scan's output with its scan axis moved to the front.
-    std::vector<int64_t> to_front = {axis}, to_axis;
-    for (int64_t i = 0; i < rank; ++i)
-      if (i != axis) to_front.push_back(i);
-    for (int64_t i = 1; i <= axis; ++i) to_axis.push_back(i);
-    to_axis.push_back(0);
-    for (int64_t i = axis + 1; i < rank; ++i) to_axis.push_back(i);
-    if (y.valid() && rank >= 0) {
-      Facts f = b.facts(y);
-      for (size_t i = 0; i < to_front.size(); ++i) f.dims[i] = b.facts(y).dims[static_cast<size_t>(to_front[i])];
+    const Layout& l = layouts[static_cast<size_t>(j)];
+    if (y.valid() && l.known) {
+      const Facts f = stacked_facts(j);
       b.set_facts(tj, f);
       bool all_static = true;
       for (const Dim& d : f.dims) all_static = all_static && d.known();
       // Reverse mode transposes the reversal below by the stack's run-time shape: a primal
       // value of that shape, unless the facts give it.
-      if (!all_static && b.has_tape() && out_dirs[static_cast<size_t>(j)]) b.set_witness(tj, b.transpose(y, to_front));
+      if (!all_static && b.has_tape() && out_dirs[static_cast<size_t>(j)])
+        b.set_witness(tj, b.transpose(y, l.to_front));
     }
-    if (out_dirs[static_cast<size_t>(j)]) {
-      const V w = b.witness(tj);
-      tj = b.reverse_first_axis(tj);
-      if (w.valid()) b.set_witness(tj, w);
-    }
-    if (axis != 0) tj = b.transpose(tj, to_axis);
-    if (y.valid()) b.set_facts(tj, b.facts(y));
+    tj = in_scan_layout(tj, j);
   }
   return t;
 }

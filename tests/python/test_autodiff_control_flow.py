@@ -26,10 +26,13 @@ from ad_oracle import (
     ADGen,
     battery,
     check_grad,
+    check_jvp,
     fixed,
     float32_battery,
     make_ad_model,
+    make_feeds,
     normal,
+    run,
     scalarize,
 )
 from onnx import TensorProto, helper
@@ -426,6 +429,29 @@ def test_reverse_graph_recomputes_forward_once_per_loop() -> None:
     g = onnax.grad(rnn(), inputs=["W"], output="loss")
     assert [n.op_type for n in g.graph.node].count("Loop") == 2
     onnx.checker.check_model(g, full_check=True)
+
+
+@pytest.mark.parametrize("steps", [T_STEPS, "T"], ids=["static-length", "symbolic-length"])
+def test_scan_runs_once_as_its_loop(steps: int | str) -> None:
+    # The Loop that differentiates a Scan computes the Scan's outputs too and replaces it: jvp
+    # runs one loop (the JVP loop), grad two (the stacking loop in the Scan's place, and the
+    # reverse loop). Primal outputs equal the source model's; derivatives against float64
+    # central differences.
+    model = scan_rnn(steps)
+    gens = {"xs": normal((T_STEPS, 2, 3)), "zs": normal((2, T_STEPS, 3))}
+    j = onnax.jvp(model, inputs=["h0", "W"])
+    g = onnax.grad(model, inputs=["h0", "xs", "zs", "W"], output="loss")
+    for result, loops in ((j, 1), (g, 2)):
+        ops = [n.op_type for n in result.graph.node]
+        assert "Scan" not in ops and ops.count("Loop") == loops, ops
+        onnx.checker.check_model(result, full_check=True)
+        feeds = make_feeds(model, gens, np.random.default_rng(7))
+        tangents = {"h0_tangent": np.ones((2, 3)), "W_tangent": np.ones((3, 3))}
+        got, want = run(result, {**feeds, **tangents}), run(model, feeds)
+        for o in model.graph.output:
+            np.testing.assert_allclose(got[o.name], want[o.name], rtol=1e-12, atol=1e-12)
+    check_jvp(model, ["h0", "W"], gens=gens)
+    check_grad(model, ["h0", "xs", "zs", "W"], "loss", gens=gens)
 
 
 def _ops_in(graph: onnx.GraphProto) -> list[str]:
