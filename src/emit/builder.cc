@@ -1062,6 +1062,12 @@ int Builder::defining_node(const Vs& values, const Vs& reads, std::string_view o
   return index;
 }
 
+std::vector<char> Builder::made_by(int index, const Vs& values) const {
+  std::vector<char> out;
+  for (V v : values) out.push_back(index >= 0 && v.valid() && values_[static_cast<size_t>(v.id)].producer == index);
+  return out;
+}
+
 void Builder::take_place_of(int index, const Vs& source_outputs, const Vs& same) {
   const int last = out_.node_size() - 1;
   if (index < 0 || index >= last || source_outputs.size() != same.size())
@@ -1079,6 +1085,7 @@ void Builder::take_place_of(int index, const Vs& source_outputs, const Vs& same)
     if (!s.valid() || values_[static_cast<size_t>(s.id)].producer != index ||
         std::find(traded.begin(), traded.end(), s.id) != traded.end())
       continue;
+    if (!t.valid()) throw std::logic_error("onnax internal error: take_place_of: an output without its twin");
     traded.push_back(s.id);
     Value& sv = values_[static_cast<size_t>(s.id)];
     Value& tv = values_[static_cast<size_t>(t.id)];

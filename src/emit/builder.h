@@ -219,11 +219,18 @@ class Builder {
   // `source_index` defines `source_outputs` and nothing else and every `same[i]` is made by a
   // node after it.
   bool take_over_outputs(int source_index, const Vs& source_inputs, const Vs& source_outputs, const Vs& same);
+  // The number of iterations `node` (a Loop reading `inputs`) runs when it is certain: a known
+  // trip count, a condition input absent or a known true, and a body that passes its condition
+  // along.
+  Dim exact_trips(const onnx::NodeProto& node, const Vs& inputs) const;
   // The index of the node (emitted, or adopted with its outputs: adopt_node) that defines the
   // first of `values` any node defines, when it is an `op_type` node, every output it defines is
   // among `values` and every value in `reads` is defined before it; -1 otherwise. (The other
   // values are not its outputs.)
   int defining_node(const Vs& values, const Vs& reads, std::string_view op_type) const;
+  // For each of `values`: whether the node at `index` makes it (false for every one when
+  // index < 0).
+  std::vector<char> made_by(int index, const Vs& values) const;
   // Reverse mode's twin of take_over_outputs: the node emitted last (after the readers of
   // `source_outputs`, reading what defining_node(source_outputs, its inputs) allowed) computes
   // them too, as `same[i]` does `source_outputs[i]` (those `index` defines; the first twin of
@@ -355,9 +362,6 @@ class Builder {
   void infer(onnx::NodeProto& node, const Vs& inputs, const Vs& outputs);
   void propagate_witness(const onnx::NodeProto& node, const Vs& inputs, const Vs& outputs);
   void refine_loop_outputs(const onnx::NodeProto& node, const Vs& inputs, const Vs& outputs);
-  // The number of iterations `node` (a Loop) runs when it is certain: a known trip count, a
-  // condition input absent or a known true, and a body that passes its condition along.
-  Dim exact_trips(const onnx::NodeProto& node, const Vs& inputs) const;
   LoopInference loop_inference_;
 
   onnx::GraphProto& out_;

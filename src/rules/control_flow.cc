@@ -372,8 +372,8 @@ struct StackingLoop {
   int cond_stacks = 0;  // 1 when the condition is stacked (after the iteration number)
 };
 StackingLoop stacking_loop(TransposeCtx& c, const onnx::GraphProto& body, const std::vector<char>& lin,
-                           const std::vector<int>& varying, bool stack_cond, const std::vector<LoopResidual>& residuals,
-                           const std::vector<int>& primal_scans) {
+                           const std::vector<char>& outer, const std::vector<int>& varying, bool stack_cond,
+                           const std::vector<LoopResidual>& residuals, const std::vector<int>& primal_scans) {
   Builder& b = c.b;
   const int n = static_cast<int>(lin.size());
   NameScope& scope = b.value_scope();
@@ -382,11 +382,24 @@ StackingLoop stacking_loop(TransposeCtx& c, const onnx::GraphProto& body, const 
   *fwd.add_output() = body.output(0);
   StackingLoop result;
   int& n_primal = result.n_primal;
+  auto carried = [&](int k) { return !lin[static_cast<size_t>(k)] && !outer[static_cast<size_t>(k)]; };
   for (int k = 0; k < n; ++k)
-    if (!lin[static_cast<size_t>(k)]) {
+    if (carried(k)) {
       *fwd.add_output() = body.output(1 + k);
       ++n_primal;
     }
+  {
+    // State read from the enclosing graph: the body reads the loop's input for it by name.
+    std::unordered_map<std::string, std::string> from_outside;
+    for (int k = 0; k < n; ++k)
+      if (outer[static_cast<size_t>(k)]) from_outside[body.input(2 + k).name()] = std::string(b.name(c.in(2 + k)));
+    if (!from_outside.empty())
+      for (auto& nd : *fwd.mutable_node()) {
+        for (auto& i : *nd.mutable_input())
+          if (auto it = from_outside.find(i); it != from_outside.end()) i = it->second;
+        rename_outer_reads(nd, from_outside);
+      }
+  }
   add_output(fwd, body.input(0).name(), scalar_info("", onnx::TensorProto::INT64), scope);
   if (stack_cond) add_output(fwd, body.input(1).name(), scalar_info("", onnx::TensorProto::BOOL), scope);
   result.cond_stacks = stack_cond ? 1 : 0;
@@ -405,14 +418,14 @@ StackingLoop stacking_loop(TransposeCtx& c, const onnx::GraphProto& body, const 
       if (tangent_state && read.count(body.input(i).name()))
         c.unsupported("the primal part of the loop reads its tangent state",
                       "differentiate the model that contains the original loop instead");
-      if (!tangent_state) *inputs.add_input() = body.input(i);
+      if (i < 2 || carried(i - 2)) *inputs.add_input() = body.input(i);
     }
     fwd.mutable_input()->Swap(inputs.mutable_input());
   }
   rename_definitions(fwd, scope, b.node_scope());
   Vs fins = {c.in(0), c.in(1)};
   for (int k = 0; k < n; ++k)
-    if (!lin[static_cast<size_t>(k)]) fins.push_back(c.in(2 + k));
+    if (carried(k)) fins.push_back(c.in(2 + k));
   result.scans_at = n_primal + 1 + result.cond_stacks + static_cast<int>(varying.size() + residuals.size());
   const int f_out = result.scans_at + static_cast<int>(primal_scans.size());
   Vs& f = result.outputs;
@@ -425,20 +438,23 @@ StackingLoop stacking_loop(TransposeCtx& c, const onnx::GraphProto& body, const 
       b.set_facts(v, std::move(given));
       b.learn_dims(v, inferred);
     };
+    // (The builder cannot infer a body that reads the enclosing graph: the stacks' length is
+    // the trip count when it is certain.)
+    const Dim trips = b.exact_trips(c.node, Vs{c.in(0), c.in(1)});
     int pos = 0;
     for (int k = 0; k < n; ++k)
-      if (!lin[static_cast<size_t>(k)]) settle(f[pos++], b.facts(c.in(2 + k)));
-    auto stacked = [](const Facts& per_iteration) {
+      if (carried(k)) settle(f[pos++], b.facts(c.in(2 + k)));
+    auto stacked = [&](const Facts& per_iteration) {
       Facts s = per_iteration;
       if (s.has_shape)
         for (auto& d : s.dims) d = Dim{};
-      if (s.has_shape) s.dims.insert(s.dims.begin(), Dim{});
+      if (s.has_shape) s.dims.insert(s.dims.begin(), trips);
       return s;
     };
     settle(f[pos++], stacked(scalar_facts(onnx::TensorProto::INT64)));
     if (stack_cond) settle(f[pos++], stacked(scalar_facts(onnx::TensorProto::BOOL)));
     for (int k : varying) settle(f[pos++], stacked(b.facts(c.in(2 + k))));
-    for (const auto& r : residuals) settle(f[pos++], r.facts.with_dim(0, Dim{}));
+    for (const auto& r : residuals) settle(f[pos++], r.facts.with_dim(0, trips));
     for (int j : primal_scans) settle(f[pos++], b.facts(c.outs[static_cast<size_t>(n + j)]));
   }
   return result;
@@ -624,12 +640,27 @@ Vs loop_transpose(TransposeCtx& c) {
   for (size_t q = 0; q < residuals.size(); ++q)
     if (!derived.derived[q]) stacked_residuals.push_back(residuals[q]);
   for (const auto& r : derived.stacked) stacked_residuals.push_back(r);
-  const StackingLoop stacks = stacking_loop(c, *body, lin, stacked_states, stack_cond, stacked_residuals, primal_scans);
+  // State the body passes through unchanged that no output of the source loop stands for (a
+  // value the source body read from the enclosing graph, which the JVP loop carries) is read
+  // from the enclosing graph again: no Identity per iteration.
+  std::vector<char> outer(static_cast<size_t>(n), 0);
+  {
+    Vs witnesses;
+    for (int k = 0; k < n; ++k) witnesses.push_back(b.witness(c.outs[static_cast<size_t>(k)]));
+    const std::vector<char> of_source = b.made_by(source_loop, witnesses);
+    for (int k = 0; k < n; ++k)
+      outer[static_cast<size_t>(k)] = !lin[static_cast<size_t>(k)] && invariant_state(*body, k) &&
+                                      !of_source[static_cast<size_t>(k)] && !b.name(c.in(2 + k)).empty();
+  }
+  const StackingLoop stacks =
+      stacking_loop(c, *body, lin, outer, stacked_states, stack_cond, stacked_residuals, primal_scans);
   const Vs& f = stacks.outputs;
   const int n_primal = stacks.n_primal;
   if (source_loop >= 0) {
     Vs same;
-    for (int k = 0; k < n_primal; ++k) same.push_back(f[static_cast<size_t>(k)]);
+    for (int k = 0, pos = 0; k < n; ++k)
+      if (!lin[static_cast<size_t>(k)])
+        same.push_back(outer[static_cast<size_t>(k)] ? V{} : f[static_cast<size_t>(pos++)]);
     for (size_t q = 0; q < primal_scans.size(); ++q) same.push_back(f[static_cast<size_t>(stacks.scans_at) + q]);
     b.take_place_of(source_loop, source_outputs, same);
   }
@@ -779,14 +810,14 @@ Vs loop_transpose(TransposeCtx& c) {
       for (const auto& i : nd.input()) read.insert(i);
       for (auto& r : outer_scope_reads(nd)) read.insert(std::move(r));
     }
-    std::unordered_map<std::string, std::string> outer;
+    std::unordered_map<std::string, std::string> entering;
     for (size_t li = 0; li < n_lin; ++li)
-      if (passed[li] && read.count(ct_state[li])) outer[ct_state[li]] = name_of(entering_ct(li));
-    if (!outer.empty())
+      if (passed[li] && read.count(ct_state[li])) entering[ct_state[li]] = name_of(entering_ct(li));
+    if (!entering.empty())
       for (auto& nd : *rev.mutable_node()) {
         for (auto& i : *nd.mutable_input())
-          if (auto it = outer.find(i); it != outer.end()) i = it->second;
-        rename_outer_reads(nd, outer);
+          if (auto it = entering.find(i); it != entering.end()) i = it->second;
+        rename_outer_reads(nd, entering);
       }
   }
   for (size_t li = 0; li < n_lin; ++li)
