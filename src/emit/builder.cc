@@ -255,7 +255,17 @@ void Builder::refine_loop_outputs(const onnx::NodeProto& node, const Vs& inputs,
   static const Facts kUnknown;
   std::vector<const Facts*> in;
   for (V v : inputs) in.push_back(v.valid() ? &facts(v) : &kUnknown);
-  const std::vector<Facts> inferred = loop_inference_(node, in, exact_trips(node, inputs));
+  // Values the body reads from this graph, by name (a map built on first use: bodies that read
+  // the enclosing graph are few).
+  std::unordered_map<std::string_view, V> by_name;
+  auto outer = [&](std::string_view n) -> const Facts* {
+    if (by_name.empty())
+      for (size_t i = 0; i < values_.size(); ++i)
+        if (!values_[i].name.empty()) by_name.emplace(values_[i].name, V{static_cast<int32_t>(i)});
+    const auto it = by_name.find(n);
+    return it == by_name.end() ? nullptr : &facts(it->second);
+  };
+  const std::vector<Facts> inferred = loop_inference_(node, in, exact_trips(node, inputs), outer);
   for (size_t i = 0; i < outputs.size() && i < inferred.size(); ++i)
     if (outputs[i].valid()) learn_dims(outputs[i], inferred[i]);
 }

@@ -234,29 +234,56 @@ Vs loop_jvp(JvpCtx& c) {
   auto out_info = [&](int i) -> const onnx::ValueInfoProto& { return derived.output(i); };
   auto in_info = [&](int i) -> const onnx::ValueInfoProto& { return derived.input(i); };
   NameScope& scope = b.value_scope();
+  // Forward mode proper: the JVP body reads the captured values and their tangents from the
+  // enclosing graph, as the source body did (no constant state, no Identity per iteration).
+  // Reverse mode's tape needs the body closed.
+  const bool outside = !b.has_tape() && !jvp_for_reverse_mode;
+  const int first_tcap = n_sel - static_cast<int>(tcaps.size());
   g.clear_output();
   for (int i = 0; i <= n; ++i) *g.add_output() = out_info(i);  // cond, state
-  for (int i = 0; i < n_cap; ++i) add_output(g, in_info(2 + n + i).name(), in_info(2 + n + i), scope);
+  if (!outside)
+    for (int i = 0; i < n_cap; ++i) add_output(g, in_info(2 + n + i).name(), in_info(2 + n + i), scope);
   for (int k = 0; k < n; ++k)
     if (act[static_cast<size_t>(k)]) {  // the tangent of state k
       const int o = 1 + n + k_scan + static_cast<int>(state_out[static_cast<size_t>(k)]);
       add_output(g, out_info(o).name(), out_info(o), scope);
     }
-  for (int i = n_sel - static_cast<int>(tcaps.size()); i < n_sel; ++i) {
-    const int input = 2 + n + n_cap + i;
-    add_output(g, in_info(input).name(), in_info(input), scope);  // a captured tangent, unchanged
-  }
+  if (!outside)
+    for (int i = first_tcap; i < n_sel; ++i) {
+      const int input = 2 + n + n_cap + i;
+      add_output(g, in_info(input).name(), in_info(input), scope);  // a captured tangent, unchanged
+    }
   for (int j = 0; j < k_scan; ++j) *g.add_output() = out_info(1 + n + j);
   for (int j = 0; j < k_scan; ++j)
     if (sact[static_cast<size_t>(j)]) {
       const int o = 1 + n + k_scan + static_cast<int>(scan_out[static_cast<size_t>(j)]);
       add_output(g, out_info(o).name(), out_info(o), scope);
     }
+  if (outside) {
+    std::unordered_map<std::string, std::string> from_outside;
+    for (int i = 0; i < n_cap; ++i)
+      from_outside[in_info(2 + n + i).name()] = std::string(b.name(c.captured[static_cast<size_t>(i)].x));
+    for (int i = first_tcap; i < n_sel; ++i)
+      from_outside[in_info(2 + n + n_cap + i).name()] =
+          std::string(b.name(tcaps[static_cast<size_t>(i - first_tcap)]->t));
+    for (auto& nd : *g.mutable_node()) {
+      for (auto& i : *nd.mutable_input())
+        if (auto it = from_outside.find(i); it != from_outside.end()) i = it->second;
+      rename_outer_reads(nd, from_outside);
+    }
+    onnx::GraphProto kept;
+    for (int i = 0; i < g.input_size(); ++i) {
+      const bool captured = i >= 2 + n && (i < 2 + n + n_cap || i >= 2 + n + n_cap + first_tcap);
+      if (!captured) *kept.add_input() = g.input(i);
+    }
+    g.mutable_input()->Swap(kept.mutable_input());
+  }
   rename_definitions(g, scope, b.node_scope());
 
   Vs ins = {c.x(0), c.x(1)};
   for (int k = 0; k < n; ++k) ins.push_back(c.x(2 + k));
-  for (const auto& cap : c.captured) ins.push_back(cap.x);
+  if (!outside)
+    for (const auto& cap : c.captured) ins.push_back(cap.x);
   for (int k = 0; k < n; ++k) {
     if (!act[static_cast<size_t>(k)]) continue;
     V t = c.t(2 + k);
@@ -268,8 +295,10 @@ Vs loop_jvp(JvpCtx& c) {
     }
     ins.push_back(t);
   }
-  for (const auto* cap : tcaps) ins.push_back(cap->t);
-  const int n_out = n + n_cap + n_sel + k_scan + static_cast<int>(std::count(sact.begin(), sact.end(), 1));
+  if (!outside)
+    for (const auto* cap : tcaps) ins.push_back(cap->t);
+  const int n_constant = outside ? 0 : n_cap + static_cast<int>(tcaps.size());  // constant state carried
+  const int n_out = n + n_constant + first_tcap + k_scan + static_cast<int>(std::count(sact.begin(), sact.end(), 1));
   Vs res = b.op("Loop", ins, {Attr::graph("body", std::move(g))}, n_out);
 
   // Facts and witnesses: every output has the shape of a primal value here.
@@ -281,13 +310,15 @@ Vs loop_jvp(JvpCtx& c) {
   Vs tangents(static_cast<size_t>(node.output_size()), V{});
   int pos = 0;
   for (int k = 0; k < n; ++k) known(res[pos++], c.y(k));
-  for (const auto& cap : c.captured) known(res[pos++], cap.x);
+  if (!outside)
+    for (const auto& cap : c.captured) known(res[pos++], cap.x);
   for (int k = 0; k < n; ++k)
     if (act[static_cast<size_t>(k)]) {
       known(res[pos], c.y(k).valid() ? c.y(k) : c.x(2 + k));
       tangents[static_cast<size_t>(k)] = res[pos++];
     }
-  for (const auto* cap : tcaps) known(res[pos++], cap->x);
+  if (!outside)
+    for (const auto* cap : tcaps) known(res[pos++], cap->x);
   for (int j = 0; j < k_scan; ++j) known(res[pos++], c.y(n + j));
   for (int j = 0; j < k_scan; ++j)
     if (sact[static_cast<size_t>(j)]) {
@@ -297,10 +328,9 @@ Vs loop_jvp(JvpCtx& c) {
   // Forward mode: the JVP loop computes the primal outputs too, so the source loop need not run
   // (reverse mode keeps it: the JVP loop goes to the tape).
   // (take_over_outputs checks that the node at source_index is the one defining them.)
-  if (!b.has_tape() && !jvp_for_reverse_mode) {
+  if (outside) {
     Vs source_outputs, same;
-    const int scans_at =
-        n + n_cap + static_cast<int>(std::count(act.begin(), act.end(), 1)) + static_cast<int>(tcaps.size());
+    const int scans_at = n + static_cast<int>(std::count(act.begin(), act.end(), 1));
     for (int k = 0; k < n; ++k) {
       source_outputs.push_back(c.y(k));
       same.push_back(res[static_cast<size_t>(k)]);

@@ -261,8 +261,8 @@ Vs recurrent_jvp(JvpCtx& c) {
     if (cell == Cell::kLstm) c_init = c0.empty() ? w.op("Expand", {zero, state_shape}) : pick(c0);
     const std::string p = peepholes.empty() ? std::string() : pick(peepholes);
 
-    // The Loop body: state, then the values it reads carried unchanged (a body reading the
-    // enclosing graph by name would lose those names when the expansion is cloned).
+    // The Loop body: the state; the values it only reads come from the enclosing graph by name
+    // (the expansion's clone renames those reads with them), so no loop passes them along.
     onnx::GraphProto body;
     body.set_name(w.fresh("step"));
     ExpansionWriter bw(c.b, body, w.fresh("step"), dtype);
@@ -281,15 +281,12 @@ Vs recurrent_jvp(JvpCtx& c) {
     StepInputs si;
     si.h = carry(h_init, dtype, 2);
     if (cell == Cell::kLstm) si.c = carry(c_init, dtype, 2);
-    const size_t state_count = carried_in.size();
-    const std::string xw_in = carry(xw, dtype, 3);
-    si.rt = carry(rt, dtype, 2);
-    if (!rh.empty()) si.rh = carry(rh, dtype, 2);
-    if (!rbh.empty()) si.rbh = carry(rbh, dtype, 1);
-    if (!p.empty()) si.p = carry(p, dtype, 1);
-    std::string lens_in;
-    if (!lens.empty()) lens_in = carry(lens, onnx::TensorProto::INT64, 1);
-    si.x = bw.op("Gather", {xw_in, it}, {attr_i("axis", 0)});
+    si.rt = rt;
+    si.rh = rh;
+    si.rbh = rbh;
+    si.p = p;
+    const std::string& lens_in = lens;
+    si.x = bw.op("Gather", {xw, it}, {attr_i("axis", 0)});
     auto [h_new, c_new] = step(bw, o, si);
     std::string y_t = h_new;
     if (!lens.empty()) {
@@ -303,11 +300,6 @@ Vs recurrent_jvp(JvpCtx& c) {
     *body.add_output() = typed(cond_out, onnx::TensorProto::BOOL, 0);
     *body.add_output() = typed(bw.op("Identity", {h_new}), dtype, 2);
     if (cell == Cell::kLstm) *body.add_output() = typed(bw.op("Identity", {c_new}), dtype, 2);
-    for (size_t k = state_count; k < carried_in.size(); ++k) {
-      onnx::ValueInfoProto vi = body.input(static_cast<int>(k) + 2);
-      vi.set_name(bw.op("Identity", {carried_in[k]}));
-      *body.add_output() = vi;
-    }
     *body.add_output() = typed(bw.op("Identity", {y_t}), dtype, 2);
 
     const int loop_outputs = static_cast<int>(carried_in.size()) + 1;

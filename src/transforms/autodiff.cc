@@ -232,7 +232,10 @@ void differentiate_graph(Prepared& p, Mode mode, const Selection& sel) {
   Builder b(out, p.value_names, p.node_names, p.opset);
   b.enable_inference(model_opsets(p));
   b.set_loop_inference([opsets = model_opsets(p)](const onnx::NodeProto& loop, const std::vector<const Facts*>& in,
-                                                  Dim trips) { return loop_output_facts(loop, in, trips, opsets); });
+                                                  Dim trips,
+                                                  const std::function<const Facts*(std::string_view)>& outer) {
+    return loop_output_facts(loop, in, trips, opsets, outer);
+  });
   // Reverse mode transposes a weight shared by many nodes (an unrolled recurrence) once, not
   // once per use.
   b.enable_reuse();
@@ -518,7 +521,15 @@ void differentiate_graph(Prepared& p, Mode mode, const Selection& sel) {
     }
   }
 
-  b.rename_all(renames);
+  {
+    // Subgraphs the transform emitted may read the renamed values by name (a JVP loop's body
+    // reads a captured value's tangent from this graph).
+    std::unordered_map<std::string, std::string> renamed_reads;
+    for (const auto& [v, name] : renames) renamed_reads.emplace(std::string(b.name(v)), name);
+    b.rename_all(renames);
+    if (!renamed_reads.empty())
+      for (int k : b.subgraph_nodes()) rename_outer_reads(*out.mutable_node(k), renamed_reads);
+  }
   {
     // Nodes only tape nodes read (a Softmax's axis for its tangent's ReduceSum) are dead in the
     // result; those a graph output or a subgraph names stay.

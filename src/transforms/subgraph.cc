@@ -155,17 +155,25 @@ std::vector<Facts> loop_carried_facts(const onnx::GraphProto& body, int states,
 }
 
 std::vector<Facts> loop_output_facts(const onnx::NodeProto& loop, const std::vector<const Facts*>& input_facts,
-                                     Dim trips, const std::unordered_map<std::string, int>& opsets) {
+                                     Dim trips, const std::unordered_map<std::string, int>& opsets,
+                                     const std::function<const Facts*(std::string_view)>& outer) {
   const onnx::GraphProto* body = graph_attribute(loop, "body");
   const int states = loop.input_size() - 2;
   if (!body || states < 0 || body->input_size() != 2 + states || body->output_size() < 1 + states ||
-      input_facts.size() < static_cast<size_t>(loop.input_size()) || !graph_outer_reads(*body).empty())
+      input_facts.size() < static_cast<size_t>(loop.input_size()))
     return {};
+  std::vector<std::pair<std::string, Facts>> read_outside;
+  for (auto& r : graph_outer_reads(*body)) {
+    if (!outer) return {};
+    const Facts* f = outer(r);
+    read_outside.emplace_back(std::move(r), f ? *f : Facts{});
+  }
   const Facts iter = Facts::of(onnx::TensorProto::INT64, {}), cond = Facts::of(onnx::TensorProto::BOOL, {});
   std::vector<const Facts*> entering = {&iter, &cond};
   for (int k = 0; k < states; ++k) entering.push_back(input_facts[static_cast<size_t>(2 + k)]);
   std::vector<Facts> outputs;
-  const std::vector<Facts> carried = loop_carried_facts(*body, states, entering, {}, opsets, {}, nullptr, &outputs);
+  const std::vector<Facts> carried =
+      loop_carried_facts(*body, states, entering, read_outside, opsets, {}, nullptr, &outputs);
   if (outputs.size() != static_cast<size_t>(body->output_size())) return {};
   std::vector<Facts> result;
   // A final state is the entering one after some iterations, none included: the carried facts.

@@ -5,6 +5,7 @@
 
 #include <onnx/onnx_pb.h>
 
+#include <functional>
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
@@ -58,11 +59,12 @@ std::vector<Facts> loop_carried_facts(const onnx::GraphProto& body, int states,
 
 // The facts of a Loop's outputs from those of its inputs (`input_facts`, one per input of
 // `loop`): each final state with the dims it keeps (loop_carried_facts), each scan output the
-// body's per-iteration facts stacked over `trips` iterations (Dim{} when not known). Empty when
-// the body reads values of the enclosing graph (their facts are not known here) or cannot be
-// inferred.
+// body's per-iteration facts stacked over `trips` iterations (Dim{} when not known). Values the
+// body reads from the enclosing graph have the facts `outer` gives by name (nullptr: unknown);
+// without `outer`, such a body gives nothing. Empty when the body cannot be inferred.
 std::vector<Facts> loop_output_facts(const onnx::NodeProto& loop, const std::vector<const Facts*>& input_facts,
-                                     Dim trips, const std::unordered_map<std::string, int>& opsets);
+                                     Dim trips, const std::unordered_map<std::string, int>& opsets,
+                                     const std::function<const Facts*(std::string_view)>& outer = nullptr);
 
 // Removes the initializers that shadow graph inputs of the same name (the known values
 // standalone_model added): the enclosing node feeds those inputs.
