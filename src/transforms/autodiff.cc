@@ -325,7 +325,8 @@ void differentiate_graph(Prepared& p, Mode mode, const Selection& sel) {
         active = true;
         from = origin[static_cast<size_t>(input_ids[k])];
       }
-    if (has_subgraphs(node))
+    const bool subgraphs = has_subgraphs(node);
+    if (subgraphs)
       for (const auto& rd : outer_scope_reads(node)) {
         const int id = id_of(rd);
         if (id >= 0 && at(tangent, id).valid()) {
@@ -343,7 +344,7 @@ void differentiate_graph(Prepared& p, Mode mode, const Selection& sel) {
     // The primal node itself passes through unchanged. (A loop's, known as its outputs' producer,
     // can give its place to the loop reverse mode runs anyway: Builder::take_place_of.)
     NodePtr adopted = owned.empty() ? NodePtr(new onnx::NodeProto(node)) : std::move(owned[static_cast<size_t>(ni)]);
-    if (has_subgraphs(node))
+    if (subgraphs)
       b.adopt_node(std::move(adopted), ys);
     else
       b.adopt_node(std::move(adopted));
@@ -363,7 +364,7 @@ void differentiate_graph(Prepared& p, Mode mode, const Selection& sel) {
     if (!rule) {
       std::string why = node.op_type().rfind("Random", 0) == 0 || node.op_type() == "Bernoulli"
                             ? "random operators have no derivative"
-                        : has_subgraphs(node) ? "no derivative rule for this operator (with subgraphs) yet"
+                        : subgraphs ? "no derivative rule for this operator (with subgraphs) yet"
                                               : "no derivative rule for this operator yet";
       diag::fail(Error::Kind::kUnsupported,
                  m + ": cannot differentiate " + label() + ": " + why + "; it lies on the path from input '" +
@@ -387,7 +388,7 @@ void differentiate_graph(Prepared& p, Mode mode, const Selection& sel) {
       ctx.xs.push_back(input_ids[k] < 0 ? V{} : at(primal, input_ids[k]));
       ctx.ts.push_back(input_ids[k] < 0 ? V{} : at(tangent, input_ids[k]));
     }
-    if (has_subgraphs(node)) {
+    if (subgraphs) {
       std::set<std::string, std::less<>> seen;
       for (const auto& rd : outer_scope_reads(node)) {
         const int id = id_of(rd);
