@@ -192,7 +192,10 @@ DerivedResiduals derivable_residuals(const onnx::GraphProto& forward_body, const
         v = unknown;
     }
     memo = memo_before;
-    if (source.empty()) continue;
+    if (source.empty()) {
+      used = used_before;
+      continue;
+    }
     const Facts& f = residuals[q].facts;
     memo[source] = Kind{true, true, f.rank()};
     if (kind(residuals[q].name, true).varying) {

@@ -282,6 +282,9 @@ Vs loop_transpose(TransposeCtx& c) {
     for (size_t li = 0; li < linear_states.size(); ++li) {
       const int k = linear_states[li];
       if (!invariant_state(*body, k)) continue;
+      // (A weight of symbolic shape stays accumulated: after zero iterations, the stacks a
+      // hoisted term is summed from have no shape to give it.)
+      if (!static_dims(b.facts(c.in(2 + k)))) continue;
       accumulated.push_back(static_cast<int>(li));
       into.push_back(g.input(2 + n + n_rows + static_cast<int>(state_out[static_cast<size_t>(k)])).name());
     }

@@ -352,6 +352,26 @@ def test_activation_derivative_is_computed_after_the_stacking_loop(case: Case) -
     check_grad(case.model, case.inputs, "loss", gens=case.gens)
 
 
+@pytest.mark.parametrize("trips", [0, T_STEPS], ids=["zero-iterations", "four-iterations"])
+def test_weights_of_symbolic_shape(trips: int) -> None:
+    # W and b as graph inputs of symbolic shape [H, H] / [H]: their cotangents stay accumulated
+    # in the reverse loop (a term summed from stacks after zero iterations would have no shape
+    # to take), and their gradients have the weights' shapes, zero when the loop does not run.
+    model = recurrence(trips, [2, 3], variant="bias")
+    assert {t.name for t in model.graph.initializer} == {"W", "b"}
+    del model.graph.initializer[:]
+    for name, dims in (("W", ["H", "H"]), ("b", ["H"])):
+        model.graph.input.append(helper.make_tensor_value_info(name, D, dims))
+    gens = {"W": normal((3, 3)), "b": normal((3,))}
+    g = onnax.grad(model, inputs=["W", "b"], output="loss")
+    feeds = make_feeds(model, gens, np.random.default_rng(8))
+    got = run(g, feeds)
+    assert got["W_grad"].shape == (3, 3) and got["b_grad"].shape == (3,)
+    if trips == 0:
+        assert not got["W_grad"].any() and not got["b_grad"].any()
+    check_grad(model, ["W", "b"], "loss", gens=gens)
+
+
 def _compositions() -> dict[str, Any]:
     def g(m: onnx.ModelProto) -> onnx.ModelProto:
         return onnax.grad(m, inputs=["h0", "W"], output="loss")
