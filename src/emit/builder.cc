@@ -255,15 +255,14 @@ void Builder::refine_loop_outputs(const onnx::NodeProto& node, const Vs& inputs,
   static const Facts kUnknown;
   std::vector<const Facts*> in;
   for (V v : inputs) in.push_back(v.valid() ? &facts(v) : &kUnknown);
-  // Values the body reads from this graph, by name (a map built on first use: bodies that read
-  // the enclosing graph are few).
-  std::unordered_map<std::string_view, V> by_name;
+  // Values the body reads from this graph, by name: the map grows with the values made since it
+  // was last asked (only bodies that read the enclosing graph ask).
   auto outer = [&](std::string_view n) -> const Facts* {
-    if (by_name.empty())
-      for (size_t i = 0; i < values_.size(); ++i)
-        if (!values_[i].name.empty()) by_name.emplace(values_[i].name, V{static_cast<int32_t>(i)});
-    const auto it = by_name.find(n);
-    return it == by_name.end() ? nullptr : &facts(it->second);
+    for (; named_upto_ < values_.size(); ++named_upto_)
+      if (!values_[named_upto_].name.empty())
+        by_name_.emplace(values_[named_upto_].name, V{static_cast<int32_t>(named_upto_)});
+    const auto it = by_name_.find(n);
+    return it == by_name_.end() ? nullptr : &facts(it->second);
   };
   const std::vector<Facts> inferred = loop_inference_(node, in, exact_trips(node, inputs), outer);
   for (size_t i = 0; i < outputs.size() && i < inferred.size(); ++i)
@@ -989,15 +988,28 @@ Vs Builder::name_optional_outputs(const onnx::NodeProto& node, int first,
   return values;
 }
 
+// The output of `n` named `name` (nullptr: none).
+static std::string* output_named(onnx::NodeProto& n, std::string_view name) {
+  for (auto& o : *n.mutable_output())
+    if (o == name) return &o;
+  return nullptr;
+}
+
+void Builder::trade_names(int source_node, V s, V t) {
+  Value& sv = values_[static_cast<size_t>(s.id)];
+  Value& tv = values_[static_cast<size_t>(t.id)];
+  std::string* in_source = output_named(*out_.mutable_node(source_node), sv.name);
+  std::string* in_taker = output_named(*out_.mutable_node(tv.producer), tv.name);
+  if (!in_source || !in_taker) throw std::logic_error("onnax internal error: trading names of non-outputs");
+  in_source->assign(tv.name);
+  in_taker->assign(sv.name);
+  std::swap(sv.producer, tv.producer);
+}
+
 bool Builder::take_over_outputs(int source_index, const Vs& source_inputs, const Vs& source_outputs, const Vs& same) {
   const int count = out_.node_size();
   if (source_index < 0 || source_index >= count - 1 || source_outputs.size() != same.size()) return false;
   onnx::NodeProto& source = *out_.mutable_node(source_index);
-  auto output_of = [](onnx::NodeProto& n, std::string_view name) -> std::string* {
-    for (auto& o : *n.mutable_output())
-      if (o == name) return &o;
-    return nullptr;
-  };
   emitted_.resize(static_cast<size_t>(count));
   // Every output of the source node must be taken over: it is dropped as unread afterwards,
   // and source nodes reading it by name are not counted as readers. Each taker is a node after
@@ -1006,8 +1018,8 @@ bool Builder::take_over_outputs(int source_index, const Vs& source_inputs, const
   for (size_t i = 0; i < same.size(); ++i) {
     if (!source_outputs[i].valid() || !same[i].valid()) continue;
     const int32_t p = values_[static_cast<size_t>(same[i].id)].producer;
-    if (p <= source_index || p >= count || !output_of(source, name(source_outputs[i])) ||
-        !output_of(*out_.mutable_node(p), name(same[i])))
+    if (p <= source_index || p >= count || !output_named(source, name(source_outputs[i])) ||
+        !output_named(*out_.mutable_node(p), name(same[i])))
       return false;
     ++taken;
   }
@@ -1017,13 +1029,8 @@ bool Builder::take_over_outputs(int source_index, const Vs& source_inputs, const
   for (size_t i = 0; i < same.size(); ++i) {
     const V s = source_outputs[i], t = same[i];
     if (!s.valid() || !t.valid()) continue;
-    Value& sv = values_[static_cast<size_t>(s.id)];
-    Value& tv = values_[static_cast<size_t>(t.id)];
-    const int32_t taker = tv.producer;
-    // The names trade places in the two nodes; each value keeps its name, made by the other.
-    output_of(source, sv.name)->assign(tv.name);
-    output_of(*out_.mutable_node(taker), tv.name)->assign(sv.name);
-    std::swap(sv.producer, tv.producer);
+    const int32_t taker = values_[static_cast<size_t>(t.id)].producer;
+    trade_names(source_index, s, t);
     // The taker now defines values source nodes read by name: it stays.
     emitted_[static_cast<size_t>(taker)] = EmittedInputs{};
   }
@@ -1082,26 +1089,16 @@ void Builder::take_place_of(int index, const Vs& source_outputs, const Vs& same)
   const int last = out_.node_size() - 1;
   if (index < 0 || index >= last || source_outputs.size() != same.size())
     throw std::logic_error("onnax internal error: take_place_of without a node to replace");
-  onnx::NodeProto& source = *out_.mutable_node(index);
-  onnx::NodeProto& now = *out_.mutable_node(last);
-  auto output_of = [](onnx::NodeProto& n, std::string_view name) -> std::string& {
-    for (auto& o : *n.mutable_output())
-      if (o == name) return o;
-    throw std::logic_error("onnax internal error: take_place_of: '" + std::string(name) + "' is not an output");
-  };
   std::vector<int32_t> traded;
   for (size_t i = 0; i < same.size(); ++i) {
     const V s = source_outputs[i], t = same[i];
     if (!s.valid() || values_[static_cast<size_t>(s.id)].producer != index ||
         std::find(traded.begin(), traded.end(), s.id) != traded.end())
       continue;
-    if (!t.valid()) throw std::logic_error("onnax internal error: take_place_of: an output without its twin");
+    if (!t.valid() || values_[static_cast<size_t>(t.id)].producer != last)
+      throw std::logic_error("onnax internal error: take_place_of: an output without its twin");
     traded.push_back(s.id);
-    Value& sv = values_[static_cast<size_t>(s.id)];
-    Value& tv = values_[static_cast<size_t>(t.id)];
-    output_of(source, sv.name).assign(tv.name);
-    output_of(now, tv.name).assign(sv.name);
-    std::swap(sv.producer, tv.producer);
+    trade_names(index, s, t);
   }
   // The nodes trade places: every value keeps its name, now defined at the other position.
   out_.mutable_node()->SwapElements(index, last);

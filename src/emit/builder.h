@@ -363,7 +363,12 @@ class Builder {
   void infer(onnx::NodeProto& node, const Vs& inputs, const Vs& outputs);
   void propagate_witness(const onnx::NodeProto& node, const Vs& inputs, const Vs& outputs);
   void refine_loop_outputs(const onnx::NodeProto& node, const Vs& inputs, const Vs& outputs);
+  // The names of `s` (an output of the node at `source_node`) and `t` (of the node making it)
+  // trade places in those nodes: each value keeps its name, now made by the other node.
+  void trade_names(int source_node, V s, V t);
   LoopInference loop_inference_;
+  std::unordered_map<std::string_view, V> by_name_;  // values by name, the first named_upto_ of them
+  size_t named_upto_ = 0;
 
   onnx::GraphProto& out_;
   NameScope& value_names_;

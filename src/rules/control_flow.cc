@@ -261,11 +261,7 @@ Vs loop_jvp(JvpCtx& c) {
     for (int i = first_tcap; i < n_sel; ++i)
       from_outside[in_info(2 + n + n_cap + i).name()] =
           std::string(b.name(tcaps[static_cast<size_t>(i - first_tcap)]->t));
-    for (auto& nd : *g.mutable_node()) {
-      for (auto& i : *nd.mutable_input())
-        if (auto it = from_outside.find(i); it != from_outside.end()) i = it->second;
-      rename_outer_reads(nd, from_outside);
-    }
+    rename_reads(g, from_outside);
     onnx::GraphProto kept;
     for (int i = 0; i < g.input_size(); ++i) {
       const bool captured = i >= 2 + n && (i < 2 + n + n_cap || i >= 2 + n + n_cap + first_tcap);

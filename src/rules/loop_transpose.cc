@@ -98,12 +98,7 @@ StackingLoop stacking_loop(TransposeCtx& c, const onnx::GraphProto& body, const 
     std::unordered_map<std::string, std::string> from_outside;
     for (int k = 0; k < n; ++k)
       if (outer[static_cast<size_t>(k)]) from_outside[body.input(2 + k).name()] = std::string(b.name(c.in(2 + k)));
-    if (!from_outside.empty())
-      for (auto& nd : *fwd.mutable_node()) {
-        for (auto& i : *nd.mutable_input())
-          if (auto it = from_outside.find(i); it != from_outside.end()) i = it->second;
-        rename_outer_reads(nd, from_outside);
-      }
+    rename_reads(fwd, from_outside);
   }
   add_output(fwd, body.input(0).name(), scalar_info("", onnx::TensorProto::INT64), scope);
   if (stack_cond) add_output(fwd, body.input(1).name(), scalar_info("", onnx::TensorProto::BOOL), scope);
@@ -179,9 +174,12 @@ Vs loop_transpose(TransposeCtx& c) {
   for (int k = 0; k < n; ++k) lin[static_cast<size_t>(k)] = c.linear(2 + k);
   NameScope& scope = b.value_scope();
   auto name_of = [&](V v) { return std::string(b.name(v)); };
+  std::vector<char> unchanged(static_cast<size_t>(n));  // state the body passes through
+  for (int k = 0; k < n; ++k) unchanged[static_cast<size_t>(k)] = invariant_state(*body, k);
+  auto constant_state = [&](int k) { return !lin[static_cast<size_t>(k)] && unchanged[static_cast<size_t>(k)]; };
   std::vector<int> varying;  // non-linear state that changes between iterations
   for (int k = 0; k < n; ++k)
-    if (!lin[static_cast<size_t>(k)] && !invariant_state(*body, k)) varying.push_back(k);
+    if (!lin[static_cast<size_t>(k)] && !unchanged[static_cast<size_t>(k)]) varying.push_back(k);
 
   // 1. The vjp of the body on its tangent state (and the tangent scan outputs with a
   //    cotangent), as a model. State the body reads one row of per iteration is differentiated
@@ -190,7 +188,7 @@ Vs loop_transpose(TransposeCtx& c) {
   //    would add to (quadratic in the sequence length).
   std::vector<onnx::TensorProto> known_values;
   for (int k = 0; k < n; ++k)
-    if (!lin[static_cast<size_t>(k)] && invariant_state(*body, k))
+    if (constant_state(k))
       if (auto t = known_constant(b, c.in(2 + k), body->input(2 + k).name())) known_values.push_back(std::move(*t));
   // The dims the state keeps in every iteration: with them, the vjp's rules see static shapes
   // (a weight's cotangent then needs no run-time test for broadcasting at every step).
@@ -281,7 +279,7 @@ Vs loop_transpose(TransposeCtx& c) {
     std::vector<std::string> into;
     for (size_t li = 0; li < linear_states.size(); ++li) {
       const int k = linear_states[li];
-      if (!invariant_state(*body, k)) continue;
+      if (!unchanged[static_cast<size_t>(k)]) continue;
       // (A weight of symbolic shape stays accumulated: after zero iterations, the stacks a
       // hoisted term is summed from have no shape to give it.)
       if (!static_dims(b.facts(c.in(2 + k)))) continue;
@@ -301,11 +299,7 @@ Vs loop_transpose(TransposeCtx& c) {
   const int first_residual = g.input_size() - static_cast<int>(residuals.size());
   rename_definitions(g, scope, b.node_scope());
   // What the reverse body reads of the primal state: only that is stacked.
-  std::unordered_set<std::string> g_reads;
-  for (const auto& nd : g.node()) {
-    for (const auto& i : nd.input()) g_reads.insert(i);
-    for (auto& r : outer_scope_reads(nd)) g_reads.insert(std::move(r));  // (an If's branches)
-  }
+  std::unordered_set<std::string> g_reads = names_read(g);
   for (const auto& o : g.output()) g_reads.insert(o.name());
   const bool stack_cond = g_reads.count(g.input(1).name()) > 0;
   std::vector<int> stacked_states;
@@ -316,7 +310,7 @@ Vs loop_transpose(TransposeCtx& c) {
   //    residuals. It computes what the source loop computes (the JVP loop's primal part is the
   //    source body): when that loop is a node of the model, it also gives the loop's scan outputs
   //    and takes its place, so the forward pass runs once (as JAX's scan saves residuals while
-  //    it runs the primal). (A Scan's Loop reads a trip count computed after it: both run.)
+  //    it runs the primal). (scan_jvp's Loop replaces its Scan first.)
   // loop_jvp gives each output of the JVP loop the source output it stands for as witness, a
   // primal output before its tangent (so the first twin of a source output is the primal one).
   std::vector<int> primal_scans;
@@ -343,8 +337,7 @@ Vs loop_transpose(TransposeCtx& c) {
   // activation) are computed from the stacks after the loop (rules/loop_residuals.h).
   std::unordered_map<std::string, int64_t> invariant;
   for (int k = 0; k < n; ++k)
-    if (!lin[static_cast<size_t>(k)] && invariant_state(*body, k))
-      invariant[body->input(2 + k).name()] = b.facts(c.in(2 + k)).rank();
+    if (constant_state(k)) invariant[body->input(2 + k).name()] = b.facts(c.in(2 + k)).rank();
   const DerivedResiduals derived = derivable_residuals(*body, residuals, invariant);
   std::vector<LoopResidual> stacked_residuals;
   for (size_t q = 0; q < residuals.size(); ++q)
@@ -359,8 +352,8 @@ Vs loop_transpose(TransposeCtx& c) {
     for (int k = 0; k < n; ++k) witnesses.push_back(b.witness(c.outs[static_cast<size_t>(k)]));
     const std::vector<char> of_source = b.made_by(source_loop, witnesses);
     for (int k = 0; k < n; ++k)
-      outer[static_cast<size_t>(k)] = !lin[static_cast<size_t>(k)] && invariant_state(*body, k) &&
-                                      !of_source[static_cast<size_t>(k)] && !b.name(c.in(2 + k)).empty();
+      outer[static_cast<size_t>(k)] =
+          constant_state(k) && !of_source[static_cast<size_t>(k)] && !b.name(c.in(2 + k)).empty();
   }
   const StackingLoop stacks =
       stacking_loop(c, *body, lin, outer, stacked_states, stack_cond, stacked_residuals, primal_scans);
@@ -382,7 +375,7 @@ Vs loop_transpose(TransposeCtx& c) {
       if (!derived.derived[q]) whole[residuals[q].name] = residual_stacks[q] = f[pos++];
     for (const auto& r : derived.stacked) whole[r.name] = f[pos++];
     for (int k = 0; k < n; ++k)
-      if (!lin[static_cast<size_t>(k)] && invariant_state(*body, k)) whole[body->input(2 + k).name()] = c.in(2 + k);
+      if (constant_state(k)) whole[body->input(2 + k).name()] = c.in(2 + k);
     for (const onnx::NodeProto* nd : derived.nodes) {
       Vs xs;
       for (const auto& in : nd->input()) xs.push_back(in.empty() ? V{} : whole.at(in));
@@ -461,12 +454,8 @@ Vs loop_transpose(TransposeCtx& c) {
     }
     if (parts.size() == 1) alias(target, sum);
   }
-  for (auto& nd : *g.mutable_node()) {
-    for (auto& i : *nd.mutable_input())
-      if (auto it = aliases.find(i); it != aliases.end()) i = it->second;
-    if (!aliases.empty()) rename_outer_reads(nd, aliases);
-    *rev.add_node() = std::move(nd);
-  }
+  rename_reads(g, aliases);
+  for (auto& nd : *g.mutable_node()) *rev.add_node() = std::move(nd);
   for (auto& vi : *g.mutable_value_info()) *rev.add_value_info() = std::move(vi);
   for (auto& t : *g.mutable_initializer()) *rev.add_initializer() = std::move(t);
   for (auto& t : *g.mutable_sparse_initializer()) *rev.add_sparse_initializer() = std::move(t);
@@ -515,20 +504,11 @@ Vs loop_transpose(TransposeCtx& c) {
     rev.mutable_input()->Swap(kept.mutable_input());
     rev.mutable_output()->Swap(kept.mutable_output());
     prune(rev);
-    std::unordered_set<std::string> read;
-    for (const auto& nd : rev.node()) {
-      for (const auto& i : nd.input()) read.insert(i);
-      for (auto& r : outer_scope_reads(nd)) read.insert(std::move(r));
-    }
+    const std::unordered_set<std::string> read = names_read(rev);
     std::unordered_map<std::string, std::string> entering;
     for (size_t li = 0; li < n_lin; ++li)
       if (passed[li] && read.count(ct_state[li])) entering[ct_state[li]] = name_of(entering_ct(li));
-    if (!entering.empty())
-      for (auto& nd : *rev.mutable_node()) {
-        for (auto& i : *nd.mutable_input())
-          if (auto it = entering.find(i); it != entering.end()) i = it->second;
-        rename_outer_reads(nd, entering);
-      }
+    rename_reads(rev, entering);
   }
   for (size_t li = 0; li < n_lin; ++li)
     if (!passed[li]) rins.push_back(entering_ct(li));

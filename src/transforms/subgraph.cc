@@ -292,6 +292,25 @@ void rename_definitions(onnx::GraphProto& g, NameScope& scope, NameScope& node_s
   apply(g);
 }
 
+void rename_reads(onnx::GraphProto& g, const std::unordered_map<std::string, std::string>& map) {
+  if (map.empty()) return;
+  for (auto& nd : *g.mutable_node()) {
+    for (auto& i : *nd.mutable_input())
+      if (auto it = map.find(i); it != map.end()) i = it->second;
+    rename_outer_reads(nd, map);
+  }
+}
+
+std::unordered_set<std::string> names_read(const onnx::GraphProto& g) {
+  std::unordered_set<std::string> read;
+  for (const auto& nd : g.node()) {
+    for (const auto& i : nd.input()) read.insert(i);
+    if (has_subgraphs(nd))
+      for (auto& r : outer_scope_reads(nd)) read.insert(std::move(r));
+  }
+  return read;
+}
+
 void rename_outer_reads(onnx::NodeProto& node, const std::unordered_map<std::string, std::string>& map) {
   std::unordered_set<std::string> defined;  // anywhere inside: such a name is not an outer read
   std::function<void(onnx::GraphProto&)> define = [&](onnx::GraphProto& sg) {

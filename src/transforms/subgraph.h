@@ -90,6 +90,11 @@ void rename_definitions(onnx::GraphProto& g, NameScope& scope, NameScope& node_s
 // Renames, in `node`'s subgraphs, the reads of names they do not define themselves (values of
 // the enclosing graph) by `map`.
 void rename_outer_reads(onnx::NodeProto& node, const std::unordered_map<std::string, std::string>& map);
+// Renames the reads of `g`'s nodes (their inputs and their subgraphs' reads of `g`) by `map`:
+// the value a name stood for is read under another name (an enclosing graph's, say).
+void rename_reads(onnx::GraphProto& g, const std::unordered_map<std::string, std::string>& map);
+// The names `g`'s nodes read: their inputs and what their subgraphs read from `g` or above.
+std::unordered_set<std::string> names_read(const onnx::GraphProto& g);
 
 // `name` as a new output of `g` with the type of `type_of`: through an Identity (its output
 // named fresh in `scope`) when `name` is already an output or a graph input (a body's outputs
