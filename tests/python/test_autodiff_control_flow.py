@@ -429,6 +429,7 @@ def test_reverse_graph_recomputes_forward_once_per_loop() -> None:
     g = onnax.grad(rnn(), inputs=["W"], output="loss")
     assert [n.op_type for n in g.graph.node].count("Loop") == 2
     onnx.checker.check_model(g, full_check=True)
+    check_grad(rnn(), ["W"], "loss")
 
 
 @pytest.mark.parametrize("steps", [T_STEPS, "T"], ids=["static-length", "symbolic-length"])

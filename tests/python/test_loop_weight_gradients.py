@@ -212,6 +212,7 @@ def test_weight_gradient_is_one_product_after_the_loop(case: Case) -> None:
     after = list(g.graph.node).index(reverse)
     assert "MatMul" in [n.op_type for n in g.graph.node[after + 1 :]]
     onnx.checker.check_model(g, full_check=True)
+    check_grad(case.model, ["W"], "loss", gens=case.gens)
 
 
 def test_per_example_weight_gradients_match_a_loop_of_grads() -> None:
