@@ -1,232 +1,27 @@
-"""An ONNX graph evaluated by JAX in float64: a reference for models without their framework.
+"""Corpus references for models that come as ONNX graphs only (the onnx package's light
+architectures: AlexNet, DenseNet-121, Inception, ResNet-50, ...): the graph interpreted op by op
+in JAX float64 by :mod:`onnax.testing._jax_reference` (the interpreter ``onnax validate`` uses
+as its exact reference; each op there is checked against ONNX Runtime), then ``jax.grad``,
+``jax.jvp``, ``jax.vjp`` and ``jax.vmap`` of it: the independent float64 answers onnax's
+float32 graphs are measured against. ONNX Runtime has no float64 Conv kernel, so neither the
+framework nor float64 finite differences can give these derivatives.
 
-The onnx package's light architectures (AlexNet, DenseNet-121, Inception, ResNet-50, ...) come
-as ONNX graphs only, and ONNX Runtime has no float64 Conv kernel, so neither the framework nor
-float64 finite differences can give their derivatives. Here each node is run by a jax.numpy /
-jax.lax function with the op's ONNX semantics (opset 18), so ``jax.grad``, ``jax.jvp``,
-``jax.vjp`` and ``jax.vmap`` of the interpreted graph are the independent float64 answers
-onnax's float32 graphs are measured against. Only the ops those models use are covered; any
-other op raises. Integer tensors (shapes, axes) stay NumPy arrays, so shapes stay static.
-
-``interpret`` checks nothing about the semantics itself: the corpus generator compares the
-interpreted forward pass with ONNX Runtime's before it trusts the derivatives.
+The corpus generator compares the interpreted forward pass with ONNX Runtime's before it
+trusts the derivatives.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import onnx
-from onnx import helper, numpy_helper
+from onnax.testing._jax_reference import OPS, interpret
+from onnax.testing._jax_reference import _widen as _widen
+from onnx import numpy_helper
 
-Op = Callable[[list[Any], dict[str, Any]], list[Any]]
-
-
-def _jnp() -> Any:
-    import jax.numpy as jnp
-
-    return jnp
-
-
-def _lax() -> Any:
-    from jax import lax
-
-    return lax
-
-
-def _widen(a: np.ndarray) -> np.ndarray:
-    return a.astype(np.float64) if np.issubdtype(a.dtype, np.floating) else a
-
-
-def _spatial_pads(attrs: Mapping[str, Any], spatial: int) -> list[tuple[int, int]]:
-    if attrs.get("auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET"):
-        raise NotImplementedError("auto_pad")
-    pads = list(attrs.get("pads", [0] * (2 * spatial)))
-    return [(pads[i], pads[i + spatial]) for i in range(spatial)]
-
-
-def _conv(ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
-    x, w = ins[0], ins[1]
-    spatial = w.ndim - 2
-    y = _lax().conv_general_dilated(
-        x,
-        w,
-        window_strides=tuple(attrs.get("strides", [1] * spatial)),
-        padding=_spatial_pads(attrs, spatial),
-        rhs_dilation=tuple(attrs.get("dilations", [1] * spatial)),
-        dimension_numbers=("NCHW", "OIHW", "NCHW") if spatial == 2 else None,
-        feature_group_count=int(attrs.get("group", 1)),
-    )
-    if len(ins) > 2 and ins[2] is not None:
-        y = y + ins[2].reshape((1, -1) + (1,) * spatial)
-    return [y]
-
-
-def _window(x: Any, attrs: dict[str, Any]) -> tuple[tuple[int, ...], tuple[int, ...], list[tuple[int, int]]]:
-    """Window dims, strides and padding of a pool over x's spatial axes (ceil_mode as padding)."""
-    kernel = list(attrs["kernel_shape"])
-    spatial = len(kernel)
-    strides = list(attrs.get("strides", [1] * spatial))
-    if list(attrs.get("dilations", [1] * spatial)) != [1] * spatial:
-        raise NotImplementedError("pool dilations")
-    pads = _spatial_pads(attrs, spatial)
-    if attrs.get("ceil_mode", 0):
-        for i in range(spatial):
-            n = x.shape[2 + i] + pads[i][0] + pads[i][1]
-            out = -(-(n - kernel[i]) // strides[i]) + 1
-            # (the last window must start inside the input or its left padding)
-            if (out - 1) * strides[i] >= x.shape[2 + i] + pads[i][0]:
-                out -= 1
-            extra = max((out - 1) * strides[i] + kernel[i] - n, 0)
-            pads[i] = (pads[i][0], pads[i][1] + extra)
-    return (1, 1, *kernel), (1, 1, *strides), [(0, 0), (0, 0), *pads]
-
-
-def _max_pool(ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
-    x = ins[0]
-    dims, strides, pads = _window(x, attrs)
-    return [_lax().reduce_window(x, -np.inf, _lax().max, dims, strides, pads)]
-
-
-def _average_pool(ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
-    jnp = _jnp()
-    x = ins[0]
-    dims, strides, pads = _window(x, attrs)
-    total = _lax().reduce_window(x, 0.0, _lax().add, dims, strides, pads)
-    if attrs.get("count_include_pad", 0):
-        # Every element of the explicitly padded input counts (ceil_mode's extra padding not).
-        explicit = _spatial_pads(attrs, x.ndim - 2)
-        padded = jnp.ones(tuple(n + a + b for n, (a, b) in zip(x.shape[2:], explicit, strict=True)), x.dtype)
-        count = _lax().reduce_window(
-            padded,
-            0.0,
-            _lax().add,
-            dims[2:],
-            strides[2:],
-            [(0, p[1] - e[1]) for p, e in zip(pads[2:], explicit, strict=True)],
-        )
-    else:
-        count = _lax().reduce_window(
-            jnp.ones(x.shape[2:], x.dtype), 0.0, _lax().add, dims[2:], strides[2:], pads[2:]
-        )
-    return [total / count]
-
-
-def _batch_norm(ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
-    if attrs.get("training_mode", 0):
-        raise NotImplementedError("BatchNormalization training_mode")
-    jnp = _jnp()
-    x, scale, bias, mean, var = ins[:5]
-    shape = (1, -1) + (1,) * (x.ndim - 2)
-    inv = scale / jnp.sqrt(var + attrs.get("epsilon", 1e-5))
-    return [(x - mean.reshape(shape)) * inv.reshape(shape) + bias.reshape(shape)]
-
-
-def _lrn(ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
-    jnp = _jnp()
-    x = ins[0]
-    size = int(attrs["size"])
-    alpha, beta, bias = attrs.get("alpha", 1e-4), attrs.get("beta", 0.75), attrs.get("bias", 1.0)
-    lo, hi = (size - 1) // 2, size - 1 - (size - 1) // 2
-    sq = jnp.pad(x * x, [(0, 0), (lo, hi)] + [(0, 0)] * (x.ndim - 2))
-    window = sum(sq[:, k : k + x.shape[1]] for k in range(size))
-    return [x / (bias + alpha / size * window) ** beta]
-
-
-def _gemm(ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
-    a, b = ins[0], ins[1]
-    a = a.T if attrs.get("transA", 0) else a
-    b = b.T if attrs.get("transB", 0) else b
-    y = attrs.get("alpha", 1.0) * (a @ b)
-    if len(ins) > 2 and ins[2] is not None:
-        y = y + attrs.get("beta", 1.0) * ins[2]
-    return [y]
-
-
-def _reshape(ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
-    x, shape = ins[0], [int(d) for d in np.asarray(ins[1])]
-    if not attrs.get("allowzero", 0):
-        shape = [x.shape[i] if d == 0 else d for i, d in enumerate(shape)]
-    return [x.reshape(shape)]
-
-
-def _flatten(ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
-    x = ins[0]
-    axis = int(attrs.get("axis", 1)) % (x.ndim + 1) if x.ndim else 0
-    return [x.reshape((int(np.prod(x.shape[:axis])), -1))]
-
-
-def _reduce_sum(ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
-    x = ins[0]
-    axes = None if len(ins) < 2 or ins[1] is None else tuple(int(a) for a in np.asarray(ins[1]))
-    if axes == () and attrs.get("noop_with_empty_axes", 0):
-        return [x]
-    return [_jnp().sum(x, axis=axes or None, keepdims=bool(attrs.get("keepdims", 1)))]
-
-
-def _unsqueeze(ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
-    x = ins[0]
-    axes = sorted(int(a) % (x.ndim + len(ins[1])) for a in np.asarray(ins[1]))
-    for a in axes:
-        x = _jnp().expand_dims(x, a) if not isinstance(x, np.ndarray) else np.expand_dims(x, a)
-    return [x]
-
-
-def _shape(ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
-    shape = np.asarray(ins[0].shape, np.int64)
-    start, end = attrs.get("start", 0), attrs.get("end")
-    return [shape[start:end]]
-
-
-def _constant(ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
-    if "value" not in attrs:
-        raise NotImplementedError("Constant without a tensor value")
-    return [_widen(numpy_helper.to_array(attrs["value"]))]
-
-
-def _concat(ins: list[Any], attrs: dict[str, Any]) -> list[Any]:
-    if all(isinstance(v, np.ndarray) and not np.issubdtype(v.dtype, np.floating) for v in ins):
-        return [np.concatenate(ins, axis=int(attrs["axis"]))]
-    return [_jnp().concatenate(ins, axis=int(attrs["axis"]))]
-
-
-OPS: dict[str, Op] = {
-    "Conv": _conv,
-    "Relu": lambda ins, attrs: [_jnp().maximum(ins[0], 0.0)],
-    "MaxPool": _max_pool,
-    "AveragePool": _average_pool,
-    "GlobalAveragePool": lambda ins, attrs: [
-        _jnp().mean(ins[0], axis=tuple(range(2, ins[0].ndim)), keepdims=True)
-    ],
-    "BatchNormalization": _batch_norm,
-    "LRN": _lrn,
-    "Gemm": _gemm,
-    "Softmax": lambda ins, attrs: [_softmax(ins[0], int(attrs.get("axis", -1)))],
-    "Reshape": _reshape,
-    "Flatten": _flatten,
-    "Concat": _concat,
-    "Transpose": lambda ins, attrs: [
-        _jnp().transpose(ins[0], attrs.get("perm", list(range(ins[0].ndim))[::-1]))
-    ],
-    "Unsqueeze": _unsqueeze,
-    "Shape": _shape,
-    "Dropout": lambda ins, attrs: [ins[0], _jnp().ones(ins[0].shape, bool)],
-    "Identity": lambda ins, attrs: [ins[0]],
-    "Constant": _constant,
-    "Sum": lambda ins, attrs: [sum(ins[1:], ins[0])],
-    "Add": lambda ins, attrs: [ins[0] + ins[1]],
-    "Sub": lambda ins, attrs: [ins[0] - ins[1]],
-    "Mul": lambda ins, attrs: [ins[0] * ins[1]],
-    "ReduceSum": _reduce_sum,
-}
-
-
-def _softmax(x: Any, axis: int) -> Any:
-    import jax
-
-    return jax.nn.softmax(x, axis=axis)
+__all__ = ["OPS", "KinkCheck", "Selected", "interpret", "references"]
 
 
 def _initializers(model: onnx.ModelProto, widen: bool) -> dict[str, np.ndarray]:
@@ -262,40 +57,6 @@ class Selected:
         import jax
 
         return jax.grad(lambda p: self.run(p, xs)[self.loss])(list(ps))
-
-
-def interpret(model: onnx.ModelProto, widen: bool = True) -> Callable[[Mapping[str, Any]], list[Any]]:
-    """``f(values) -> outputs``: the graph with its runtime inputs (and any initializers to
-    override) taken from ``values`` by name; other initializers at their stored values, float
-    ones widened to float64 (unless ``widen`` is false: the model's own float32)."""
-    graph = model.graph
-    if graph.sparse_initializer or model.functions:
-        raise NotImplementedError("sparse initializers or model functions")
-    stored = _initializers(model, widen)
-    missing = sorted({n.op_type for n in graph.node} - set(OPS))
-    if missing:
-        raise NotImplementedError(f"ops without a JAX counterpart here: {missing}")
-    nodes = [
-        (
-            n.op_type,
-            list(n.input),
-            list(n.output),
-            {a.name: helper.get_attribute_value(a) for a in n.attribute},
-        )
-        for n in graph.node
-    ]
-    outputs = [o.name for o in graph.output]
-
-    def f(values: Mapping[str, Any]) -> list[Any]:
-        env: dict[str, Any] = {**stored, **values}
-        for op, ins, outs, attrs in nodes:
-            results = OPS[op]([env[i] if i else None for i in ins], attrs)
-            for name, v in zip(outs, results, strict=False):
-                if name:
-                    env[name] = v
-        return [env[o] for o in outputs]
-
-    return f
 
 
 class KinkCheck:
