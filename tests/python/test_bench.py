@@ -34,6 +34,7 @@ def test_report_fields(report) -> None:
         "batch": 4,
         "seed": 0,
         "graph_optimization_level": "ORT_ENABLE_ALL",
+        "reference": True,
     }
     for name, entry in report["models"].items():
         assert "error" not in entry, (name, entry.get("error"))

@@ -1,7 +1,8 @@
 """``validate`` on a small MLP (MatMul, Add, Tanh, Softmax, ReduceSum; weights as initializers)
 in float32 and float64, over transforms and compositions beyond the README's: out_axes=-1,
-vmap of jvp, jvp of vmap, vmap of an HVP. Every generated graph must pass, and a perturbed one
-must fail: the reference replays each recorded chain independently of onnax."""
+vmap of jvp, jvp of vmap, vmap of an HVP. Every generated graph must pass against both
+references (exact JAX float64, and finite differences), and a perturbed one must fail: the
+reference replays each recorded chain independently of onnax."""
 
 from __future__ import annotations
 
@@ -62,15 +63,20 @@ def cases() -> dict[str, Callable[[onnx.ModelProto], onnx.ModelProto]]:
     }
 
 
+@pytest.mark.parametrize("reference", ["exact", "fd"])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["float32", "float64"])
 @pytest.mark.parametrize("name", list(cases()))
-def test_compositions_pass(name: str, dtype: type) -> None:
+def test_compositions_pass(name: str, dtype: type, reference: str) -> None:
+    if reference == "exact":
+        pytest.importorskip("jax")
     source = mlp(dtype)
     generated = cases()[name](source)
-    report = testing.validate(source, generated, dims={"batch": 3})
+    report = testing.validate(source, generated, dims={"batch": 3}, exact=reference == "exact")
     assert report.ok, report.format()
     derivative = name not in ("vmap_in1_out-1",)
-    assert any(c.method == "finite differences" for c in report.outputs) == derivative
+    method = "exact (JAX float64)" if reference == "exact" else "finite differences"
+    assert any(c.method == method for c in report.outputs) == derivative
+    assert not report.notes, report.notes
 
 
 @pytest.mark.parametrize("name", ["vmap_grad", "hvp", "vmap_hvp"])
@@ -90,13 +96,13 @@ def test_sampled_coordinates_are_masked() -> None:
 
     source = mlp(np.float64)
     generated = grad(source, inputs=["W1", "b1"], output="loss")
-    report = testing.validate(source, generated, max_coords=3)
+    report = testing.validate(source, generated, max_coords=3, exact=False)
     assert report.ok, report.format()
     by_name = {c.name: c for c in report.outputs}
     assert (by_name["W1_grad"].checked, by_name["W1_grad"].total) == (3, 32)
     assert (by_name["b1_grad"].checked, by_name["b1_grad"].total) == (3, 8)
-    assert "3 of 32 coordinates sampled" in report.format()
-    assert not testing.validate(source, flip_sign(generated, "W1_grad"), max_coords=3).ok
+    assert "3 of 32 coordinates checked" in report.format()
+    assert not testing.validate(source, flip_sign(generated, "W1_grad"), max_coords=3, exact=False).ok
 
 
 def test_onnx_ir_models_are_accepted() -> None:

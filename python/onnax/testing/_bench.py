@@ -21,10 +21,11 @@ import onnx
 
 from onnax.testing._chain import parse_chain
 from onnax.testing._env import cpu, source_revision, versions
-from onnax.testing._inputs import Feeds, make_feeds
+from onnax.testing._evaluate import Progress, evaluate
+from onnax.testing._inputs import Feeds, index_ranges, make_feeds
 from onnax.testing._models import ModelLike, ValidationInputError, load, op_counts
-from onnax.testing._reference import build_reference
-from onnax.testing._validate import parity
+from onnax.testing._reference import Budget, build_reference
+from onnax.testing._runtime import runtime_log
 
 TRANSFORMS = ("vmap", "grad", "jvp", "vjp", "vmap_grad", "hvp")
 
@@ -45,7 +46,9 @@ def _transformed(
     }
 
 
-def _session(data: bytes, threads: int, optimized_path: str | None = None) -> Any:
+def _session(
+    data: bytes, threads: int, optimized_path: str | None = None, log: list[str] | None = None
+) -> Any:
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
@@ -55,7 +58,8 @@ def _session(data: bytes, threads: int, optimized_path: str | None = None) -> An
     opts.log_severity_level = 3
     if optimized_path:
         opts.optimized_model_filepath = optimized_path
-    return ort.InferenceSession(data, sess_options=opts, providers=["CPUExecutionProvider"])
+    with runtime_log(log if log is not None else []):
+        return ort.InferenceSession(data, sess_options=opts, providers=["CPUExecutionProvider"])
 
 
 def measure(
@@ -114,6 +118,9 @@ def bench(
     repeats: int = 5,
     threads: int = 1,
     seed: int = 0,
+    reference: bool = True,
+    max_seconds: float | None = None,
+    progress: Progress | None = None,
 ) -> dict[str, Any]:
     """Benchmarks ``model`` (the forward) and each of ``transforms`` of it on ONNX Runtime.
 
@@ -123,6 +130,11 @@ def bench(
         in_axes: vmap's ``in_axes``; inputs: the derivative selection (default: onnax's).
         batch: length of the vmap batch axis; dims: lengths of other symbolic dims (default 3).
         threads: ONNX Runtime intra-op threads (0: ORT's default).
+        reference: compare each model with the reference of ``onnax validate`` (exact JAX
+            float64 when available, else finite differences); ``False`` skips it.
+        max_seconds: bound on each model's finite-difference reference (coordinates computed
+            by then are compared).
+        progress: called with a line before each model's measurement and reference.
 
     Returns:
         The JSON-ready report: versions, CPU, settings, per-model dtypes, op counts (exported
@@ -140,6 +152,7 @@ def bench(
         "batch": batch,
         "seed": seed,
         "graph_optimization_level": "ORT_ENABLE_ALL",
+        "reference": reference,
     }
     report: dict[str, Any] = {
         "model": os.fspath(model) if isinstance(model, str | os.PathLike) else type(model).__name__,
@@ -152,7 +165,9 @@ def bench(
     }
     # ORT creates its process-wide environment with the first session; do that outside the
     # measurements so the first model's session initialization is not inflated by it.
-    _session(source.SerializeToString(), threads)
+    say = progress or (lambda _msg: None)
+    log: list[str] = []
+    _session(source.SerializeToString(), threads, log=log)
     builders: dict[str, Callable[[], onnx.ModelProto]] = {"forward": lambda: source}
     makers = _transformed(source, in_axes, inputs)
     builders.update({t: makers[t] for t in transforms})
@@ -160,6 +175,7 @@ def bench(
         entry: dict[str, Any] = {}
         report["models"][name] = entry
         try:
+            say(f"{name}: transforming")
             gen = build()
         except Exception as err:
             entry["error"] = f"{type(err).__name__}: {err}"
@@ -170,18 +186,39 @@ def bench(
         for step in chain:
             if step.transform == "vmap":
                 sizes.setdefault(step.axis_name, batch)
-        feeds = make_feeds(gen, {}, seed, sizes)
+        feeds = make_feeds(gen, {}, seed, sizes, index_ranges(source, sizes))
         try:
-            m = measure(gen, feeds, warmup=warmup, iterations=iterations, repeats=repeats, threads=threads)
+            say(f"{name}: measuring ({warmup} + {repeats} x {iterations} runs)")
+            with runtime_log(log):
+                m = measure(
+                    gen, feeds, warmup=warmup, iterations=iterations, repeats=repeats, threads=threads
+                )
         except Exception as err:
             entry["error"] = f"ONNX Runtime: {type(err).__name__}: {' '.join(str(err).split())[:400]}"
             continue
         entry.update(_signature(feeds, m["outputs"]))
         entry["op_counts"] = m["op_counts"]
         entry["latency_s"] = m["latency_s"]
-        ref = build_reference(source, gen, chain, max_coords=16, seed=seed, backend=None)
-        comparisons = parity(ref, feeds, m["outputs"])
-        entry["reference"] = ref.describe()
+        if not reference:
+            continue
+        say(f"{name}: reference")
+        ref = build_reference(
+            source, gen, chain, max_coords=16, seed=seed, backend=None, budget=Budget(max_seconds)
+        )
+
+        def said(msg: str, n: str = name) -> None:
+            say(f"{n}: {msg}")
+
+        try:
+            result = evaluate(ref, feeds, m["outputs"], progress=said)
+        except Exception as err:
+            entry["reference"] = f"not computed: {type(err).__name__}: {' '.join(str(err).split())[:300]}"
+            continue
+        log.extend(ref.forward.log + ref.source.log)
+        comparisons = result.comparisons
+        entry["reference"] = result.description
+        if result.notes:
+            entry["reference_notes"] = result.notes
         entry["errors"] = [
             {
                 "output": c.name,
@@ -196,6 +233,7 @@ def bench(
         if any(s.transform == "vmap" for s in chain):
             entry["batch"] = batch
     report["ratios"] = _ratios(report["models"], batch)
+    report["runtime_log"] = log
     return report
 
 
@@ -239,11 +277,14 @@ def format_bench(report: Mapping[str, Any]) -> str:
         opt = sum(e["op_counts"]["optimized"].values())
         err = max((x["max_abs_error"] for x in e.get("errors", [])), default=0.0)
         bad = "" if all(x["within_tolerance"] for x in e.get("errors", [])) else " (OUT OF TOLERANCE)"
+        shown = f"{err:.2e}{bad}" if "errors" in e else "not compared"
         label = f"{name} (batch {e['batch']})" if "batch" in e else name
         lines.append(
             f"  {label:<20} {lat['session_init'] * 1e3:9.2f} {lat['first_run'] * 1e3:9.3f} "
-            f"{lat['warm_median_of_means'] * 1e3:10.4f} {ops:5d} {opt:7d}  {err:.2e}{bad}"
+            f"{lat['warm_median_of_means'] * 1e3:10.4f} {ops:5d} {opt:7d}  {shown}"
         )
     if report["ratios"]:
         lines.append("  ratios: " + ", ".join(f"{k} {v:.2f}x" for k, v in report["ratios"].items()))
+    if report.get("runtime_log"):
+        lines.append(f"  runtime log: {len(report['runtime_log'])} lines captured (in the JSON report)")
     return "\n".join(lines)

@@ -6,7 +6,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Sequence
+import time
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from onnax.testing._models import ValidationInputError
@@ -17,8 +20,13 @@ Validates a model onnax generated from SOURCE in four steps and prints a report 
 report (versions, opsets, the transform call, op counts, worst error and where):
   1. ONNX checker   2. strict shape inference   3. ONNX Runtime load + run (the ONNX
   reference evaluator above opset 26)   4. numerical parity with the transform chain the
-  generated model records, computed from SOURCE (per-example loop for vmap, float64 central
-  finite differences for grad/jvp/vjp, compositions nested).
+  generated model records, computed from SOURCE without onnax: exact when JAX is installed
+  (the source interpreted op by op in JAX float64, then jax.vmap/jvp/vjp/grad of it, its
+  forward pass checked against ONNX Runtime), else float64 central finite differences (also
+  when the interpreter lacks an op; the report names it). Non-smooth coordinates (ReLU at 0,
+  max-pool ties) are skipped and counted. A mismatch is called an onnax bug only when a
+  second reference (finite differences) confirms it. The source runs first: if it does not
+  run on the inputs, the report blames the source or the inputs, not onnax.
 Exit 0 when all pass, 1 naming the failed step, 2 for usage errors.
 
 options:
@@ -27,9 +35,13 @@ options:
   --dim NAME=N        length of symbolic dimension NAME (default 3; repeatable)
   --rtol R, --atol A  tolerances (default: by dtype, looser for finite differences)
   --backend ort|ref   force ONNX Runtime or the ONNX reference evaluator
-  --max-coords N      reverse-mode reference: coordinates per input (default 64; 0 = all)
+  --max-coords N      finite differences, reverse mode: coordinates per input (default 64; 0 = all)
+  --max-seconds S     stop the finite-difference reference after S seconds and check what
+                      was computed by then (the report says so)
+  --reference auto|fd auto: exact (JAX) when available; fd: finite differences only
   --json PATH         also write the report as JSON
   --web               also run the generated model on onnxruntime-web (WASM, Node.js)
+  --quiet             no progress lines or notices on stderr (the report is still printed)
 """
 
 BENCH_HELP = """usage: onnax bench MODEL.onnx [--transforms vmap,grad,...] [options]
@@ -50,7 +62,10 @@ options:
   --repeats N         repeats (default 5)
   --intra-op-threads N  ONNX Runtime intra-op threads (default 1; 0 = ORT's default)
   --seed N            seed of the random inputs (default 0)
+  --no-reference      skip the reference (no error column): latency only, fast
+  --max-seconds S     bound on each model's finite-difference reference
   --output PATH       write the JSON report there (default: print it after the table)
+  --quiet             no progress lines or notices on stderr
 """
 
 
@@ -88,6 +103,43 @@ def _in_axes(text: str) -> Any:
     return axis(items[0]) if len(items) == 1 else [axis(i) for i in items]
 
 
+def _progress(command: str, quiet: bool) -> Callable[[str], None]:
+    """Progress lines on stderr (``onnax validate: [12.3 s] message``), none when quiet."""
+    start = time.monotonic()
+
+    def say(message: str) -> None:
+        if not quiet:
+            print(
+                f"onnax {command}: [{time.monotonic() - start:5.1f} s] {message}", file=sys.stderr, flush=True
+            )
+
+    return say
+
+
+@contextmanager
+def _notices(command: str, quiet: bool) -> Iterator[None]:
+    """Python warnings (onnax's notices, JAX's, NumPy's) as one clean line each on stderr,
+    without source lines; none when quiet."""
+
+    def show(
+        message: Any, category: Any, filename: str, lineno: int, file: Any = None, line: Any = None
+    ) -> None:
+        if not quiet:
+            text = " ".join(str(message).split())
+            print(f"onnax {command}: notice: {text.removeprefix('onnax: ')}", file=sys.stderr)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("default")
+        warnings.showwarning = show
+        yield
+
+
+def _positive_seconds(a: Any) -> float | None:
+    if a.max_seconds is not None and a.max_seconds <= 0:
+        raise _Usage(f"--max-seconds must be > 0, got {a.max_seconds:g}")
+    return float(a.max_seconds) if a.max_seconds is not None else None
+
+
 def validate_main(argv: Sequence[str]) -> int:
     from onnax.testing._validate import report_json, validate
 
@@ -103,8 +155,22 @@ def validate_main(argv: Sequence[str]) -> int:
     p.add_argument("--max-coords", type=int, default=64)
     p.add_argument("--json")
     p.add_argument("--web", action="store_true")
+    p.add_argument("--max-seconds", type=float)
+    p.add_argument("--reference", choices=("auto", "fd"), default="auto")
+    p.add_argument("--quiet", action="store_true")
     a = p.parse_args(argv)
-    report = validate(
+    seconds = _positive_seconds(a)
+    with _notices("validate", a.quiet):
+        report = _validate_call(validate, a, seconds)
+    print(report.format())
+    if a.json:
+        with open(a.json, "w") as f:
+            f.write(report_json(report) + "\n")
+    return 0 if report.ok else 1
+
+
+def _validate_call(validate: Any, a: Any, seconds: float | None) -> Any:
+    return validate(
         a.source,
         a.generated,
         inputs=a.inputs,
@@ -115,12 +181,10 @@ def validate_main(argv: Sequence[str]) -> int:
         backend=a.backend,
         max_coords=a.max_coords or None,
         web=a.web,
+        max_seconds=seconds,
+        progress=_progress("validate", a.quiet),
+        exact=a.reference == "auto",
     )
-    print(report.format())
-    if a.json:
-        with open(a.json, "w") as f:
-            f.write(report_json(report) + "\n")
-    return 0 if report.ok else 1
 
 
 def bench_main(argv: Sequence[str]) -> int:
@@ -139,14 +203,33 @@ def bench_main(argv: Sequence[str]) -> int:
     p.add_argument("--intra-op-threads", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--output")
+    p.add_argument("--no-reference", action="store_true")
+    p.add_argument("--max-seconds", type=float)
+    p.add_argument("--quiet", action="store_true")
     a = p.parse_args(argv)
+    seconds = _positive_seconds(a)
     for opt in ("batch", "iterations", "repeats"):
         if getattr(a, opt) < 1:
             raise _Usage(f"--{opt} must be at least 1, got {getattr(a, opt)}")
     if a.warmup < 0 or a.intra_op_threads < 0:
         raise _Usage("--warmup and --intra-op-threads must be >= 0")
     transforms = [t for t in a.transforms.split(",") if t] if a.transforms != "none" else []
-    report = bench(
+    with _notices("bench", a.quiet):
+        report = _bench_call(bench, a, transforms, seconds)
+    print(format_bench(report))
+    text = json.dumps(report, indent=2)
+    if a.output:
+        with open(a.output, "w") as f:
+            f.write(text + "\n")
+        if not a.quiet:
+            print(f"onnax: wrote {a.output}", file=sys.stderr)
+    else:
+        print(text)
+    return 0
+
+
+def _bench_call(bench: Any, a: Any, transforms: list[str], seconds: float | None) -> Any:
+    return bench(
         a.model,
         transforms,
         in_axes=_in_axes(a.in_axes),
@@ -158,16 +241,10 @@ def bench_main(argv: Sequence[str]) -> int:
         repeats=a.repeats,
         threads=a.intra_op_threads,
         seed=a.seed,
+        reference=not a.no_reference,
+        max_seconds=seconds,
+        progress=_progress("bench", a.quiet),
     )
-    print(format_bench(report))
-    text = json.dumps(report, indent=2)
-    if a.output:
-        with open(a.output, "w") as f:
-            f.write(text + "\n")
-        print(f"onnax: wrote {a.output}", file=sys.stderr)
-    else:
-        print(text)
-    return 0
 
 
 def main(command: str, argv: Sequence[str]) -> int:

@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 import onnx
-from onnx import helper, numpy_helper
+from onnx import TensorProto, helper, numpy_helper
 
 from onnax.testing._models import ValidationInputError, runtime_inputs
 
@@ -60,9 +60,11 @@ def make_feeds(
     given: Mapping[str, np.ndarray],
     seed: int,
     dims: Mapping[str, int] | None = None,
+    ranges: Mapping[str, int] | None = None,
 ) -> Feeds:
     """Values for every runtime input of ``model``: ``given`` ones (checked against the declared
-    dtype and rank), the rest seeded random with symbolic dims from ``dims`` (default 3)."""
+    dtype and rank), the rest seeded random with symbolic dims from ``dims`` (default 3);
+    integer inputs named in ``ranges`` (indices, labels) drawn in ``[0, ranges[name])``."""
     dims = dict(dims or {})
     sig = runtime_inputs(model)
     names = [v.name for v in sig]
@@ -103,8 +105,95 @@ def make_feeds(
                 shape.append(int(d.dim_value))
             else:
                 shape.append(int(dims.get(d.dim_param, DEFAULT_DIM)) if d.dim_param else DEFAULT_DIM)
-        feeds[vi.name] = random_tensor(rng, dtype, shape)
+        if ranges and vi.name in ranges and np.issubdtype(dtype, np.integer):
+            feeds[vi.name] = np.asarray(rng.integers(0, max(ranges[vi.name], 1), size=shape), dtype=dtype)
+        else:
+            feeds[vi.name] = random_tensor(rng, dtype, shape)
     return feeds
+
+
+# Consumers that read an integer input as indices into an axis: op -> (input position,
+# where the axis length comes from).
+_INDEX_USERS = {
+    "Gather": 1,
+    "GatherElements": 1,
+    "OneHot": 0,
+    "SoftmaxCrossEntropyLoss": 1,
+    "NegativeLogLikelihoodLoss": 1,
+}
+# Ops that pass integer values through unchanged (only their shape or type may change).
+_PASS_THROUGH = {"Cast", "Identity", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Expand"}
+
+
+def index_ranges(model: onnx.ModelProto, dims: Mapping[str, int] | None = None) -> dict[str, int]:
+    """For integer runtime inputs used as indices (Gather, GatherElements, OneHot, and the
+    labels of SoftmaxCrossEntropyLoss / NegativeLogLikelihoodLoss, possibly through Cast,
+    Reshape, Squeeze ...), the length of the axis they index, where the graph tells it
+    (initializer dims, declared or inferred static shapes, symbolic dims from ``dims``)."""
+    dims = dict(dims or {})
+    graph = model.graph
+    consts = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
+    for n in graph.node:
+        if n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value":
+            consts[n.output[0]] = numpy_helper.to_array(n.attribute[0].t)
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model).graph
+    except Exception:
+        inferred = graph
+    shapes: dict[str, list[int | None]] = {t.name: list(t.dims) for t in graph.initializer}
+    for vi in [*inferred.input, *inferred.value_info, *inferred.output]:
+        tt = vi.type.tensor_type
+        if vi.name in shapes or not tt.HasField("shape"):
+            continue
+        shapes[vi.name] = [
+            int(d.dim_value)
+            if d.HasField("dim_value")
+            else dims.get(d.dim_param, DEFAULT_DIM)
+            if d.dim_param
+            else None
+            for d in tt.shape.dim
+        ]
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    for n in graph.node:
+        for i in n.input:
+            consumers.setdefault(i, []).append(n)
+
+    def axis_length(node: onnx.NodeProto) -> int | None:
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        if node.op_type == "OneHot":
+            depth = consts.get(node.input[1])
+            return None if depth is None else int(np.asarray(depth).reshape(-1)[0])
+        shape = shapes.get(node.input[0])
+        if not shape:
+            return None
+        axis = 1 if node.op_type.endswith("Loss") else int(attrs.get("axis", 0)) % len(shape)
+        return shape[axis] if axis < len(shape) else None
+
+    out: dict[str, int] = {}
+    integer = {TensorProto.INT64, TensorProto.INT32, TensorProto.INT16, TensorProto.INT8, TensorProto.UINT8}
+    for vi in runtime_inputs(model):
+        if vi.type.tensor_type.elem_type not in integer:
+            continue
+        frontier, seen, lengths = [vi.name], set(), []
+        while frontier:
+            name = frontier.pop()
+            if name in seen:
+                continue
+            seen.add(name)
+            for node in consumers.get(name, []):
+                if node.op_type in _PASS_THROUGH and node.input[0] == name:
+                    frontier.extend(node.output)
+                elif (
+                    node.op_type in _INDEX_USERS
+                    and len(node.input) > _INDEX_USERS[node.op_type]
+                    and (node.input[_INDEX_USERS[node.op_type]] == name)
+                ):
+                    n = axis_length(node)
+                    if n:
+                        lengths.append(n)
+        if lengths:
+            out[vi.name] = min(lengths)
+    return out
 
 
 _DTYPE_ATTRS = {("to", "Cast"), ("dtype", "EyeLike"), ("dtype", "RandomNormal"), ("dtype", "RandomUniform")}
@@ -132,7 +221,20 @@ def convert_model_dtype(model: onnx.ModelProto, src: int, dst: int) -> onnx.Mode
         new_inits = [fix_tensor(t) for t in g.initializer]
         del g.initializer[:]
         g.initializer.extend(new_inits)
-        for n in g.node:
+        fix_nodes(g.node)
+
+    def fix_nodes(nodes: Sequence[onnx.NodeProto]) -> None:
+        for n in nodes:
+            if n.op_type == "Constant" and src == TensorProto.FLOAT:
+                for a in list(n.attribute):
+                    if a.name in ("value_float", "value_floats"):
+                        value = np.asarray(a.f if a.name == "value_float" else list(a.floats))
+                        n.attribute.remove(a)
+                        n.attribute.append(
+                            helper.make_attribute(
+                                "value", numpy_helper.from_array(value.astype(np_dtype(dst)))
+                            )
+                        )
             for a in n.attribute:
                 if a.type == onnx.AttributeProto.TENSOR:
                     a.t.CopyFrom(fix_tensor(a.t))
@@ -142,6 +244,10 @@ def convert_model_dtype(model: onnx.ModelProto, src: int, dst: int) -> onnx.Mode
                     a.i = dst
 
     fix_graph(out.graph)
+    for f in out.functions:  # model-local functions: their constants and casts too
+        fix_nodes(f.node)
+        for vi in f.value_info:
+            fix_vi(vi)
     return out
 
 

@@ -161,7 +161,7 @@ def _gelu(xp: Any, ins: list[Any], attrs: dict[str, Any], ctx: Ctx) -> list[Any]
 
 def _sigmoid(x: Any) -> Any:
     if isinstance(x, np.ndarray | np.generic):
-        return 1 / (1 + np.exp(-x))
+        return 1 / (1 + np.exp(-np.asarray(x)))
     return _jax().nn.sigmoid(x)
 
 
@@ -648,7 +648,7 @@ def _pad(xp: Any, ins: list[Any], attrs: dict[str, Any], ctx: Ctx) -> list[Any]:
 
 def _range(xp: Any, ins: list[Any], attrs: dict[str, Any], ctx: Ctx) -> list[Any]:
     start, limit, delta = (np.asarray(v).reshape(()) for v in ins)
-    return [np.arange(start, limit, delta, dtype=start.dtype)]
+    return [np.arange(start.item(), limit.item(), delta.item()).astype(start.dtype)]
 
 
 def _constant_of_shape(xp: Any, ins: list[Any], attrs: dict[str, Any], ctx: Ctx) -> list[Any]:

@@ -1,19 +1,22 @@
 """The reference a generated model is checked against, computed from the SOURCE model and the
-recorded transform chain, never from onnax's own output:
+recorded transform chain, never from onnax's own output. Two independent ones:
 
-* the source runs in float64 (ONNX Runtime, or the reference evaluator when ORT has no float64
-  kernel), selected initializers lifted to inputs so they can be perturbed;
-* ``vmap``: a loop over the examples, results stacked at each output's axis;
-* ``jvp``: central finite differences along the tangent;
-* ``vjp`` / ``grad``: central finite differences of ``<u, f(x)>`` one coordinate at a time
-  (a seeded sample of coordinates for large inputs; unchecked ones are masked out);
-* every difference is Richardson-extrapolated (steps h and h/2: error O(h^4)), so a
-  difference of differences (HVP) is still accurate to ~1e-8 in float64;
-* compositions nest: ``vmap(grad(f))`` loops FD gradients, ``jvp(grad(f))`` is FD of FD.
+* **exact** (when JAX is importable and covers every op of the source): the source graph
+  interpreted op by op in JAX float64 (:mod:`onnax.testing._jax_reference`), and the chain
+  applied by ``jax.vmap`` / ``jax.jvp`` / ``jax.vjp`` themselves (:mod:`onnax.testing._exact`);
+* **finite differences**: the source run in float64 (ONNX Runtime, or the reference evaluator
+  when ORT has no float64 kernel), selected initializers lifted to inputs so they can be
+  perturbed; ``vmap`` a loop over the examples; ``jvp`` central differences along the tangent;
+  ``vjp`` / ``grad`` central differences of ``<u, f(x)>`` one coordinate at a time (a seeded
+  sample for large inputs). Every difference is Richardson-extrapolated (steps h and h/2), and
+  a coordinate whose one-sided differences disagree (a kink within h: ReLU at 0, a max-pool
+  tie) is skipped and counted instead of compared. Nested derivatives (HVP) difference the
+  inner float64 derivatives with the same small step.
 """
 
 from __future__ import annotations
 
+import time
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -25,35 +28,103 @@ from onnx import TensorProto, numpy_helper
 from onnax.testing._chain import DERIVATIVES, Step
 from onnax.testing._inputs import Feeds, convert_model_dtype, lift_initializers, np_dtype
 from onnax.testing._models import ValidationInputError, runtime_inputs
-from onnax.testing._runtime import Session, choose_backend
+from onnax.testing._runtime import Session, choose_backend, runtime_log
+
+
+class Budget:
+    """A deadline (``--max-seconds``); ``None`` never expires."""
+
+    def __init__(self, seconds: float | None) -> None:
+        self.deadline = None if seconds is None else time.monotonic() + seconds
+        self.seconds = seconds
+        self.hit = False  # set by whoever stopped early because of it
+
+    def expired(self) -> bool:
+        if self.deadline is not None and time.monotonic() > self.deadline:
+            self.hit = True
+            return True
+        return False
 
 
 @dataclass
 class Value:
-    """Reference outputs at one level; ``checked`` masks coordinates a sample left out."""
+    """Reference outputs at one level. ``checked`` masks the coordinates to compare (a sample,
+    minus skipped non-smooth ones); ``rough`` marks the non-smooth coordinates skipped."""
 
     values: dict[str, np.ndarray]
     checked: dict[str, np.ndarray] = field(default_factory=dict)
+    rough: dict[str, np.ndarray] = field(default_factory=dict)
 
 
 Fn = Callable[[Feeds], Value]
-
-
-def richardson(difference: Callable[[float], dict[str, np.ndarray]], eps: float) -> dict[str, np.ndarray]:
-    """``(4 D(eps/2) - D(eps)) / 3`` for a central difference ``D(h)``: the h^2 error term
-    cancels, leaving O(h^4)."""
-    coarse, fine = difference(eps), difference(eps / 2)
-    return {k: (4 * fine[k] - coarse[k]) / 3 for k in coarse}
 
 
 def _is_float(a: np.ndarray) -> bool:
     return bool(np.issubdtype(a.dtype, np.floating))
 
 
+class Differences:
+    """How derivatives are differenced: step ``eps`` (and eps/2 for Richardson) and the
+    relative size of a one-sided disagreement that marks a coordinate non-smooth. Both follow
+    the precision the source actually runs in (known once it has run): float64 takes
+    eps = 1e-3 (error ~h^4 truncation + 1e-16/h rounding), a float32-only source eps = 1e-2."""
+
+    def __init__(self, source: SourceFn | None, order: int, enabled: bool = True) -> None:
+        self.source = source
+        self.order = order
+        self.enabled = enabled  # False: derivative levels only pass the primal outputs through
+
+    @property
+    def float64(self) -> bool:
+        return self.source is None or self.source.precision == "float64"
+
+    @property
+    def eps(self) -> float:
+        return 1e-3 if self.float64 and self.order <= 2 else 1e-2
+
+    @property
+    def rough_tol(self) -> float:
+        return 1e-5 if self.float64 else 3e-3
+
+
+def extrapolated(
+    evaluate: Callable[[float], tuple[dict[str, np.ndarray], dict[str, np.ndarray]]],
+    base: dict[str, np.ndarray],
+    d: Differences,
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """Richardson-extrapolated central differences ``(4 D(h/2) - D(h)) / 3`` (error O(h^4)),
+    and where the function is not smooth within h. ``evaluate(h)`` gives ``f(x + h v)`` and
+    ``f(x - h v)``; ``base`` is ``f(x)``.
+
+    Smooth: the one-sided asymmetry ``a(h) = (f(x+h) - 2 f(x) + f(x-h)) / h`` is ``h f''``,
+    so ``a(h) - 2 a(h/2)`` is O(h^3), and the two central differences agree to O(h^2). A kink
+    within h (a derivative jump J) leaves a term of order J in one or the other."""
+    p1, m1 = evaluate(d.eps)
+    p2, m2 = evaluate(d.eps / 2)
+    est, rough = {}, {}
+    for k, b in base.items():
+        c1 = (p1[k] - m1[k]) / (2 * d.eps)
+        c2 = (p2[k] - m2[k]) / d.eps
+        est[k] = (4 * c2 - c1) / 3
+        a1 = (p1[k] - 2 * b + m1[k]) / d.eps
+        a2 = (p2[k] - 2 * b + m2[k]) / (d.eps / 2)
+        scale = np.maximum(1.0, np.abs(est[k]))
+        with np.errstate(invalid="ignore"):
+            # (c1 - c2 is h^2 f'''/8 when smooth, up to J/6 across a kink: a looser bound)
+            rough[k] = (np.abs(a1 - 2 * a2) > d.rough_tol * scale) | (
+                np.abs(c1 - c2) > 100 * d.rough_tol * scale
+            )
+    return est, rough
+
+
 class SourceFn:
     """The source model as a function of float64 feeds; picks float64 when it runs."""
 
-    def __init__(self, source: onnx.ModelProto, lift: Sequence[str], backend: str | None) -> None:
+    def __init__(
+        self, source: onnx.ModelProto, lift: Sequence[str], backend: str | None, prefer_ort: bool = False
+    ) -> None:
+        """``prefer_ort``: ONNX Runtime in the source's precision before the reference evaluator
+        in float64 (fast forward passes; differences need float64)."""
         lifted = lift_initializers(source, lift)
         inits = {t.name: numpy_helper.to_array(t) for t in source.graph.initializer}
         self.defaults = {n: inits[n].astype(np.float64) for n in lift if n in inits}
@@ -61,34 +132,53 @@ class SourceFn:
         self.note = ""
         self.precision = "float64"
         self.backend = ""
+        self.errors: list[str] = []  # why a candidate (precision, runtime) was not taken
+        self.log: list[str] = []  # the runtimes' own log lines, captured
         double = lifted
         for t in (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16):
             double = convert_model_dtype(double, t, TensorProto.DOUBLE)
         self._candidates = [(double, "float64"), (lifted, "source precision")]
+        self._prefer_ort = prefer_ort
         self._backend = backend
         self._session: Session | None = None
         self._input_dtypes: dict[str, np.dtype] = {}
+        self.input_names = [v.name for v in runtime_inputs(lifted)]
 
     def _open(self, feeds: Feeds) -> None:
         errors = []
-        for model, precision in self._candidates:
-            for backend in dict.fromkeys([choose_backend(model, self._backend), "ref"]):
-                try:
+        tries = [
+            (model, precision, backend)
+            for model, precision in self._candidates
+            for backend in dict.fromkeys([choose_backend(model, self._backend), "ref"])
+        ]
+        if self._prefer_ort:
+            tries.sort(key=lambda t: t[2] != "ort")
+        for model, precision, backend in tries:
+            try:
+                with runtime_log(self.log):
                     sess = Session(model, backend)
                     dtypes = {v.name: np_dtype(v.type.tensor_type.elem_type) for v in runtime_inputs(model)}
                     sess.run(self._cast(feeds, dtypes))
-                except Exception as err:
-                    errors.append(f"{precision} on {backend}: {type(err).__name__}: {str(err)[:160]}")
-                    continue
-                self._session, self._input_dtypes, self.precision = sess, dtypes, precision
-                self.backend = backend
-                if precision != "float64":
-                    self.note = "the source does not run in float64 (" + "; ".join(errors) + ")"
-                return
+            except ValidationInputError:
+                raise
+            except Exception as err:
+                name = {"ort": "ONNX Runtime", "ref": "the ONNX reference evaluator"}[backend]
+                text = " ".join(str(err).split())[:300]
+                errors.append(f"{precision} on {name}: {type(err).__name__}: {text}")
+                continue
+            self._session, self._input_dtypes, self.precision = sess, dtypes, precision
+            self.backend = backend
+            if precision != "float64":
+                self.note = "the source does not run in float64 (" + "; ".join(errors) + ")"
+            self.errors = errors
+            return
+        self.errors = errors
         raise ValidationInputError(
-            "the SOURCE model does not run, so no reference can be computed: "
+            "the SOURCE model does not run on the chosen inputs, so the problem is the source model or "
+            "the inputs, not onnax: "
             + "; ".join(errors)
-            + ". Fix: pass the source model the chain started from, with valid inputs"
+            + ". Fix: pass the source model the chain started from, with inputs it accepts (--inputs, "
+            "--dim); if no runtime implements an operator of the source, validate a model without it"
         )
 
     @staticmethod
@@ -107,8 +197,22 @@ class SourceFn:
         if self._session is None:
             self._open(feeds)
         assert self._session is not None
-        res = self._session.run(self._cast(feeds, self._input_dtypes))
+        with runtime_log(self.log):
+            res = self._session.run(self._cast(feeds, self._input_dtypes))
         return Value({k: v.astype(np.float64) if _is_float(v) else v for k, v in res.items()})
+
+
+def _stack(results: list[Value], outputs: list[str], out_axes: list[int]) -> Value:
+    out = Value({})
+    for o, axis in zip(outputs, out_axes, strict=True):
+        if o not in results[0].values:  # (a derivative the primal-only chain does not compute)
+            continue
+        out.values[o] = np.stack([r.values[o] for r in results], axis=axis)
+        for attr, fill in (("checked", True), ("rough", False)):
+            if any(o in getattr(r, attr) for r in results):
+                masks = [getattr(r, attr).get(o, np.full(r.values[o].shape, fill)) for r in results]
+                getattr(out, attr)[o] = np.stack(masks, axis=axis)
+    return out
 
 
 def _vmap(prev: Fn, step: Step, outputs: list[str]) -> Fn:
@@ -128,36 +232,38 @@ def _vmap(prev: Fn, step: Step, outputs: list[str]) -> Fn:
             for n, a in batched.items():
                 ex[n] = np.take(feeds[n], i, axis=a)
             results.append(prev(ex))
-        out = Value({})
-        for o, axis in zip(outputs, out_axes, strict=True):
-            out.values[o] = np.stack([r.values[o] for r in results], axis=axis)
-            if any(o in r.checked for r in results):
-                masks = [r.checked.get(o, np.ones(r.values[o].shape, bool)) for r in results]
-                out.checked[o] = np.stack(masks, axis=axis)
-        return out
+        return _stack(results, outputs, list(out_axes))
 
     return fn
 
 
-def _jvp(prev: Fn, step: Step, tangents: list[str], results: list[str], eps: float) -> Fn:
+def _carry(base: Value, out: Value, src: str, dst: str) -> None:
+    if src in base.checked:
+        out.checked[dst] = base.checked[src]
+
+
+def _jvp(prev: Fn, step: Step, tangents: list[str], results: list[str], d: Differences) -> Fn:
     def fn(feeds: Feeds) -> Value:
         primal = {k: v for k, v in feeds.items() if k not in tangents}
         base = prev(primal)
+        out = Value(dict(base.values), dict(base.checked), dict(base.rough))
+        if not d.enabled:
+            return out
 
-        def difference(h: float) -> dict[str, np.ndarray]:
+        def evaluate(h: float) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
             plus, minus = dict(primal), dict(primal)
             for s, t in zip(step.inputs, tangents, strict=True):
                 plus[s] = primal[s] + h * feeds[t]
                 minus[s] = primal[s] - h * feeds[t]
             vp, vm = prev(plus), prev(minus)
-            return {o: (vp.values[o] - vm.values[o]) / (2 * h) for o in step.outputs}
+            return {o: vp.values[o] for o in step.outputs}, {o: vm.values[o] for o in step.outputs}
 
-        d = richardson(difference, eps)
-        out = Value(dict(base.values), dict(base.checked))
+        est, rough = extrapolated(evaluate, {o: base.values[o] for o in step.outputs}, d)
         for o, r in zip(step.outputs, results, strict=True):
-            out.values[r] = d[o]
-            if o in base.checked:
-                out.checked[r] = base.checked[o]
+            out.values[r] = est[o]
+            checked = base.checked.get(o, np.ones(est[o].shape, bool))
+            out.checked[r] = checked & ~rough[o]
+            out.rough[r] = rough[o]
         return out
 
     return fn
@@ -175,62 +281,160 @@ def _reverse(
     step: Step,
     cotangents: list[str],
     results: list[str],
-    eps: float,
+    d: Differences,
     max_coords: int | None,
     seed: int,
+    budget: Budget,
 ) -> Fn:
     def fn(feeds: Feeds) -> Value:
         primal = {k: v for k, v in feeds.items() if k not in cotangents}
         base = prev(primal)
+        out = Value(dict(base.values), dict(base.checked), dict(base.rough))
+        if not d.enabled:
+            return out
         if step.transform == "grad":
             seeds = {step.outputs[0]: np.ones_like(base.values[step.outputs[0]])}
         else:
             seeds = {o: feeds[c] for o, c in zip(step.outputs, cotangents, strict=True)}
-        out = Value(dict(base.values), dict(base.checked))
+        inner0 = sum(float(np.sum(u * base.values[o])) for o, u in seeds.items())
         for s, r in zip(step.inputs, results, strict=True):
             x = primal[s]
             g = np.zeros(x.shape, np.float64)
-            coords = _coords(x.size, s, max_coords, seed)
-            for idx in coords:
+            checked = np.zeros(x.shape, bool)
+            rough = np.zeros(x.shape, bool)
+            for idx in _coords(x.size, s, max_coords, seed):
+                if budget.expired():
+                    break
 
-                def difference(
+                def evaluate(
                     h: float, s: str = s, x: np.ndarray = x, idx: int = int(idx)
-                ) -> dict[str, np.ndarray]:
+                ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
                     plus, minus = dict(primal), dict(primal)
                     e = np.zeros(x.size)
                     e[idx] = h
                     plus[s] = x + e.reshape(x.shape)
                     minus[s] = x - e.reshape(x.shape)
                     vp, vm = prev(plus), prev(minus)
-                    inner = sum(float(np.sum(u * (vp.values[o] - vm.values[o]))) for o, u in seeds.items())
-                    return {"d": np.asarray(inner / (2 * h))}
+                    ip = sum(float(np.sum(u * vp.values[o])) for o, u in seeds.items())
+                    im = sum(float(np.sum(u * vm.values[o])) for o, u in seeds.items())
+                    return {"d": np.asarray(ip)}, {"d": np.asarray(im)}
 
-                g.flat[idx] = float(richardson(difference, eps)["d"])
+                est, jump = extrapolated(evaluate, {"d": np.asarray(inner0)}, d)
+                g.flat[idx] = float(est["d"])
+                rough.flat[idx] = bool(jump["d"])
+                checked.flat[idx] = not rough.flat[idx]
             out.values[r] = g
-            if len(coords) < x.size:
-                mask = np.zeros(x.shape, bool)
-                mask.flat[coords] = True
-                out.checked[r] = mask
+            out.checked[r] = checked
+            out.rough[r] = rough
         return out
 
     return fn
 
 
 @dataclass
+class Level:
+    """One recorded step as the reference replays it: names before it, names it adds, and the
+    (difference-free) reference function of the model it was applied to."""
+
+    step: Step
+    inputs: list[str]  # runtime inputs of the model the step was applied to
+    outputs: list[str]
+    added_inputs: list[str]  # tangents / cotangents it appends
+    added_outputs: list[str]
+    primal_before: Fn
+
+
+@dataclass
 class Reference:
-    """The reference function of a generated model, with what a report says about it."""
+    """The reference of a generated model, with what a report says about it.
+
+    ``fn`` is the finite-difference reference, ``primal`` the same chain with the derivative
+    levels passing only the primal outputs through (the source run as is: the cross-check of
+    the exact reference's forward pass), ``exact`` the JAX one when available (else
+    ``exact_missing`` or ``exact_note`` says why not)."""
 
     fn: Fn
+    primal: Fn
     defaults: Feeds  # lifted initializer values the feeds are completed with
     fd_outputs: set[str]
-    eps: float
+    differences: Differences
     source: SourceFn
+    forward: SourceFn  # the source for forward passes (ONNX Runtime first, any precision)
+    levels: list[Level]
+    source_inputs: list[str]
+    exact: Callable[[Feeds], dict[str, np.ndarray]] | None = None
+    exact_missing: list[str] = field(default_factory=list)
+    exact_note: str = ""
+    budget: Budget = field(default_factory=lambda: Budget(None))
 
-    def describe(self) -> str:
+    @property
+    def eps(self) -> float:
+        return self.differences.eps
+
+    def complete(self, feeds: Feeds) -> Feeds:
+        """Float feeds in float64, completed with the lifted initializers' values."""
+        out = {k: v.astype(np.float64) if _is_float(v) else v for k, v in feeds.items()}
+        for k, v in self.defaults.items():
+            out.setdefault(k, v)
+        return out
+
+    def fd_method(self) -> str:
         src = self.source
-        text = f"source in {src.precision} on {src.backend or 'not run'}; "
-        text += f"central differences, eps {self.eps:g}" if self.fd_outputs else "no derivatives"
-        return text + (f"; note: {src.note}" if src.note else "")
+        text = f"finite differences (source in {src.precision} on {_backend_name(src.backend)}"
+        text += f"; central, Richardson-extrapolated, eps {self.eps:g})"
+        return text
+
+    def why_not_exact(self) -> str:
+        if self.exact_missing:
+            return "JAX interpreter lacks: " + ", ".join(self.exact_missing)
+        return self.exact_note
+
+    def example_feeds(self, feeds: Feeds, level: int) -> Feeds:
+        """Feeds of the model level ``level`` was applied to: example 0 of every vmap after it,
+        the tangents / cotangents of later steps dropped."""
+        ex = dict(feeds)
+        for lv in reversed(self.levels[level + 1 :]):
+            if lv.step.transform == "vmap":
+                for n, a in lv.step.in_axes.items():
+                    if a is not None and n in ex:
+                        ex[n] = np.take(ex[n], 0, axis=a)
+            for n in lv.added_inputs:
+                ex.pop(n, None)
+        return ex
+
+    def direction_shapes(self, feeds: Feeds) -> dict[str, tuple[int, ...]]:
+        """The shapes the tangent / cotangent inputs must have given the primal ``feeds``:
+        those of the values they pair with, as the source computes them (not as declared), with
+        the batch axes of the vmaps applied after their step."""
+        shapes: dict[str, tuple[int, ...]] = {}
+        for k, lv in enumerate(self.levels):
+            if lv.step.transform not in ("jvp", "vjp"):
+                continue
+            ex = self.complete(self.example_feeds(feeds, k))
+            if lv.step.transform == "jvp":
+                pairs = dict(zip(lv.added_inputs, (ex[s].shape for s in lv.step.inputs), strict=True))
+            else:
+                values = lv.primal_before({n: ex[n] for n in lv.inputs if n in ex} | self.defaults)
+                pairs = dict(
+                    zip(lv.added_inputs, (values.values[o].shape for o in lv.step.outputs), strict=True)
+                )
+            for name, shape in pairs.items():
+                dims = list(shape)
+                for later in self.levels[k + 1 :]:
+                    axis = later.step.in_axes.get(name) if later.step.transform == "vmap" else None
+                    if axis is not None:
+                        size = next(
+                            feeds[n].shape[a]
+                            for n, a in later.step.in_axes.items()
+                            if a is not None and n in feeds
+                        )
+                        dims.insert(axis % (len(dims) + 1), size)
+                shapes[name] = tuple(dims)
+        return shapes
+
+
+def _backend_name(backend: str) -> str:
+    return {"ort": "ONNX Runtime", "ref": "the ONNX reference evaluator"}.get(backend, "not run")
 
 
 def build_reference(
@@ -241,9 +445,12 @@ def build_reference(
     max_coords: int | None,
     seed: int,
     backend: str | None,
+    budget: Budget | None = None,
+    exact: bool = True,
 ) -> Reference:
     """Replays ``chain`` on ``source`` as reference semantics, naming each level's inputs and
     outputs from ``generated`` (every transform keeps the earlier names first and appends)."""
+    budget = budget or Budget(None)
     src_inputs = [v.name for v in runtime_inputs(source)]
     gen_inputs = [v.name for v in runtime_inputs(generated)]
     gen_outputs = [o.name for o in generated.graph.output]
@@ -252,12 +459,36 @@ def build_reference(
     lift = sorted({n for s in chain for n in s.inputs if n in src_inits})
     order = sum(1 for s in chain if s.transform in DERIVATIVES)
     src = SourceFn(source, lift, backend)
-    # Extrapolated central differences (error ~h^4 + 1e-16/h): h = 1e-3 balances them for one
-    # level; an outer difference of inner ones amplifies their ~1e-12 noise by 1/h, so nested
-    # levels take h = 1e-2.
-    eps = {0: 1e-3, 1: 1e-3, 2: 1e-2}.get(order, 3e-2)
+    # Extrapolated central differences: error ~h^4 (truncation) + 1e-16/h (float64 rounding);
+    # h = 1e-3 balances them, and an outer level differencing inner float64 derivatives
+    # (error ~1e-12) keeps the same small step (never a large one, which straddles kinks).
+    differences = Differences(src, order)
+    primal_only = Differences(None, order, enabled=False)
+    fast = SourceFn(source, lift, backend, prefer_ort=True)
     fn: Fn = src
+    pfn: Fn = fast
     fd: set[str] = set()
+    levels: list[Level] = []
+    jax_level = None
+    exact_note = ""
+    missing: list[str] = []
+    batched: set[str] = set()
+    if exact:
+        from onnax.testing._exact import jax_available
+
+        if not jax_available():
+            exact_note = "JAX is not installed"
+        else:
+            from onnax.testing._jax_reference import missing_ops
+
+            missing = missing_ops(source)
+            if not missing:
+                from onnax.testing._exact import source_level
+
+                try:
+                    jax_level = source_level(source)
+                except NotImplementedError as err:
+                    exact_note = f"JAX interpreter: {err}"
     for k, step in enumerate(chain):
 
         def take(
@@ -277,13 +508,21 @@ def build_reference(
                     f"step {k} (vmap) maps inputs {sorted(step.in_axes)}, but the model at that step has "
                     f"runtime inputs {inputs}. Fix: pass the SOURCE model this chain started from"
                 )
-            fn = _vmap(fn, step, list(outputs))
+            levels.append(Level(step, list(inputs), list(outputs), [], [], pfn))
+            fn, pfn = _vmap(fn, step, list(outputs)), _vmap(pfn, step, list(outputs))
+            batched |= {n for n, a in step.in_axes.items() if a is not None}
+            if jax_level is not None:
+                from onnax.testing._exact import vmap_level
+
+                jax_level = vmap_level(jax_level, step, list(outputs))
             continue
         known = set(inputs) | set(lift)
-        missing = [n for n in step.inputs if n not in known] + [o for o in step.outputs if o not in outputs]
-        if missing:
+        missing_sel = [n for n in step.inputs if n not in known] + [
+            o for o in step.outputs if o not in outputs
+        ]
+        if missing_sel:
             raise ValidationInputError(
-                f"step {k} ({step.transform}) selects {missing}, which the model at that step lacks "
+                f"step {k} ({step.transform}) selects {missing_sel}, which the model at that step lacks "
                 f"(inputs {inputs}, outputs {outputs}). Fix: pass the SOURCE model this chain started from"
             )
         later_derivative = any(s.transform in DERIVATIVES for s in chain[k + 1 :])
@@ -291,16 +530,27 @@ def build_reference(
         # difference over a partly computed gradient would difference the unsampled zeros.
         coords = None if later_derivative else max_coords
         if step.transform == "jvp":
-            tangents = take(gen_inputs, len(inputs), len(step.inputs), "tangent inputs")
+            added = take(gen_inputs, len(inputs), len(step.inputs), "tangent inputs")
             results = take(gen_outputs, len(outputs), len(step.outputs), "tangent outputs")
-            fn = _jvp(fn, step, tangents, results, eps)
-            inputs = inputs + tangents  # (new lists: closures hold the earlier ones)
+            levels.append(Level(step, list(inputs), list(outputs), added, results, pfn))
+            fn = _jvp(fn, step, added, results, differences)
+            pfn = _jvp(pfn, step, added, results, primal_only)
+            if jax_level is not None:
+                from onnax.testing._exact import jvp_level
+
+                jax_level = jvp_level(jax_level, step, added, results)
         else:
             n_cot = len(step.outputs) if step.transform == "vjp" else 0
-            cotangents = take(gen_inputs, len(inputs), n_cot, "cotangent inputs")
+            added = take(gen_inputs, len(inputs), n_cot, "cotangent inputs")
             results = take(gen_outputs, len(outputs), len(step.inputs), "derivative outputs")
-            fn = _reverse(fn, step, cotangents, results, eps, coords, seed)
-            inputs = inputs + cotangents
+            levels.append(Level(step, list(inputs), list(outputs), added, results, pfn))
+            fn = _reverse(fn, step, added, results, differences, coords, seed, budget)
+            pfn = _reverse(pfn, step, added, results, primal_only, coords, seed, budget)
+            if jax_level is not None:
+                from onnax.testing._exact import reverse_level
+
+                jax_level = reverse_level(jax_level, step, added, results)
+        inputs = inputs + added  # (new lists: closures hold the earlier ones)
         outputs = outputs + results
         fd |= set(results)
     if inputs != gen_inputs or outputs != gen_outputs:
@@ -310,4 +560,23 @@ def build_reference(
             f"generated model has inputs {gen_inputs} and outputs {gen_outputs}. Fix: pass the SOURCE model "
             "this chain started from (and a generated model onnax wrote unchanged)"
         )
-    return Reference(fn, src.defaults, fd, eps, src)
+    exact_fn = None
+    if jax_level is not None:
+        from onnax.testing._exact import ExactFn
+
+        exact_fn = ExactFn(jax_level, batched)
+    return Reference(
+        fn,
+        pfn,
+        src.defaults,
+        fd,
+        differences,
+        src,
+        fast,
+        levels,
+        src_inputs,
+        exact=exact_fn,
+        exact_missing=missing,
+        exact_note=exact_note,
+        budget=budget,
+    )

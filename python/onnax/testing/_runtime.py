@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+import os
+import re
+import sys
+import tempfile
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -53,3 +58,30 @@ class Session:
 def ort_lacks_kernel(err: Exception) -> bool:
     text = str(err)
     return "NOT_IMPLEMENTED" in text or "Could not find an implementation" in text
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+@contextlib.contextmanager
+def runtime_log(sink: list[str]) -> Iterator[None]:
+    """Captures what is written to the process's standard error meanwhile (ONNX Runtime's own
+    log lines, written by native code) into ``sink``, one entry per non-empty line, instead of
+    letting it reach the terminal."""
+    sys.stderr.flush()
+    try:
+        saved = os.dup(2)
+    except OSError:  # no file descriptor 2: nothing to capture
+        yield
+        return
+    with tempfile.TemporaryFile() as tmp:
+        os.dup2(tmp.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            tmp.seek(0)
+            text = _ANSI.sub("", tmp.read().decode(errors="replace"))
+            sink.extend(line.strip() for line in text.splitlines() if line.strip())

@@ -13,12 +13,13 @@ import onnx
 
 from onnax import _core
 from onnax.testing._chain import describe_chain, parse_chain
-from onnax.testing._compare import OutputComparison, compare
+from onnax.testing._compare import OutputComparison
 from onnax.testing._env import versions
-from onnax.testing._inputs import Feeds, load_inputs, make_feeds
+from onnax.testing._evaluate import Progress, evaluate
+from onnax.testing._inputs import Feeds, index_ranges, load_inputs, make_feeds, np_dtype, random_tensor
 from onnax.testing._models import ModelLike, ValidationInputError, load, op_counts, opsets, runtime_inputs
-from onnax.testing._reference import Reference, build_reference
-from onnax.testing._runtime import Session, choose_backend
+from onnax.testing._reference import Budget, Reference, build_reference
+from onnax.testing._runtime import Session, choose_backend, runtime_log
 
 STEPS = ("checker", "strict shape inference", "runtime", "numerical parity")
 
@@ -46,6 +47,9 @@ class ValidationReport:
     steps: list[StepResult] = field(default_factory=list)
     outputs: list[OutputComparison] = field(default_factory=list)
     web_outputs: list[OutputComparison] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # what the reader should know (fallbacks, skips)
+    runtime_log: list[str] = field(default_factory=list)  # the runtimes' own log lines, captured
+    source_problem: str = ""  # set when the SOURCE model does not run on the inputs
 
     @property
     def ok(self) -> bool:
@@ -86,6 +90,10 @@ class ValidationReport:
             lines.append(f"  reference  {self.reference}")
         if self.inputs:
             lines.append(f"  inputs     {self.inputs}")
+        lines.extend(f"  note       {n}" for n in self.notes)
+        if self.runtime_log:
+            lines.append(f"  runtime log ({len(self.runtime_log)} lines, captured)")
+            lines.extend(f"    {line[:300]}" for line in self.runtime_log[:20])
         for i, s in enumerate(self.steps, 1):
             lines.append(f"  [{s.status}] {i}. {s.name}" + (f": {s.detail}" if s.detail else ""))
         if self.outputs:
@@ -127,6 +135,9 @@ def validate(
     max_coords: int | None = 64,
     steps: tuple[str, ...] = STEPS,
     web: bool = False,
+    max_seconds: float | None = None,
+    progress: Progress | None = None,
+    exact: bool = True,
 ) -> ValidationReport:
     """Validates ``generated`` (a model onnax wrote from ``source``) in four steps:
 
@@ -147,6 +158,11 @@ def validate(
             selected input (a seeded sample; ``None`` for all).
         web: add a fifth step: run the generated model on onnxruntime-web's WASM backend in
             Node.js and compare it with the same reference (needs ``./setup.sh``'s npm install).
+        max_seconds: stop computing finite-difference coordinates after this long and check
+            those computed (the report says so).
+        progress: called with a line before each part that may take a while.
+        exact: use the exact JAX float64 reference when JAX is importable (else, or when the
+            interpreter lacks an op of the source, finite differences; the report says which).
 
     Returns:
         A ``ValidationReport``; it stops at the first failing step (later steps "skip").
@@ -174,9 +190,21 @@ def validate(
             raise ValidationInputError(f"--web: {reason}")
         report.versions["onnxruntime-web"] = web_version()
     given = load_inputs(inputs)
-    # Problems with the source or the inputs are usage errors, raised before any step runs.
-    reference = build_reference(src, gen, chain, max_coords=max_coords, seed=seed, backend=backend)
-    feeds = make_feeds(gen, given, seed, dims)
+    say = progress or (lambda _msg: None)
+    budget = Budget(max_seconds)
+    # Problems with the inputs or with the chain are usage errors, raised before any step runs.
+    reference = build_reference(
+        src, gen, chain, max_coords=max_coords, seed=seed, backend=backend, budget=budget, exact=exact
+    )
+    feeds = make_feeds(gen, given, seed, dims, index_ranges(src, dims))
+    # The source runs first on these inputs: if it does not, the source or the inputs are at
+    # fault, and the directions (tangents, cotangents) take the shapes the source computes.
+    say("running the source model on the chosen inputs")
+    try:
+        reference.forward(reference.complete(reference.example_feeds(feeds, -1)))
+        _redraw_directions(gen, reference, feeds, given, seed)
+    except ValidationInputError as err:
+        report.source_problem = str(err)
     report.inputs = _describe_feeds(feeds, given, seed)
     data = gen.SerializeToString()
 
@@ -200,17 +228,28 @@ def validate(
     }[chosen]
 
     def execute() -> str:
+        say(f"running the generated model on {report.backend}")
         try:
-            sess = Session(gen, chosen)
+            with runtime_log(report.runtime_log):
+                sess = Session(gen, chosen)
         except Exception as err:
+            if report.source_problem or _refused(reference, chosen):
+                return f"{report.backend} cannot load the generated model ({_short(err)}), and " + _blame(
+                    report, reference, chosen
+                )
             return (
                 f"{report.backend} cannot load the generated model: {_short(err)}. Fix: if the opset or an "
                 "operator is beyond this runtime, run the model on a runtime that supports it (--backend ref "
                 "uses the ONNX reference evaluator); if onnax wrote this model, report it with this output"
             )
         try:
-            actual.update(sess.run(feeds))
+            with runtime_log(report.runtime_log):
+                actual.update(sess.run(feeds))
         except Exception as err:
+            if report.source_problem or _refused(reference, chosen):
+                return f"{report.backend} fails to run the generated model ({_short(err)}), and " + _blame(
+                    report, reference, chosen
+                )
             return (
                 f"{report.backend} loads the generated model but fails to run it on the inputs above: "
                 f"{_short(err)}. Fix: check the input shapes (--inputs FILE.npz, --dim NAME=N); if they are "
@@ -220,10 +259,51 @@ def validate(
 
     run_step("runtime", execute)
     if "numerical parity" in steps:
-        run_step("numerical parity", lambda: _parity(report, reference, feeds, actual, rtol, atol))
+        run_step("numerical parity", lambda: _parity(report, reference, feeds, actual, rtol, atol, progress))
     if web:
         run_step("onnxruntime-web (wasm)", lambda: _web_parity(report, gen, reference, feeds, rtol, atol))
+    report.runtime_log = reference.forward.log + reference.source.log + report.runtime_log
     return report
+
+
+def _blame_source(report: ValidationReport) -> str:
+    return f"{report.source_problem[0].lower()}{report.source_problem[1:]}"
+
+
+def _refused(reference: Reference, chosen: str) -> list[str]:
+    """Why the runtime ``chosen`` refused the SOURCE model, when the source had to run
+    elsewhere (the reference evaluator) instead."""
+    src = reference.forward
+    if not src.backend or src.backend == chosen:
+        return []
+    name = {"ort": "ONNX Runtime", "ref": "the ONNX reference evaluator"}[chosen]
+    return [e for e in src.errors if f" on {name}: " in e]
+
+
+def _blame(report: ValidationReport, reference: Reference, chosen: str) -> str:
+    if report.source_problem:
+        return _blame_source(report)
+    runtime = "ONNX Runtime" if chosen == "ort" else "the ONNX reference evaluator"
+    other = "--backend ref" if chosen == "ort" else "--backend ort"
+    return (
+        f"{runtime} also refuses the SOURCE model on these inputs "
+        f"({'; '.join(_refused(reference, chosen))}): "
+        "the source uses something this runtime does not implement, not an onnax problem. Fix: run both on "
+        f"another runtime ({other})"
+    )
+
+
+def _redraw_directions(
+    gen: onnx.ModelProto, reference: Reference, feeds: Feeds, given: Mapping[str, np.ndarray], seed: int
+) -> None:
+    """Tangent / cotangent inputs get the shapes the source implies (a declared shape may have
+    lost a static dim), drawn again from their own seeded stream when those differ."""
+    declared = {v.name: np_dtype(v.type.tensor_type.elem_type) for v in runtime_inputs(gen)}
+    rng = np.random.default_rng([seed, 1])
+    for name, shape in reference.direction_shapes(feeds).items():
+        if name in given or name not in feeds or tuple(feeds[name].shape) == tuple(shape):
+            continue
+        feeds[name] = random_tensor(rng, declared[name], shape)
 
 
 def _short(err: Exception) -> str:
@@ -239,28 +319,7 @@ def parity(
     atol: float | None = None,
 ) -> list[OutputComparison]:
     """Compares every output of the generated model that the reference defines."""
-    ref_feeds = {
-        k: v.astype(np.float64) if np.issubdtype(v.dtype, np.floating) else v for k, v in feeds.items()
-    }
-    for k, v in reference.defaults.items():
-        ref_feeds.setdefault(k, v)
-    expected = reference.fn(ref_feeds)
-    out = []
-    for name, value in actual.items():
-        if name in expected.values:
-            fd = name in reference.fd_outputs
-            out.append(
-                compare(
-                    name,
-                    value,
-                    expected.values[name],
-                    expected.checked.get(name),
-                    fd=fd,
-                    rtol=rtol,
-                    atol=atol,
-                )
-            )
-    return out
+    return evaluate(reference, feeds, actual, rtol, atol).comparisons
 
 
 def _parity(
@@ -270,18 +329,18 @@ def _parity(
     actual: Mapping[str, np.ndarray],
     rtol: float | None,
     atol: float | None,
+    progress: Progress | None,
 ) -> str:
-    report.outputs = parity(reference, feeds, actual, rtol, atol)
-    report.reference = reference.describe()
+    if report.source_problem:
+        return _blame_source(report)
+    result = evaluate(reference, feeds, actual, rtol, atol, progress)
+    report.outputs = result.comparisons
+    report.reference = result.description
+    report.notes.extend(result.notes)
     failures = [c.problem for c in report.outputs if not c.ok]
     if not failures:
         return ""
-    return (
-        "; ".join(failures)
-        + ". Fix: if onnax generated this model from SOURCE, this is an onnax bug: report it "
-        "with this output; if the inputs sit at a non-smooth point (relu at 0, ties in max), retry with "
-        "--seed or --inputs"
-    )
+    return "; ".join(failures) + ". " + result.diagnosis
 
 
 def _web_parity(

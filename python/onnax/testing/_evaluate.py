@@ -1,0 +1,273 @@
+"""Numerical parity of a generated model with its reference, as ``validate`` and ``bench`` run it.
+
+1. The exact reference (JAX float64, :mod:`onnax.testing._exact`) when available, trusted only
+   after its forward pass matches the source run by ONNX Runtime (or the reference evaluator)
+   on the same inputs; otherwise finite differences, and the report says why.
+2. Coordinates where the source is not smooth are skipped and counted: for the exact reference,
+   those whose value jumps when the primal inputs move by a few float rounding units (the
+   generated model, rounding differently, may take the other side of a ReLU or max-pool tie);
+   for differences, those whose one-sided differences disagree.
+3. A mismatch is called an onnax bug only when a second reference confirms it: a failure
+   against the exact reference is re-checked against finite differences.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from onnax.testing._compare import OutputComparison, compare, default_tolerance
+from onnax.testing._inputs import Feeds
+from onnax.testing._reference import Reference, Value
+
+Progress = Callable[[str], None]
+
+# Default tolerances of a finite-difference reference computed in float32 (a source that does
+# not run in float64): eps 1e-2 and float32 rounding leave errors of order 1e-3 of |f|.
+FLOAT32_FD_TOL = (1e-2, 1e-2)
+# Forward-pass agreement required of the JAX interpreter with the runtime (relative to the
+# output's largest magnitude): float64 runtimes agree to rounding; a float32 run to ~1e-5.
+FORWARD_TOL = {"float64": 1e-7, "source precision": 2e-3}
+
+
+@dataclass
+class Parity:
+    comparisons: list[OutputComparison]
+    method: str  # "exact" or "finite differences"
+    description: str
+    notes: list[str] = field(default_factory=list)
+    diagnosis: str = ""  # set when some output fails: whose fault, and what to do
+
+
+def _floating(a: np.ndarray) -> bool:
+    return bool(np.issubdtype(a.dtype, np.floating))
+
+
+def forward_mismatch(exact: Mapping[str, np.ndarray], forward: Value, skip: set[str], precision: str) -> str:
+    """Where the interpreted forward pass differs from the runtime's ('' if nowhere)."""
+    tol = FORWARD_TOL.get(precision, 2e-3)
+    for name, want in forward.values.items():
+        if name in skip or name not in exact:
+            continue
+        got = exact[name]
+        if got.shape != want.shape:
+            return f"output '{name}' has shape {list(got.shape)} there, {list(want.shape)} in the runtime"
+        if _floating(want):
+            scale = max(1.0, float(np.max(np.abs(want)))) if want.size else 1.0
+            err = float(np.max(np.abs(got.astype(np.float64) - want))) / scale if want.size else 0.0
+            if not err <= tol:
+                return f"output '{name}' differs by {err:.3g} (relative to its scale; allowed {tol:g})"
+        elif not np.array_equal(got, want):
+            return f"output '{name}' differs at {int(np.sum(got != want))} positions"
+    return ""
+
+
+def _rough_exact(
+    reference: Reference,
+    feeds: Feeds,
+    expected: Mapping[str, np.ndarray],
+    actual: Mapping[str, np.ndarray],
+    rtol: float | None,
+    atol: float | None,
+) -> dict[str, np.ndarray]:
+    """Derivative coordinates whose exact value jumps when every primal float input moves by
+    ~10 rounding units of the generated model's precision: the source is not smooth there."""
+    assert reference.exact is not None
+    outs = [o for o in reference.fd_outputs if o in actual and o in expected and _floating(actual[o])]
+    if not outs:
+        return {}
+    rel = max(10 * float(np.finfo(actual[outs[0]].dtype).eps), 1e-13)
+    movable = [
+        k for k in feeds if (k in reference.source_inputs or k in reference.defaults) and _floating(feeds[k])
+    ]
+    if not movable:
+        return {}
+    rng = np.random.default_rng(1)
+    rough = {o: np.zeros(expected[o].shape, bool) for o in outs}
+    for _ in range(2):
+        moved = dict(feeds)
+        for k in movable:
+            v = feeds[k]
+            moved[k] = v + rel * (np.abs(v) + 1e-3) * rng.standard_normal(v.shape)
+        other = reference.exact(moved)
+        for o in outs:
+            e = expected[o].astype(np.float64)
+            d_rtol, d_atol = default_tolerance(actual[o].dtype, fd=False)
+            r, a = (d_rtol if rtol is None else rtol), (d_atol if atol is None else atol)
+            scale = max(1.0, float(np.max(np.abs(e)))) if e.size else 1.0
+            with np.errstate(invalid="ignore"):
+                rough[o] |= np.abs(other[o] - e) > 0.25 * (a * scale + r * np.abs(e))
+    return rough
+
+
+def _compare_all(
+    reference: Reference,
+    expected: Value,
+    actual: Mapping[str, np.ndarray],
+    rtol: float | None,
+    atol: float | None,
+    *,
+    exact: bool,
+) -> list[OutputComparison]:
+    float32_fd = not exact and reference.source.precision != "float64"
+    method = "exact (JAX float64)" if exact else "finite differences"
+    out = []
+    for name, value in actual.items():
+        if name not in expected.values:
+            continue
+        derivative = name in reference.fd_outputs
+        out.append(
+            compare(
+                name,
+                value,
+                expected.values[name],
+                expected.checked.get(name),
+                fd=derivative and not exact,
+                rtol=rtol,
+                atol=atol,
+                method=method if derivative else "exact",
+                defaults=FLOAT32_FD_TOL if float32_fd and derivative else None,
+                rough=expected.rough.get(name),
+            )
+        )
+    return out
+
+
+def evaluate(
+    reference: Reference,
+    feeds: Feeds,
+    actual: Mapping[str, np.ndarray],
+    rtol: float | None = None,
+    atol: float | None = None,
+    progress: Progress | None = None,
+    confirm_seconds: float = 60.0,
+) -> Parity:
+    """Compares every output of the generated model that the reference defines."""
+    say = progress or (lambda _msg: None)
+    ref_feeds = reference.complete(feeds)
+    notes: list[str] = []
+    expected: Value | None = None
+    why_fd = reference.why_not_exact()
+    if reference.exact is not None and reference.fd_outputs:
+        try:
+            say("exact reference: the source interpreted in JAX float64 (compiling)")
+            values = reference.exact(ref_feeds)
+            say("checking the interpreted forward pass against the runtime")
+            forward = reference.primal(ref_feeds)
+            mismatch = forward_mismatch(values, forward, reference.fd_outputs, reference.forward.precision)
+            if mismatch:
+                why_fd = f"the JAX interpretation's forward pass disagrees with the runtime: {mismatch}"
+            else:
+                say("looking for non-smooth coordinates (moving the inputs by a few rounding units)")
+                rough = _rough_exact(reference, ref_feeds, values, actual, rtol, atol)
+                expected = Value(values)
+                for o, mask in rough.items():
+                    expected.rough[o] = mask
+                    expected.checked[o] = ~mask
+        except Exception as err:  # the interpreter could not follow the graph: say so, use FD
+            text = " ".join(str(err).split())[:300]
+            why_fd = f"the JAX interpretation failed ({type(err).__name__}: {text})"
+    exact = expected is not None
+    if expected is None:
+        if reference.fd_outputs:
+            say("finite-difference reference (running the source per coordinate)")
+        expected = reference.fn(ref_feeds)
+    comparisons = _compare_all(reference, expected, actual, rtol, atol, exact=exact)
+    if not reference.fd_outputs:
+        description = f"the source run as is on {_runtime(reference)} (per-example loop for vmap)"
+    elif exact:
+        description = (
+            "exact: the source interpreted op by op in JAX float64, the chain applied by jax.vmap/jvp/vjp "
+            f"(forward pass checked against {_runtime(reference)})"
+        )
+    else:
+        description = reference.fd_method() + (f" ({why_fd})" if why_fd else "")
+        if reference.source.precision != "float64":
+            notes.append(
+                f"the source does not run in float64, so the differences are float32 ones: tolerances "
+                f"widened to rtol {FLOAT32_FD_TOL[0]:g}, atol {FLOAT32_FD_TOL[1]:g} ({reference.source.note})"
+            )
+    if reference.budget.hit:
+        notes.append(
+            f"time limit of {reference.budget.seconds:g} s reached: only the coordinates computed by then "
+            "were checked (see 'coordinates checked' per output)"
+        )
+    skipped = sum(c.skipped_rough for c in comparisons)
+    if skipped:
+        how = (
+            "their exact value jumps when the inputs move by a few rounding units"
+            if exact
+            else "their one-sided differences disagree"
+        )
+        notes.append(
+            f"{skipped} non-smooth coordinates skipped ({how}: a kink such as ReLU at 0 or a max-pool tie)"
+        )
+    result = Parity(comparisons, "exact" if exact else "finite differences", description, notes)
+    failures = [c for c in comparisons if not c.ok]
+    if failures:
+        result.diagnosis = _diagnose(
+            reference, ref_feeds, actual, failures, exact, why_fd, rtol, atol, say, confirm_seconds
+        )
+    return result
+
+
+def _runtime(reference: Reference) -> str:
+    return {"ort": "ONNX Runtime", "ref": "the ONNX reference evaluator"}.get(
+        reference.forward.backend, "a runtime"
+    )
+
+
+def _diagnose(
+    reference: Reference,
+    ref_feeds: Feeds,
+    actual: Mapping[str, np.ndarray],
+    failures: list[OutputComparison],
+    exact: bool,
+    why_fd: str,
+    rtol: float | None,
+    atol: float | None,
+    say: Progress,
+    confirm_seconds: float,
+) -> str:
+    """Whose fault a mismatch is: confirmed by a second reference or not."""
+    primal_only = all(c.name not in reference.fd_outputs for c in failures)
+    if primal_only:
+        return (
+            "Fix: the generated model's primal outputs differ from the source run as is: if onnax generated "
+            "this model from SOURCE, this is an onnax bug: report it with this output"
+        )
+    if not exact:
+        second = f"no second reference: {why_fd}" if why_fd else "no second reference"
+        return (
+            f"Fix: only finite differences disagree ({second}); if the inputs sit at a non-smooth point, "
+            "retry with --seed or --inputs; if the mismatch persists, report it with this output"
+        )
+    say("confirming the mismatch with finite differences (second reference)")
+    budget = reference.budget
+    deadline = time.monotonic() + confirm_seconds
+    budget.deadline = deadline if budget.deadline is None else min(budget.deadline, deadline)
+    try:
+        fd_values = reference.fn(ref_feeds)
+    except Exception as err:
+        return (
+            f"Fix: not confirmed by a second reference (finite differences failed: {type(err).__name__}: "
+            f"{' '.join(str(err).split())[:200]}); if onnax generated this model from SOURCE, report it with "
+            "this output"
+        )
+    again = _compare_all(
+        reference, fd_values, {c.name: actual[c.name] for c in failures}, rtol, atol, exact=False
+    )
+    confirmed = [c.name for c in again if not c.ok]
+    if confirmed:
+        return (
+            f"Fix: finite differences confirm the mismatch of {confirmed}; if onnax generated this model "
+            "from SOURCE, this is an onnax bug: report it with this output"
+        )
+    return (
+        "Fix: not confirmed: finite differences agree with the generated model where the exact reference "
+        "does not (the source may sit at a non-smooth point, or the JAX interpreter may translate an op "
+        "differently): retry with --seed or --inputs; if it persists, report it with this output"
+    )

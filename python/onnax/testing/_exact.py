@@ -1,0 +1,129 @@
+"""The exact reference: the recorded transform chain applied by JAX itself (``jax.vmap``,
+``jax.jvp``, ``jax.vjp``) to the SOURCE graph interpreted op by op in float64
+(:mod:`onnax.testing._jax_reference`). Used by ``validate`` whenever JAX is importable and the
+interpreter covers every op of the source; nothing here comes from onnax."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import onnx
+
+from onnax.testing._chain import Step
+
+Env = dict[str, Any]
+Level = Callable[[Env], Env]
+
+
+def jax_available() -> bool:
+    try:
+        import jax  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
+def _jax() -> Any:
+    import jax
+
+    return jax
+
+
+def source_level(source: onnx.ModelProto) -> Level:
+    from onnax.testing._jax_reference import interpret
+
+    f = interpret(source, widen=True)
+    names = [o.name for o in source.graph.output]
+
+    def level(env: Env) -> Env:
+        return dict(zip(names, f(env), strict=True))
+
+    return level
+
+
+def vmap_level(prev: Level, step: Step, outputs: Sequence[str]) -> Level:
+    out_axes = step.out_axes if len(step.out_axes) == len(outputs) else [step.out_axes[0]] * len(outputs)
+    axes_out = dict(zip(outputs, out_axes, strict=True))
+
+    def level(env: Env) -> Env:
+        axes_in = {k: step.in_axes.get(k) for k in env}
+        return dict(_jax().vmap(prev, in_axes=(axes_in,), out_axes=axes_out)(env))
+
+    return level
+
+
+def jvp_level(prev: Level, step: Step, tangents: Sequence[str], results: Sequence[str]) -> Level:
+    def level(env: Env) -> Env:
+        primal = {k: v for k, v in env.items() if k not in tangents}
+        xs = tuple(primal[s] for s in step.inputs)
+        ts = tuple(env[t].astype(x.dtype) for t, x in zip(tangents, xs, strict=True))
+
+        def h(*moved: Any) -> Env:
+            return prev({**primal, **dict(zip(step.inputs, moved, strict=True))})
+
+        out, tan = _jax().jvp(h, xs, ts)
+        res = dict(out)
+        for o, r in zip(step.outputs, results, strict=True):
+            res[r] = tan[o]
+        return res
+
+    return level
+
+
+def reverse_level(prev: Level, step: Step, cotangents: Sequence[str], results: Sequence[str]) -> Level:
+    jnp = _jax().numpy
+
+    def level(env: Env) -> Env:
+        primal = {k: v for k, v in env.items() if k not in cotangents}
+        xs = tuple(primal[s] for s in step.inputs)
+
+        def h(*moved: Any) -> tuple[tuple[Any, ...], Env]:
+            full = prev({**primal, **dict(zip(step.inputs, moved, strict=True))})
+            return tuple(full[o] for o in step.outputs), full
+
+        selected, pullback, full = _jax().vjp(h, *xs, has_aux=True)
+        if step.transform == "grad":
+            cts = tuple(jnp.ones_like(selected[0]) for _ in selected[:1])
+        else:
+            cts = tuple(
+                jnp.asarray(env[c]).astype(s.dtype) for c, s in zip(cotangents, selected, strict=True)
+            )
+        grads = pullback(cts)
+        res = dict(full)
+        res.update(zip(results, grads, strict=True))
+        return res
+
+    return level
+
+
+class ExactFn:
+    """The composed level as ``feeds -> outputs`` (NumPy float64), compiled with ``jax.jit``
+    once per set of integer inputs (those stay NumPy, so shapes and indices built from them are
+    static), under ``jax.enable_x64``."""
+
+    def __init__(self, level: Level, batched: set[str]) -> None:
+        self._level = level
+        self._batched = batched  # inputs some vmap step batches: they must be traced arguments
+        self._cache: dict[bytes, Any] = {}
+
+    def __call__(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        jax = _jax()
+        with jax.enable_x64(True):
+            traced = {
+                k: v for k, v in feeds.items() if np.issubdtype(v.dtype, np.floating) or k in self._batched
+            }
+            static = {k: v for k, v in feeds.items() if k not in traced}
+            key = b"".join(k.encode() + v.dtype.str.encode() + v.tobytes() for k, v in sorted(static.items()))
+            key += repr(sorted((k, v.shape, v.dtype.str) for k, v in traced.items())).encode()
+            fn = self._cache.get(key)
+            if fn is None:
+                level = self._level
+
+                def run(args: Env) -> Env:
+                    return level({**args, **static})
+
+                fn = self._cache[key] = jax.jit(run)
+            out = fn({k: jax.numpy.asarray(v) for k, v in traced.items()})
+            return {k: np.asarray(v) for k, v in out.items()}
