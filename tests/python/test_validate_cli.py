@@ -73,7 +73,8 @@ def test_validate_wrong_numbers(files, tmp_path: Path) -> None:
     r = run(PY_CLI, "validate", files["source"], files["flipped"], "--json", report)
     assert r.returncode == 1
     assert "FAILED at step 'numerical parity'" in r.stdout
-    assert "output 'weight_grad' differs from the reference (finite differences)" in r.stdout
+    assert "output 'weight_grad' differs from the reference (exact (JAX float64))" in r.stdout
+    assert "finite differences confirm the mismatch of ['weight_grad']" in r.stdout
     data = json.loads(report.read_text())
     assert data["ok"] is False and data["failed_step"] == "numerical parity"
     worst = next(o for o in data["outputs"] if o["name"] == "weight_grad")
@@ -121,6 +122,44 @@ def test_validate_bad_files_and_usage(files, tmp_path: Path) -> None:
         assert "Traceback" not in stream
     r = run(PY_CLI, "validate", "--help")
     assert r.returncode == 0 and "numerical parity" in r.stdout
+
+
+def test_validate_progress_quiet_reference_and_help(files) -> None:
+    """Progress lines on stderr (one clean line each), none with --quiet; --reference fd forces
+    finite differences; per-command help; --max-seconds must be positive."""
+    r = run(PY_CLI, "validate", files["source"], files["hvp"])
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = r.stderr.splitlines()
+    assert any("running the source model on the chosen inputs" in line for line in lines), r.stderr
+    assert any("exact reference" in line for line in lines), r.stderr
+    assert all(line.startswith("onnax validate: [") for line in lines), r.stderr
+    assert "reference  exact" in r.stdout
+    r = run(PY_CLI, "validate", files["source"], files["hvp"], "--quiet", "--reference", "fd")
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    assert "reference  finite differences" in r.stdout and "eps 0.001" in r.stdout
+    r = run(PY_CLI, "validate", files["source"], files["grad"], "--max-seconds", "0")
+    assert r.returncode == 2 and "--max-seconds must be > 0, got 0" in r.stderr
+    v = run(PY_CLI, "validate", "--help").stdout
+    b = run(PY_CLI, "bench", "--help").stdout
+    assert v.startswith("usage: onnax validate") and "--max-seconds" in v and "--no-reference" not in v
+    assert b.startswith("usage: onnax bench") and "--no-reference" in b and "--reference auto|fd" not in b
+
+
+def test_bench_without_reference_and_notices(tmp_path: Path) -> None:
+    """bench --no-reference measures without a reference; onnax's notice (an opset upgrade)
+    is one clean line, not a Python warning with its source line; --quiet silences it."""
+    model = ROOT / "tests" / "python" / "models" / "exporters" / "tf_mlp.onnx"
+    args = ("bench", model, "--transforms", "grad", "--warmup", "0", "--iterations", "2", "--repeats", "1")
+    r = run(PY_CLI, *args, "--no-reference", "--output", tmp_path / "b.json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    data = json.loads((tmp_path / "b.json").read_text())
+    assert data["settings"]["reference"] is False
+    assert "errors" not in data["models"]["grad"] and "not compared" in r.stdout
+    notices = [line for line in r.stderr.splitlines() if "notice" in line]
+    assert notices and notices[0].startswith("onnax bench: notice: grad: upgraded the model"), r.stderr
+    assert "UserWarning" not in r.stderr and "warnings.warn" not in r.stderr
+    r = run(PY_CLI, *args, "--no-reference", "--quiet", "--output", tmp_path / "c.json")
+    assert r.returncode == 0 and r.stderr == "", r.stderr
 
 
 def test_cpp_binary_points_at_python_command(files) -> None:

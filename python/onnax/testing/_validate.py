@@ -192,6 +192,7 @@ def validate(
     given = load_inputs(inputs)
     say = progress or (lambda _msg: None)
     budget = Budget(max_seconds)
+    say("preparing the reference (the first use of JAX imports it: a few seconds)" if exact else "preparing")
     # Problems with the inputs or with the chain are usage errors, raised before any step runs.
     reference = build_reference(
         src, gen, chain, max_coords=max_coords, seed=seed, backend=backend, budget=budget, exact=exact
