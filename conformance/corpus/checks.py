@@ -30,7 +30,8 @@ def strict_shape_inference(source: onnx.ModelProto, model: onnx.ModelProto, feed
 
 def onnax_validate(source: onnx.ModelProto, model: onnx.ModelProto, feeds: Feeds) -> None:
     """``onnax.testing.validate``: checker, strict inference, runtime and numerical parity
-    with the recorded transform chain (per-example loops, float64 finite differences)."""
+    with the recorded transform chain (exact JAX float64 reference when its interpreter covers
+    the model, else kink-aware float64 finite differences)."""
     from onnax.testing import validate
 
     report = validate(source, model, inputs=feeds, max_coords=16)

@@ -261,6 +261,13 @@ def _diagnose(
         reference, fd_values, {c.name: actual[c.name] for c in failures}, rtol, atol, exact=False
     )
     confirmed = [c.name for c in again if not c.ok]
+    if not confirmed and budget.hit:
+        checked = sum(c.checked for c in again)
+        return (
+            f"Fix: not confirmed: the second reference (finite differences) ran out of time after {checked} "
+            "coordinates, which agree with the generated model; rerun with a larger --max-seconds. If onnax "
+            "generated this model from SOURCE and the mismatch persists, report it with this output"
+        )
     if confirmed:
         return (
             f"Fix: finite differences confirm the mismatch of {confirmed}; if onnax generated this model "
