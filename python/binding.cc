@@ -1,6 +1,7 @@
 // The Python extension: models cross the boundary as serialized bytes, so the extension's
 // private copies of protobuf and ONNX never meet the Python `onnx` package's.
 #include <onnax/onnax.h>
+#include <onnax/training.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -97,6 +98,108 @@ PYBIND11_MODULE(_core, m) {
         return py::bytes(onnax::grad_serialized(std::string(model), inputs, output));
       },
       py::arg("model"), py::arg("inputs"), py::arg("output"));
+
+  m.def(
+      "stop_gradient",
+      [](const py::bytes& model, const std::vector<std::string>& values) {
+        return py::bytes(onnax::stop_gradient(onnax::parse_model(std::string(model)), values).SerializeAsString());
+      },
+      py::arg("model"), py::arg("values"));
+
+  // Training: losses, parameter selection, training steps (onnax/training.h).
+  m.def(
+      "add_loss",
+      [](const py::bytes& model, const std::string& kind, const std::string& output, const std::string& reduction,
+         bool probabilities, double label_smoothing, int64_t class_axis, std::optional<int64_t> ignore_index,
+         double huber_delta, bool example_weights, const std::string& label_name, const std::string& weight_name,
+         const std::string& loss_name) {
+        onnax::LossOptions o;
+        auto k = onnax::loss_kind_from_name(kind);
+        if (!k) {
+          std::string known;
+          for (const auto& n : onnax::loss_kind_names()) known += (known.empty() ? "" : ", ") + n;
+          throw py::value_error("kind must be one of " + known + ", got '" + kind + "'");
+        }
+        if (reduction != "mean" && reduction != "sum")
+          throw py::value_error("reduction must be 'mean' or 'sum', got '" + reduction + "'");
+        o.kind = *k;
+        o.output = output;
+        o.reduction = reduction == "mean" ? onnax::Reduction::kMean : onnax::Reduction::kSum;
+        o.probability_labels = probabilities;
+        o.label_smoothing = label_smoothing;
+        o.class_axis = class_axis;
+        o.ignore_index = ignore_index;
+        o.huber_delta = huber_delta;
+        o.example_weights = example_weights;
+        o.label_name = label_name;
+        o.weight_name = weight_name;
+        o.loss_name = loss_name;
+        onnx::ModelProto result = onnax::add_loss(onnax::parse_model(std::string(model)), o);
+        return py::bytes(result.SerializeAsString());
+      },
+      py::arg("model"), py::arg("kind"), py::arg("output"), py::arg("reduction"), py::arg("probabilities"),
+      py::arg("label_smoothing"), py::arg("class_axis"), py::arg("ignore_index"), py::arg("huber_delta"),
+      py::arg("example_weights"), py::arg("label_name"), py::arg("weight_name"), py::arg("loss_name"));
+  m.def(
+      "select_params",
+      [](const py::bytes& model, const std::vector<std::string>& include, const std::vector<std::string>& exclude,
+         int64_t min_size) {
+        return onnax::select_params(onnax::parse_model(std::string(model)),
+                                    onnax::ParamSpec{include, exclude, min_size});
+      },
+      py::arg("model"), py::arg("include"), py::arg("exclude"), py::arg("min_size"));
+  m.def(
+      "constants_to_initializers",
+      [](const py::bytes& model, int64_t min_size) {
+        return py::bytes(
+            onnax::constants_to_initializers(onnax::parse_model(std::string(model)), min_size).SerializeAsString());
+      },
+      py::arg("model"), py::arg("min_size"));
+  m.def(
+      "train_step",
+      [](const py::bytes& model, const std::vector<std::string>& include, const std::vector<std::string>& exclude,
+         int64_t min_size, const std::optional<std::string>& loss, const std::string& optimizer, double learning_rate,
+         double momentum, bool nesterov, double beta1, double beta2, double epsilon, double weight_decay,
+         const std::vector<std::string>& no_decay, double clip_norm, std::optional<double> dp_clip_norm,
+         std::optional<double> noise_multiplier, const std::string& form) {
+        onnax::TrainStepOptions o;
+        o.params = onnax::ParamSpec{include, exclude, min_size};
+        o.loss = loss;
+        auto& op = o.optimizer;
+        if (optimizer == "sgd")
+          op.kind = onnax::OptimizerOptions::Kind::kSgd;
+        else if (optimizer == "adam")
+          op.kind = onnax::OptimizerOptions::Kind::kAdam;
+        else if (optimizer == "adamw")
+          op.kind = onnax::OptimizerOptions::Kind::kAdamW;
+        else
+          throw py::value_error("optimizer must be 'sgd', 'adam' or 'adamw', got '" + optimizer + "'");
+        op.learning_rate = learning_rate;
+        op.momentum = momentum;
+        op.nesterov = nesterov;
+        op.beta1 = beta1;
+        op.beta2 = beta2;
+        op.epsilon = epsilon;
+        op.weight_decay = weight_decay;
+        op.no_decay = no_decay;
+        op.clip_norm = clip_norm;
+        if (dp_clip_norm.has_value() != noise_multiplier.has_value())
+          throw py::value_error("DP-SGD needs both dp_clip_norm and noise_multiplier (noise_multiplier=0 for none)");
+        if (dp_clip_norm) o.dp_sgd = onnax::DpSgdOptions{*dp_clip_norm, *noise_multiplier};
+        if (form == "step")
+          o.form = onnax::TrainStepOptions::Form::kStep;
+        else if (form == "accumulate")
+          o.form = onnax::TrainStepOptions::Form::kAccumulate;
+        else if (form == "apply")
+          o.form = onnax::TrainStepOptions::Form::kApply;
+        else
+          throw py::value_error("form must be 'step', 'accumulate' or 'apply', got '" + form + "'");
+        return py::bytes(onnax::train_step(onnax::parse_model(std::string(model)), o).SerializeAsString());
+      },
+      py::arg("model"), py::arg("include"), py::arg("exclude"), py::arg("min_size"), py::arg("loss"),
+      py::arg("optimizer"), py::arg("learning_rate"), py::arg("momentum"), py::arg("nesterov"), py::arg("beta1"),
+      py::arg("beta2"), py::arg("epsilon"), py::arg("weight_decay"), py::arg("no_decay"), py::arg("clip_norm"),
+      py::arg("dp_clip_norm"), py::arg("noise_multiplier"), py::arg("form"));
 
   m.def(
       "cli_main", [](const std::vector<std::string>& args) { return onnax::cli::run(args); }, py::arg("args"),

@@ -90,6 +90,12 @@ onnx::ModelProto grad(const onnx::ModelProto& model, const std::optional<std::ve
 onnx::ModelProto grad(onnx::ModelProto&& model, const std::optional<std::vector<std::string>>& inputs,
                       const std::optional<std::string>& output);
 
+// The model with `values` (names of values of its main graph: node outputs or graph inputs)
+// marked so that jvp, vjp and grad treat them as constants: their derivative is cut, as JAX's
+// lax.stop_gradient cuts it (the primal values are unchanged). The marks are kept in
+// metadata_props["onnax.stop_gradient"], so they hold through later transforms of the result.
+onnx::ModelProto stop_gradient(const onnx::ModelProto& model, const std::vector<std::string>& values);
+
 // Serialized model in, serialized result out: the same transforms (with the same errors) for
 // callers that would serialize the result anyway, such as the Python package. The model is
 // parsed onto one protobuf arena shared by the transform and its result, so no node is

@@ -9,8 +9,34 @@ from __future__ import annotations
 
 from onnax._core import OnnaxError
 from onnax._core import version as _core_version
-from onnax.transforms import grad, jvp, vjp, vmap
+from onnax.training import (
+    add_loss,
+    apply_params,
+    constants_to_initializers,
+    feedback,
+    initial_state,
+    parameters,
+    select_params,
+    train_step,
+)
+from onnax.transforms import grad, jvp, stop_gradient, vjp, vmap
 
-__all__ = ["OnnaxError", "__version__", "grad", "jvp", "vjp", "vmap"]
+__all__ = [
+    "OnnaxError",
+    "__version__",
+    "add_loss",
+    "apply_params",
+    "constants_to_initializers",
+    "feedback",
+    "grad",
+    "initial_state",
+    "jvp",
+    "parameters",
+    "select_params",
+    "stop_gradient",
+    "train_step",
+    "vjp",
+    "vmap",
+]
 
 __version__: str = _core_version()

@@ -23,6 +23,7 @@ import numpy as np
 import onnx
 
 ModelT = TypeVar("ModelT")
+T = TypeVar("T")
 
 _FLOAT_TYPES = frozenset(
     {
@@ -47,6 +48,13 @@ def from_bytes(data: bytes, like: Any) -> Any:
     proto = onnx.ModelProto()
     proto.ParseFromString(data)
     return _like(proto, like)
+
+
+def inspect(model: Any, call: Callable[[bytes], T]) -> T:
+    """Runs the core's ``call`` on ``model`` serialized with its large float initializers held
+    back (for calls that read names, dtypes and shapes only, and return no model)."""
+    light, _ = _hold_back(model) if isinstance(model, onnx.ModelProto) else _hold_back_ir(_ir_model(model))
+    return call(to_bytes(model) if light is None else light.SerializeToString())
 
 
 def transform(model: ModelT, call: Callable[[bytes], bytes]) -> ModelT:

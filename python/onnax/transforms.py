@@ -125,3 +125,12 @@ def grad(model: ModelT, inputs: Names = None, output: str | None = None) -> Mode
         raise TypeError(f"output must be a graph name (str), got {output!r}")
     selected = _names(inputs, "inputs")
     return transform(model, lambda data: _core.grad(data, selected, output))
+
+
+def stop_gradient(model: ModelT, values: Sequence[str]) -> ModelT:
+    """``model`` with ``values`` (main-graph node outputs or inputs) marked so that ``jvp``,
+    ``vjp``, ``grad`` and ``train_step`` treat them as constants, as JAX's ``lax.stop_gradient``
+    does: their derivative is cut, their values are unchanged. The marks live in
+    ``metadata_props["onnax.stop_gradient"]`` and hold through later transforms."""
+    names = _names(values, "values") or []
+    return transform(model, lambda data: _core.stop_gradient(data, names))

@@ -1,5 +1,7 @@
 #include "cli/args.h"
 
+#include <cmath>
+#include <fstream>
 #include <sstream>
 
 namespace onnax::cli {
@@ -21,6 +23,38 @@ int64_t parse_int(const std::string& s, const std::string& option) {
   } catch (const std::exception&) {
   }
   throw UsageError{option + ": '" + s + "' is not an integer"};
+}
+
+double parse_double(const std::string& s, const std::string& option) {
+  try {
+    size_t used = 0;
+    double v = std::stod(s, &used);
+    if (used == s.size() && std::isfinite(v)) return v;
+  } catch (const std::exception&) {
+  }
+  throw UsageError{option + ": '" + s + "' is not a number"};
+}
+
+std::vector<std::string> parse_list(const std::string& s, const std::string& option) {
+  if (s.empty()) throw UsageError{option + " needs a value (comma-separated entries, or @FILE)"};
+  std::vector<std::string> out;
+  for (const auto& item : split(s, ',')) {
+    if (item.empty()) throw UsageError{option + ": '" + s + "' has an empty entry"};
+    if (item[0] != '@') {
+      out.push_back(item);
+      continue;
+    }
+    std::ifstream file(item.substr(1));
+    if (!file) throw UsageError{option + ": cannot read the file '" + item.substr(1) + "'"};
+    std::string line;
+    while (std::getline(file, line)) {
+      while (!line.empty() && (line.back() == '\r' || line.back() == ' ' || line.back() == '\t')) line.pop_back();
+      size_t start = line.find_first_not_of(" \t");
+      if (start == std::string::npos || line[start] == '#') continue;
+      out.push_back(line.substr(start));
+    }
+  }
+  return out;
 }
 
 }  // namespace onnax::cli

@@ -18,4 +18,11 @@ std::vector<std::string> split(const std::string& s, char sep);
 // The whole of `s` as an integer, else a UsageError naming `option`.
 int64_t parse_int(const std::string& s, const std::string& option);
 
+// The whole of `s` as a finite number, else a UsageError naming `option`.
+double parse_double(const std::string& s, const std::string& option);
+
+// A list option's entries: comma-separated, where an entry "@FILE" stands for the lines of FILE
+// (blank lines and lines starting with '#' skipped; entries there may hold commas).
+std::vector<std::string> parse_list(const std::string& s, const std::string& option);
+
 }  // namespace onnax::cli

@@ -10,6 +10,7 @@
 
 #include "cli/args.h"
 #include "cli/check_command.h"
+#include "cli/training_commands.h"
 #include "io/model_io.h"
 
 namespace onnax::cli {
@@ -28,13 +29,48 @@ commands:
                    or by name: 'x=0,w=none' (unnamed inputs are shared). Default: 0.
       --out-axes   an int for all outputs or one per output, comma-separated. Default: 0.
       --axis-name  dim_param of the new batch dimension. Default: 'batch' (made unique).
-  grad IN.onnx -o OUT.onnx [--inputs weight,bias] [--output loss]
+  grad IN.onnx -o OUT.onnx [--inputs weight,bias] [--params SPEC] [--output loss]
       Gradient of a rank-0 output (default: the only one) with respect to the named inputs
       or initializers (default: every float32/float64 runtime input). Appends <name>_grad.
-  jvp IN.onnx -o OUT.onnx [--inputs x] [--outputs y]
+  jvp IN.onnx -o OUT.onnx [--inputs x] [--params SPEC] [--outputs y]
       Forward mode: appends <input>_tangent inputs and <output>_tangent outputs.
-  vjp IN.onnx -o OUT.onnx [--inputs w] [--outputs loss]
+  vjp IN.onnx -o OUT.onnx [--inputs w] [--params SPEC] [--outputs loss]
       Reverse mode: appends <output>_cotangent inputs and <input>_cotangent outputs.
+      Parameters in bulk (grad, jvp, vjp, train-step), selected after --inputs:
+      --params SPEC          float initializers of rank >= 1: 'all', names, globs
+                             ('layers.*.weight'), 're:REGEX', '@FILE' (one entry per line)
+      --exclude SPEC         remove these from the selection (frozen parameters)
+      --min-size N           only initializers with at least N elements
+      --constants-as-params N  first turn float Constant nodes of >= N elements (weights
+                             some exporters, e.g. jax2onnx, write as Constants) into initializers
+      --stop-gradient NAMES  treat these values as constants: their derivative is cut
+  loss IN.onnx -o OUT.onnx --kind KIND [--output NAME] [--reduction mean|sum] ...
+      Appends a label input and a rank-0 loss as the first output. KIND: mse, l1, huber,
+      softmax_cross_entropy, binary_cross_entropy_with_logits, nll.
+      --output NAME          the model output the loss reads (default: the only float one)
+      --probabilities        softmax_cross_entropy: labels are probabilities, not int64 indices
+      --label-smoothing S    softmax_cross_entropy: target (1 - S) t + S / C
+      --class-axis A         classification losses: the class axis (default -1)
+      --ignore-index I       labels equal to I contribute nothing and are not counted
+      --delta D              huber's threshold (default 1)
+      --example-weights      adds an input of per-example weights (axis 0)
+      --label-name, --weight-name, --loss-name NAME   (defaults: label, example_weight, loss)
+  train-step LOSS.onnx -o STEP.onnx [--params SPEC] [--optimizer adamw] [--lr 1e-3] ...
+      One training step as a pure ONNX graph: runtime inputs, parameters, optimizer state,
+      step, learning_rate (default --lr) in; loss, <param>_new, new state, step_new out
+      (metadata_props['onnax.train_state'] pairs each fed-back input with its output).
+      --params SPEC          as above (default: all)
+      --loss NAME            the rank-0 loss output (default: the only one)
+      --optimizer sgd|adam|adamw  (default adamw); --lr, --momentum M, --nesterov, --beta1,
+                             --beta2, --eps, --weight-decay W, --no-decay SPEC (exempt params)
+      --clip-norm C          clip the gradient's global L2 norm to C; outputs grad_norm
+      --dp-clip C --noise-multiplier S  DP-SGD: clip each example's gradient to norm C, add
+                             N(0, (S C)^2) noise from <param>_noise inputs, average; outputs
+                             per_example_grad_norm
+      --accumulate           only add the gradient into <param>_grad_sum accumulators
+      --apply                only the update, from the accumulators' mean
+      --init INIT.onnx       also write a model without inputs whose outputs are the first
+                             step's fed-back inputs (stored parameters, zero state)
   check MODEL.onnx [--symbolic INPUT:AXIS[,AXIS]]... [--embedded WEIGHT[,WEIGHT]]
       The ONNX checker (onnx::checker::check_model, full_check) and strict shape inference,
       as a report; exit 1 if anything fails.
@@ -140,6 +176,7 @@ int cmd_derivative(const std::string& mode, const std::vector<std::string>& args
   std::string in, out;
   bool external = false;
   std::optional<std::vector<std::string>> inputs, outputs;
+  ParamArgs params;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
     auto value = [&]() -> std::string {
@@ -161,6 +198,8 @@ int cmd_derivative(const std::string& mode, const std::vector<std::string>& args
       outputs = std::vector<std::string>{value()};
     else if (a == "--external-data")
       external = true;
+    else if (take_param_option(args, i, params))
+      continue;
     else if (!a.empty() && a[0] == '-')
       throw UsageError{"unknown option '" + a + "' for " + mode};
     else if (in.empty())
@@ -169,6 +208,11 @@ int cmd_derivative(const std::string& mode, const std::vector<std::string>& args
       throw UsageError{"unexpected argument '" + a + "'"};
   }
   return transform_file(mode, in, out, external, [&](onnx::ModelProto& m) {
+    const std::vector<std::string> chosen = selected_params(m, params);
+    if (!chosen.empty()) {
+      if (!inputs) inputs.emplace();
+      inputs->insert(inputs->end(), chosen.begin(), chosen.end());
+    }
     if (mode == "jvp") return jvp_in_place(m, Selection{inputs, outputs});
     if (mode == "vjp") return vjp_in_place(m, Selection{inputs, outputs});
     grad_in_place(m, inputs, outputs ? std::optional<std::string>((*outputs)[0]) : std::nullopt);
@@ -193,6 +237,8 @@ int run(const std::vector<std::string>& args) {
     if (cmd == "vmap") return cmd_vmap(rest);
     if (cmd == "jvp" || cmd == "vjp" || cmd == "grad") return cmd_derivative(cmd, rest);
     if (cmd == "check") return cmd_check(rest);
+    if (cmd == "loss") return cmd_loss(rest);
+    if (cmd == "train-step") return cmd_train_step(rest);
     if (cmd == "validate" || cmd == "bench")
       throw UsageError{"'" + cmd +
                        "' runs models with ONNX Runtime and NumPy, so it lives in the Python command. Fix: run "

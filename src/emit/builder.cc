@@ -11,6 +11,7 @@
 #include <stdexcept>
 
 #include "diagnostics/error.h"
+#include "emit/graph_writer.h"
 #include "emit/int64_fold.h"
 #include "facts/fast_shapes.h"
 #include "facts/schemas.h"
@@ -18,18 +19,10 @@
 namespace onnax {
 
 Attr Attr::i(std::string_view name, int64_t v) {
-  Attr a;
-  a.proto.set_name(std::string(name));
-  a.proto.set_type(onnx::AttributeProto::INT);
-  a.proto.set_i(v);
-  return a;
+  return Attr{attr_i(name, v)};
 }
 Attr Attr::f(std::string_view name, float v) {
-  Attr a;
-  a.proto.set_name(std::string(name));
-  a.proto.set_type(onnx::AttributeProto::FLOAT);
-  a.proto.set_f(v);
-  return a;
+  return Attr{attr_f(name, v)};
 }
 Attr Attr::s(std::string_view name, std::string_view v) {
   Attr a;
@@ -39,11 +32,7 @@ Attr Attr::s(std::string_view name, std::string_view v) {
   return a;
 }
 Attr Attr::ints(std::string_view name, const std::vector<int64_t>& v) {
-  Attr a;
-  a.proto.set_name(std::string(name));
-  a.proto.set_type(onnx::AttributeProto::INTS);
-  for (int64_t x : v) a.proto.add_ints(x);
-  return a;
+  return Attr{attr_ints(name, v)};
 }
 
 Attr Attr::graph(std::string_view name, onnx::GraphProto g) {

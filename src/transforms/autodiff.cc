@@ -256,6 +256,23 @@ void differentiate_graph(Prepared& p, Mode mode, const Selection& sel) {
   for (const auto& vi : src->input())
     if (!at(primal, id_of(vi.name())).valid()) at(primal, id_of(vi.name())) = b.existing(vi.name(), &facts(vi.name()));
 
+  // Values marked by stop_gradient get no tangent: the nodes reading them see constants.
+  std::vector<char> stopped(source_values, 0);
+  for (const auto& name : provenance::names_at(*p.model, provenance::kStopGradientKey)) {
+    const int id = id_of(name);
+    if (id < 0)
+      diag::fail(Error::Kind::kInvalidModel, m + ": metadata_props['" + provenance::kStopGradientKey + "'] marks '" +
+                                                 name +
+                                                 "', which is not a value of the model. Fix: mark values of "
+                                                 "the model with onnax.stop_gradient");
+    if (std::find(r.inputs.begin(), r.inputs.end(), name) != r.inputs.end())
+      diag::fail(Error::Kind::kSelection, m + ": input '" + name +
+                                              "' is selected for differentiation but marked "
+                                              "by stop_gradient, so its derivative would be cut. Fix: select "
+                                              "other inputs, or differentiate the model before marking it");
+    stopped[static_cast<size_t>(id)] = 1;
+  }
+
   // Seeds: one tangent per selected input.
   std::vector<onnx::ValueInfoProto> new_inputs;
   Vs seeds;
@@ -350,6 +367,10 @@ void differentiate_graph(Prepared& p, Mode mode, const Selection& sel) {
       b.adopt_node(std::move(adopted));
     if (!active || !useful) continue;
     if (!float_out) continue;  // integer/bool results carry no derivative
+    bool all_stopped = true;
+    for (int k = 0; k < node.output_size(); ++k)
+      all_stopped = all_stopped && (output_ids[k] < 0 || stopped[static_cast<size_t>(output_ids[k])]);
+    if (all_stopped) continue;
     const bool default_domain = node.domain().empty() || node.domain() == "ai.onnx";
     if (rules.is_zero(node)) continue;
     const JvpRule* rule = rules.find_jvp(node);
@@ -365,7 +386,7 @@ void differentiate_graph(Prepared& p, Mode mode, const Selection& sel) {
       std::string why = node.op_type().rfind("Random", 0) == 0 || node.op_type() == "Bernoulli"
                             ? "random operators have no derivative"
                         : subgraphs ? "no derivative rule for this operator (with subgraphs) yet"
-                                              : "no derivative rule for this operator yet";
+                                    : "no derivative rule for this operator yet";
       diag::fail(Error::Kind::kUnsupported,
                  m + ": cannot differentiate " + label() + ": " + why + "; it lies on the path from input '" +
                      std::string(p.value_names.name(from)) + "' to the selected outputs " + quoted_names(r.outputs) +
@@ -403,6 +424,7 @@ void differentiate_graph(Prepared& p, Mode mode, const Selection& sel) {
       const Facts& of = p.facts.at(output_ids[k]);  // (an empty name has id -1: unknown facts)
       const int32_t dt = o.empty() ? -1 : of.dtype;
       if (o.empty() || !touts[k].valid() || !(dt == 0 || differentiable_dtype(dt))) continue;
+      if (stopped[static_cast<size_t>(output_ids[k])]) continue;
       at(tangent, output_ids[k]) = touts[k];
       origin[static_cast<size_t>(output_ids[k])] = from;
       bind_tangent(b, touts[k], ys[k]);

@@ -63,21 +63,29 @@ void record_step(onnx::ModelProto& model, const std::string& step_json) {
   e->set_value(v);
 }
 
-std::vector<std::string> derivative_outputs(const onnx::ModelProto& model) {
+std::vector<std::string> names_at(const onnx::ModelProto& model, const char* key) {
   for (const auto& e : model.metadata_props())
-    if (e.key() == kDerivativeOutputsKey) return parse_string_list(e.value());
+    if (e.key() == key) return parse_string_list(e.value());
   return {};
 }
 
-void set_derivative_outputs(onnx::ModelProto& model, const std::vector<std::string>& names) {
+void set_names_at(onnx::ModelProto& model, const char* key, const std::vector<std::string>& names) {
   std::vector<std::string> quoted;
   for (const auto& n : names) quoted.push_back(quote(n));
-  auto* e = find(model, kDerivativeOutputsKey);
+  auto* e = find(model, key);
   if (!e) {
     e = model.add_metadata_props();
-    e->set_key(kDerivativeOutputsKey);
+    e->set_key(key);
   }
   e->set_value(list(quoted));
+}
+
+std::vector<std::string> derivative_outputs(const onnx::ModelProto& model) {
+  return names_at(model, kDerivativeOutputsKey);
+}
+
+void set_derivative_outputs(onnx::ModelProto& model, const std::vector<std::string>& names) {
+  set_names_at(model, kDerivativeOutputsKey, names);
 }
 
 }  // namespace onnax::provenance

@@ -12,9 +12,14 @@ namespace onnax::provenance {
 
 inline constexpr const char* kTransformsKey = "onnax.transforms";
 inline constexpr const char* kDerivativeOutputsKey = "onnax.derivative_outputs";
+// Values whose derivative every transform cuts (onnax::stop_gradient).
+inline constexpr const char* kStopGradientKey = "onnax.stop_gradient";
 
 // Appends one step (a JSON object) to the recorded chain, with the onnax version.
 void record_step(onnx::ModelProto& model, const std::string& step_json);
+// A list of names recorded under `key` ({} when absent), and its replacement.
+std::vector<std::string> names_at(const onnx::ModelProto& model, const char* key);
+void set_names_at(onnx::ModelProto& model, const char* key, const std::vector<std::string>& names);
 std::vector<std::string> derivative_outputs(const onnx::ModelProto& model);
 void set_derivative_outputs(onnx::ModelProto& model, const std::vector<std::string>& names);
 

@@ -1,0 +1,449 @@
+// train_step: a loss model's gradient (grad, or vmap of grad for DP-SGD) and the optimizer
+// update in one pure-functional ONNX graph; initial_state: the first values of what it carries.
+#include <onnax/training.h>
+
+#include <set>
+
+#include "diagnostics/error.h"
+#include "rules/derivative.h"
+#include "training/step_writer.h"
+#include "training/training_parts.h"
+#include "transforms/prepare.h"
+#include "transforms/provenance.h"
+
+namespace onnax {
+namespace {
+
+using training::Carried;
+using training::Param;
+using training::StepWriter;
+
+const std::string kMode = "train-step";
+constexpr const char* kStateKey = "onnax.train_state";
+
+void check_options(const TrainStepOptions& o) {
+  const OptimizerOptions& opt = o.optimizer;
+  auto bad = [](const std::string& what, double v, const std::string& expected) {
+    diag::fail(Error::Kind::kSelection,
+               kMode + ": " + what + " is " + std::to_string(v) + "; expected " + expected + ". Fix: pass " + expected);
+  };
+  if (!(opt.learning_rate >= 0.0)) bad("the learning rate", opt.learning_rate, "a value >= 0");
+  if (!(opt.momentum >= 0.0)) bad("momentum", opt.momentum, "a value >= 0");
+  if (opt.nesterov && opt.momentum == 0.0)
+    diag::fail(Error::Kind::kSelection, kMode +
+                                            ": Nesterov's variant needs momentum > 0. Fix: pass a momentum "
+                                            "(e.g. 0.9), or drop nesterov");
+  if (!(opt.beta1 >= 0.0 && opt.beta1 < 1.0)) bad("beta1", opt.beta1, "a value in [0, 1)");
+  if (!(opt.beta2 >= 0.0 && opt.beta2 < 1.0)) bad("beta2", opt.beta2, "a value in [0, 1)");
+  if (!(opt.epsilon > 0.0)) bad("epsilon", opt.epsilon, "a value > 0");
+  if (!(opt.weight_decay >= 0.0)) bad("weight decay", opt.weight_decay, "a value >= 0");
+  if (!(opt.clip_norm >= 0.0)) bad("the clipping norm", opt.clip_norm, "a value >= 0 (0: no clipping)");
+  if (o.dp_sgd) {
+    if (!(o.dp_sgd->clip_norm > 0.0)) bad("the DP-SGD clipping norm", o.dp_sgd->clip_norm, "a value > 0");
+    if (!(o.dp_sgd->noise_multiplier >= 0.0))
+      bad("the DP-SGD noise multiplier", o.dp_sgd->noise_multiplier, "a value >= 0");
+    if (o.form != TrainStepOptions::Form::kStep)
+      diag::fail(Error::Kind::kUnsupported, kMode +
+                                                ": DP-SGD with gradient accumulation is not supported (the "
+                                                "noise must be added once per logical batch). Fix: use the "
+                                                "single-step form with DP-SGD");
+    if (opt.clip_norm != 0.0)
+      diag::fail(Error::Kind::kSelection, kMode +
+                                              ": DP-SGD clips every example's gradient; a global clipping "
+                                              "norm on top of it is not supported. Fix: drop the global "
+                                              "clip norm");
+  }
+}
+
+Facts tensor_facts(const onnx::TensorProto& t) {
+  Facts f = Facts::of(t.data_type(), {});
+  for (int64_t d : t.dims()) f.dims.push_back(Dim::of(d));
+  return f;
+}
+
+std::vector<Param> chosen_params(const onnx::ModelProto& model, const TrainStepOptions& o) {
+  const std::vector<std::string> names = select_params(model, o.params);
+  std::vector<training::Matcher> no_decay;
+  for (const auto& e : o.optimizer.no_decay) no_decay.emplace_back(e, kMode, "no-decay");
+  std::vector<Param> params;
+  for (const auto& t : model.graph().initializer()) {
+    if (std::find(names.begin(), names.end(), t.name()) == names.end()) continue;
+    Param p;
+    p.name = t.name();
+    p.facts = tensor_facts(t);
+    for (const auto& m : no_decay) p.decay = p.decay && !m.matches(p.name);
+    params.push_back(std::move(p));
+  }
+  return params;
+}
+
+// The loss: the named output, or the only rank-0 float output grad picked (declared in its
+// result's outputs, which list the loss model's outputs first).
+std::string loss_output(const onnx::GraphProto& g, size_t model_outputs, const std::optional<std::string>& loss) {
+  if (loss) return *loss;
+  for (size_t i = 0; i < model_outputs; ++i) {
+    const auto& t = g.output(static_cast<int>(i)).type().tensor_type();
+    if (t.has_shape() && t.shape().dim_size() == 0 && differentiable_dtype(t.elem_type()))
+      return g.output(static_cast<int>(i)).name();
+  }
+  return g.output(0).name();
+}
+
+// vmap(grad) of the loss model, each example evaluated as a batch of one: every runtime input
+// x [N, ...] of the step is unsqueezed to [N, 1, ...] for the vmapped graph, which maps over
+// axis 0. Returns the vmapped model; its runtime inputs are the loss model's.
+onnx::ModelProto per_example_gradients(const onnx::ModelProto& loss_model, const std::vector<std::string>& params,
+                                       const std::optional<std::string>& loss, NameScope& scope,
+                                       std::string& loss_name) {
+  std::vector<std::string> declared;  // the runtime inputs
+  std::set<std::string> inits;
+  for (const auto& t : loss_model.graph().initializer()) inits.insert(t.name());
+  for (const auto& vi : loss_model.graph().input()) {
+    if (inits.count(vi.name())) continue;
+    const auto& shape = vi.type().tensor_type().shape();
+    if (!vi.type().tensor_type().has_shape() || shape.dim_size() == 0)
+      diag::fail(Error::Kind::kUnsupported,
+                 kMode + ": DP-SGD splits every runtime input into examples along axis 0, but input '" + vi.name() +
+                     "' declares no axis 0. Fix: declare the inputs' shapes with a leading batch dimension");
+    if (shape.dim(0).has_dim_value() && shape.dim(0).dim_value() != 1)
+      diag::fail(Error::Kind::kUnsupported,
+                 kMode + ": DP-SGD evaluates the loss model on one example at a time, but input '" + vi.name() +
+                     "' has a fixed batch size of " + std::to_string(shape.dim(0).dim_value()) +
+                     " on axis 0. Fix: export the model with a symbolic (dynamic) batch dimension");
+    declared.push_back(vi.name());
+  }
+  onnx::ModelProto gradient = grad(loss_model, params, loss);
+  loss_name = loss_output(gradient.graph(), static_cast<size_t>(loss_model.graph().output_size()), loss);
+  onnx::ModelProto v = vmap(gradient, VmapOptions{});
+  onnx::GraphProto& g = *v.mutable_graph();
+  training::collect_names(g, scope);
+  // The vmapped graph reads x_example [B, 1, ...] (an example as a batch of one); the step's
+  // input x [B, ...] feeds it, declared with vmap's batch dim in place of the model's.
+  std::vector<onnx::NodeProto> feeds;
+  for (const auto& name : declared) {
+    const std::string example = scope.fresh(name + "_example");
+    training::rename_everywhere(g, name, example);
+    for (auto& in : *g.mutable_input())
+      if (in.name() == example) {
+        in.set_name(name);
+        auto* dims = in.mutable_type()->mutable_tensor_type()->mutable_shape()->mutable_dim();
+        if (dims->size() >= 2) dims->DeleteSubrange(1, 1);
+      }
+    const std::string axis_name = scope.fresh(example + "_axis");
+    onnx::NodeProto n;
+    n.set_op_type("Unsqueeze");
+    n.add_input(name);
+    n.add_input(axis_name);
+    n.add_output(example);
+    onnx::NodeProto axis;
+    axis.set_op_type("Constant");
+    axis.add_output(axis_name);
+    auto* a = axis.add_attribute();
+    a->set_name("value");
+    a->set_type(onnx::AttributeProto::TENSOR);
+    a->mutable_t()->set_data_type(onnx::TensorProto::INT64);
+    a->mutable_t()->add_dims(1);
+    a->mutable_t()->add_int64_data(1);
+    feeds.push_back(std::move(axis));
+    feeds.push_back(std::move(n));
+  }
+  // (First: the vmapped nodes read them.)
+  google::protobuf::RepeatedPtrField<onnx::NodeProto> ordered;
+  for (auto& n : feeds) *ordered.Add() = std::move(n);
+  for (auto& n : *g.mutable_node()) *ordered.Add() = std::move(n);
+  g.mutable_node()->Swap(&ordered);
+  return v;
+}
+
+// Gives every value of `g` whose name the step claimed (reserved in `claimed` before `g`'s own
+// names were added to `scope`) a fresh name, so the claimed names are the step's alone.
+void free_claimed_names(onnx::GraphProto& g, const std::vector<std::string>& claimed, NameScope& scope) {
+  NameScope used;
+  training::collect_names(g, used);
+  for (const auto& name : claimed)
+    if (used.contains(name)) training::rename_everywhere(g, name, scope.fresh(name + "_internal"));
+}
+
+std::string state_json(const std::vector<Carried>& carried) {
+  std::vector<std::string> items;
+  for (const auto& c : carried)
+    items.push_back("{\"input\": " + provenance::quote(c.input) +
+                    ", \"output\": " + (c.output.empty() ? std::string("null") : provenance::quote(c.output)) +
+                    ", \"init\": " + provenance::quote(c.from_param ? "param" : "zeros") + "}");
+  return provenance::list(items);
+}
+
+std::string optimizer_json(const TrainStepOptions& o) {
+  const OptimizerOptions& opt = o.optimizer;
+  const char* kind = opt.kind == OptimizerOptions::Kind::kSgd    ? "sgd"
+                     : opt.kind == OptimizerOptions::Kind::kAdam ? "adam"
+                                                                 : "adamw";
+  auto num = [](double v) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.17g", v);
+    return std::string(buf);
+  };
+  std::string s = "{\"optimizer\": " + provenance::quote(kind) + ", \"learning_rate\": " + num(opt.learning_rate);
+  if (opt.kind == OptimizerOptions::Kind::kSgd)
+    s += ", \"momentum\": " + num(opt.momentum) + ", \"nesterov\": " + (opt.nesterov ? "true" : "false");
+  else
+    s += ", \"beta1\": " + num(opt.beta1) + ", \"beta2\": " + num(opt.beta2) + ", \"epsilon\": " + num(opt.epsilon);
+  s += ", \"weight_decay\": " + num(opt.weight_decay) + ", \"clip_norm\": " + num(opt.clip_norm);
+  if (o.dp_sgd)
+    s += ", \"dp_sgd\": {\"clip_norm\": " + num(o.dp_sgd->clip_norm) +
+         ", \"noise_multiplier\": " + num(o.dp_sgd->noise_multiplier) + "}";
+  const char* form = o.form == TrainStepOptions::Form::kStep         ? "step"
+                     : o.form == TrainStepOptions::Form::kAccumulate ? "accumulate"
+                                                                     : "apply";
+  return s + ", \"form\": " + provenance::quote(form) + "}";
+}
+
+int64_t default_opset(const onnx::ModelProto& m) {
+  for (const auto& o : m.opset_import())
+    if (o.domain().empty() || o.domain() == "ai.onnx") return o.version();
+  return kMinOpset;
+}
+
+}  // namespace
+
+onnx::ModelProto train_step(const onnx::ModelProto& loss_model, const TrainStepOptions& o) {
+  using Form = TrainStepOptions::Form;
+  check_options(o);
+  std::vector<Param> params = chosen_params(loss_model, o);
+  std::vector<std::string> names;
+  for (const auto& p : params) names.push_back(p.name);
+
+  // Every name the step adds is chosen fresh against the loss model's names, in one order for
+  // every form, so the accumulate and apply steps agree on their accumulators' names.
+  NameScope scope;
+  training::collect_names(loss_model.graph(), scope);
+  onnx::ModelProto result;
+  onnx::GraphProto scratch;
+  StepWriter w(scratch, scope);
+  std::vector<Carried> accumulators;
+  std::string accumulated;
+  const bool accumulating = o.form != Form::kStep;
+  const bool updating = o.form != Form::kAccumulate;
+  if (accumulating) {
+    for (const auto& p : params) accumulators.push_back(w.carry(p.name + "_grad_sum", p.facts, false));
+    accumulated = w.carry("accumulated", Facts::of(onnx::TensorProto::INT64, {}), false).input;
+  }
+  std::vector<training::ParamState> state;
+  std::string step, step_new, lr;
+  std::vector<std::string> claimed;
+  if (updating) {
+    state = training::declare_optimizer_state(w, o.optimizer, params);
+    const Carried& s = w.carry("step", Facts::of(onnx::TensorProto::INT64, {}), false);
+    step = s.input;
+    step_new = s.output;
+    lr = w.fresh("learning_rate");
+  }
+  std::vector<std::string> noise;
+  if (o.dp_sgd)
+    for (const auto& p : params) noise.push_back(w.fresh(p.name + "_noise"));
+  std::vector<std::string> p_new;
+  for (const auto& p : params) p_new.push_back(updating ? w.fresh(p.name + "_new") : std::string());
+  std::string grad_norm, example_norms;
+  if (o.optimizer.clip_norm > 0.0) grad_norm = w.fresh("grad_norm");
+  if (o.dp_sgd) example_norms = w.fresh("per_example_grad_norm");
+  for (const auto& c : w.carried()) {
+    claimed.push_back(c.input);
+    if (!c.output.empty()) claimed.push_back(c.output);
+  }
+  for (const auto* list : {&noise, &p_new})
+    for (const auto& n : *list)
+      if (!n.empty()) claimed.push_back(n);
+  for (const auto& n : {lr, grad_norm, example_norms})
+    if (!n.empty()) claimed.push_back(n);
+
+  // The gradient graph, with the loss model's outputs first, then one gradient per parameter.
+  const size_t model_outputs = static_cast<size_t>(loss_model.graph().output_size());
+  std::string loss;
+  if (o.form == Form::kApply) {
+    result.set_ir_version(std::max<int64_t>(loss_model.ir_version(), 8));
+    auto* opset = result.add_opset_import();
+    opset->set_version(std::max<int64_t>(default_opset(loss_model), kMinOpset));
+    result.mutable_graph()->set_name(loss_model.graph().name() + "_apply");
+  } else if (o.dp_sgd) {
+    result = per_example_gradients(loss_model, names, o.loss, scope, loss);
+  } else {
+    result = grad(loss_model, names, o.loss);
+  }
+  onnx::GraphProto& g = *result.mutable_graph();
+  free_claimed_names(g, claimed, scope);
+  training::collect_names(g, scope);
+  if (o.form != Form::kApply) {
+    if (loss.empty()) loss = loss_output(g, model_outputs, o.loss);
+    for (size_t i = 0; i < params.size(); ++i) params[i].grad = g.output(static_cast<int>(model_outputs + i)).name();
+  }
+  std::vector<onnx::ValueInfoProto> primal_outputs(
+      g.output().begin(), g.output().begin() + static_cast<int>(o.form == Form::kApply ? 0 : model_outputs));
+  g.clear_output();
+  // Parameters leave the initializers: the step reads them as inputs.
+  {
+    std::set<std::string> lifted(names.begin(), names.end());
+    auto* inits = g.mutable_initializer();
+    int kept = 0;
+    for (int i = 0; i < inits->size(); ++i) {
+      if (lifted.count(inits->Get(i).name())) continue;
+      if (kept != i) inits->SwapElements(kept, i);
+      ++kept;
+    }
+    inits->DeleteSubrange(kept, inits->size() - kept);
+  }
+
+  // The step's nodes go to the graph itself from here on.
+  StepWriter sw(g, scope);
+  const int32_t loss_dtype = params.front().facts.dtype;
+  if (o.dp_sgd) {
+    // Per-example gradients [N, *p]: each example's norm, clipped to C, summed, noised, averaged.
+    const std::string per_example_loss = scope.fresh(loss + "_per_example");
+    training::rename_everywhere(g, loss, per_example_loss);
+    std::vector<std::string> squares;
+    for (const auto& p : params) {
+      const std::string sq = sw.op("Mul", {p.grad, p.grad}, {}, {}, p.name + "_grad_squared");
+      std::vector<int64_t> axes;
+      for (int64_t a = 1; a <= static_cast<int64_t>(p.facts.dims.size()); ++a) axes.push_back(a);
+      std::string per_example =
+          axes.empty() ? sq
+                       : sw.op("ReduceSum", {sq, sw.i64s(axes)}, {attr_i("keepdims", 0)}, {}, p.name + "_grad_sq_norm");
+      if (p.facts.dtype != loss_dtype) per_example = sw.op("Cast", {per_example}, {attr_i("to", loss_dtype)});
+      squares.push_back(per_example);
+    }
+    const std::string total = squares.size() == 1 ? squares[0] : sw.op("Sum", squares, {}, {}, "grad_sq_norm");
+    sw.op("Sqrt", {total}, {}, example_norms);
+    const double c = o.dp_sgd->clip_norm;
+    // C / max(norm, C): 1 for examples within the bound, C / norm beyond it.
+    const std::string factor =
+        sw.op("Div", {sw.constant(loss_dtype, c), sw.op("Max", {example_norms, sw.constant(loss_dtype, c)})}, {}, {},
+              "clip_factor");
+    const std::string batch =
+        sw.op("Cast", {sw.op("Shape", {per_example_loss}, {attr_i("start", 0), attr_i("end", 1)}, {}, "batch_size")},
+              {attr_i("to", loss_dtype)}, {}, "batch_size");
+    const std::string batch_scalar = sw.op("Squeeze", {batch, sw.i64s({0})}, {}, {}, "batch_size");
+    for (size_t i = 0; i < params.size(); ++i) {
+      Param& p = params[i];
+      const int64_t r = static_cast<int64_t>(p.facts.dims.size());
+      std::string f = p.facts.dtype == loss_dtype ? factor : sw.op("Cast", {factor}, {attr_i("to", p.facts.dtype)});
+      if (r > 0) {
+        std::vector<int64_t> axes;
+        for (int64_t a = 1; a <= r; ++a) axes.push_back(a);
+        f = sw.op("Unsqueeze", {f, sw.i64s(axes)}, {}, {}, p.name + "_clip_factor");
+      }
+      const std::string clipped = sw.op("Mul", {p.grad, f}, {}, {}, p.name + "_clipped");
+      const std::string summed =
+          sw.op("ReduceSum", {clipped, sw.i64s({0})}, {attr_i("keepdims", 0)}, {}, p.name + "_clipped_sum");
+      const std::string scaled_noise = sw.op(
+          "Mul", {noise[i], sw.constant(p.facts.dtype, o.dp_sgd->noise_multiplier * c)}, {}, {}, p.name + "_noise");
+      const std::string noised = sw.op("Add", {summed, scaled_noise}, {}, {}, p.name + "_noised");
+      const std::string n =
+          p.facts.dtype == loss_dtype ? batch_scalar : sw.op("Cast", {batch_scalar}, {attr_i("to", p.facts.dtype)});
+      p.grad = sw.op("Div", {noised, n}, {}, {}, p.name + "_private_grad");
+    }
+    sw.op("ReduceMean", {per_example_loss}, {attr_i("keepdims", 0)}, loss);
+    primal_outputs.clear();
+    onnx::ValueInfoProto lv;
+    lv.set_name(loss);
+    write_type(Facts::of(loss_dtype, {}), lv.mutable_type());
+    primal_outputs.push_back(lv);
+  } else if (o.optimizer.clip_norm > 0.0 && o.form == Form::kStep) {
+    // Global-norm clipping: every gradient scaled by C / max(norm, C).
+    std::vector<std::string> squares;
+    for (const auto& p : params) {
+      std::string sq =
+          sw.op("ReduceSum", {sw.op("Mul", {p.grad, p.grad})}, {attr_i("keepdims", 0)}, {}, p.name + "_grad_sq_norm");
+      if (p.facts.dtype != loss_dtype) sq = sw.op("Cast", {sq}, {attr_i("to", loss_dtype)});
+      squares.push_back(sq);
+    }
+    const std::string total = squares.size() == 1 ? squares[0] : sw.op("Sum", squares, {}, {}, "grad_sq_norm");
+    sw.op("Sqrt", {total}, {}, grad_norm);
+    const double c = o.optimizer.clip_norm;
+    const std::string factor =
+        sw.op("Div", {sw.constant(loss_dtype, c), sw.op("Max", {grad_norm, sw.constant(loss_dtype, c)})}, {}, {},
+              "clip_factor");
+    for (auto& p : params) {
+      const std::string f =
+          p.facts.dtype == loss_dtype ? factor : sw.op("Cast", {factor}, {attr_i("to", p.facts.dtype)});
+      p.grad = sw.op("Mul", {p.grad, f}, {}, {}, p.name + "_clipped");
+    }
+  }
+  if (o.form == Form::kAccumulate) {
+    for (size_t i = 0; i < params.size(); ++i)
+      sw.op("Add", {accumulators[i].input, params[i].grad}, {}, accumulators[i].output);
+    sw.op("Add", {accumulated, sw.constant(onnx::TensorProto::INT64, 1)}, {}, w.carried()[params.size()].output);
+  }
+  if (o.form == Form::kApply) {
+    // The mean of the accumulated gradients; the accumulators and their count restart at zero.
+    for (size_t i = 0; i < params.size(); ++i) {
+      Param& p = params[i];
+      const std::string count = sw.op("Cast", {accumulated}, {attr_i("to", p.facts.dtype)}, {}, "accumulated_count");
+      p.grad = sw.op("Div", {accumulators[i].input, count}, {}, {}, p.name + "_mean_grad");
+      onnx::AttributeProto zero;
+      zero.set_name("value");
+      zero.set_type(onnx::AttributeProto::TENSOR);
+      zero.mutable_t()->set_data_type(p.facts.dtype);
+      zero.mutable_t()->add_dims(1);
+      if (p.facts.dtype == onnx::TensorProto::DOUBLE)
+        zero.mutable_t()->add_double_data(0.0);
+      else
+        zero.mutable_t()->add_float_data(0.0f);
+      std::vector<int64_t> dims;
+      for (const Dim& d : p.facts.dims) dims.push_back(d.value());
+      sw.op("ConstantOfShape", {sw.i64s(dims)}, {zero}, accumulators[i].output);
+    }
+    sw.op("Identity", {sw.constant(onnx::TensorProto::INT64, 0)}, {}, w.carried()[params.size()].output);
+  }
+  if (updating) {
+    const std::string t = sw.op("Add", {step, sw.constant(onnx::TensorProto::INT64, 1)}, {}, step_new);
+    training::write_updates(sw, o.optimizer, params, state, p_new, t, lr);
+  }
+
+  // Inputs: the model's runtime inputs, the parameters, what is carried, the noise, the rate.
+  for (const auto& p : params) training::add_input(g, p.name, p.facts);
+  std::set<std::string> param_names(names.begin(), names.end());
+  std::vector<Carried> carried;
+  for (const auto& p : params) {
+    Carried c;
+    c.input = p.name;
+    c.output = updating ? p_new[&p - params.data()] : std::string();
+    c.facts = p.facts;
+    c.from_param = true;
+    carried.push_back(std::move(c));
+  }
+  for (const auto& c : w.carried()) {
+    training::add_input(g, c.input, c.facts);
+    carried.push_back(c);
+  }
+  for (size_t i = 0; i < noise.size(); ++i) training::add_input(g, noise[i], params[i].facts);
+  if (updating) {
+    // The learning rate is an input with a default: feed it only to change it.
+    training::add_input(g, lr, Facts::of(onnx::TensorProto::FLOAT, {}));
+    onnx::TensorProto* rate = g.add_initializer();
+    rate->set_name(lr);
+    rate->set_data_type(onnx::TensorProto::FLOAT);
+    rate->add_float_data(static_cast<float>(o.optimizer.learning_rate));
+  }
+  // Outputs: the loss model's (DP-SGD: the mean loss), the norms, then what is carried.
+  for (auto& vi : primal_outputs) *g.add_output() = std::move(vi);
+  if (!grad_norm.empty()) training::add_output(g, grad_norm, Facts::of(loss_dtype, {}));
+  if (!example_norms.empty()) {
+    Facts f = Facts::of(loss_dtype, {});
+    f.dims.push_back(Dim{});
+    training::add_output(g, example_norms, f);
+  }
+  for (const auto& c : carried)
+    if (!c.output.empty()) training::add_output(g, c.output, c.facts);
+
+  training::erase_metadata(result, provenance::kDerivativeOutputsKey);
+  training::erase_metadata(result, provenance::kTransformsKey);
+  std::vector<std::string> quoted;
+  for (const auto& n : names) quoted.push_back(provenance::quote(n));
+  std::string record = optimizer_json(o);
+  record.insert(record.size() - 1, ", \"params\": " + provenance::list(quoted) +
+                                       (loss.empty() ? std::string() : ", \"loss\": " + provenance::quote(loss)));
+  training::set_metadata(result, "onnax.train_step", record);
+  training::set_metadata(result, kStateKey, state_json(carried));
+  return result;
+}
+
+}  // namespace onnax
