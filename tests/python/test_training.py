@@ -88,7 +88,7 @@ def test_loss_value_and_parameter_gradients_match_jax(kind: str, o: dict[str, An
 
     y = mlp_jax(as64(values), x.astype(np.float64))
     t = _labels(kind, o, np.asarray(y), rng)
-    w = rng.uniform(0.5, 2.0, size=x.shape[0]).astype(np.float32)
+    w = np.asarray(rng.uniform(0.5, 2.0, size=x.shape[0]), np.float32)
     feeds = {"x": x, "label": t, "example_weight": w}
     element = jax_loss(kind, **o)
 
@@ -453,3 +453,81 @@ def test_trained_values_written_back_reproduce_the_step_forward() -> None:
         onnx.numpy_helper.to_array(model.graph.initializer[0]),
         onnx.numpy_helper.to_array(mlp_model(mlp_values(np.random.default_rng(9))).graph.initializer[0]),
     )
+
+
+# ---------------------------------------------------------------------------------------------
+# Real exports (the corpus's jax2onnx and torch.onnx models, each with its own loss output)
+
+
+@pytest.mark.parametrize("name", ["jax_mlp", "torch_mlp", "jax_transformer", "torch_transformer"])
+def test_adamw_curve_on_exported_models_matches_optax_on_the_interpreted_graph(name: str) -> None:
+    """50 AdamW steps of the step onnax writes for an exported model, against optax driving
+    jax.grad of the same ONNX graph interpreted op by op in JAX float64."""
+    import json
+    from pathlib import Path
+
+    from onnax.testing._jax_reference import interpret
+
+    corpus = Path(__file__).resolve().parents[2] / "conformance" / "corpus" / "models"
+    model = onnx.load(corpus / f"{name}.onnx")
+    params = json.loads((corpus / f"{name}.json").read_text())["params"]
+    step = onnax.train_step(model, params, optimizer="adamw", learning_rate=0.01, weight_decay=0.01)
+    runner = StepRunner(step, onnax.initial_state(model, step))
+    rng = np.random.default_rng(12)
+    feeds = {}
+    for vi in model.graph.input:
+        if vi.name in {t.name for t in model.graph.initializer}:
+            continue
+        dims = [d.dim_value or 4 for d in vi.type.tensor_type.shape.dim]
+        feeds[vi.name] = rng.standard_normal(dims).astype(np.float32)
+
+    f = interpret(model)
+    loss_of = jax.jit(jax.value_and_grad(lambda p: f({**p, **feeds})[0]))
+    stored = onnax.initial_state(model, step)
+    ps = {p: np.asarray(stored[p], np.float64) for p in params}
+    tx = optax.adamw(0.01, weight_decay=0.01)
+    opt_state = tx.init(ps)
+    ours, theirs = [], []
+    for _ in range(50):
+        ours.append(float(runner(feeds)["loss"]))
+        value, grads = loss_of(ps)
+        theirs.append(float(value))
+        updates, opt_state = tx.update(grads, opt_state, ps)
+        ps = optax.apply_updates(ps, updates)
+    np.testing.assert_allclose(ours, theirs, rtol=2e-3, atol=1e-5)
+    assert theirs[-1] < theirs[0]
+
+
+def test_stop_gradient_cuts_the_derivative_through_a_marked_value() -> None:
+    """The residual block y = h W2 + b2 with h = tanh(x W1 + b1) marked: gradients against
+    jax.lax.stop_gradient in the same place; the mark holds through jvp(grad(f))."""
+    rng = np.random.default_rng(13)
+    model, values, x = classifier(rng)
+    loss_model = onnax.add_loss(model, "mse")
+    marked = onnax.stop_gradient(loss_model, ["h"])
+    t = rng.standard_normal((x.shape[0], 3)).astype(np.float32)
+
+    def loss(params: dict[str, Any]) -> Any:
+        h = jax.lax.stop_gradient(jnp.tanh(x.astype(np.float64) @ params["W1"] + params["b1"]))
+        return jnp.mean((h @ params["W2"] + params["b2"] - t) ** 2)
+
+    g = onnax.grad(marked, inputs=list(PARAMS))
+    got = run(g, {"x": x, "label": t})
+    want = jax.grad(loss)(as64(values))
+    for p in PARAMS:
+        np.testing.assert_allclose(got[f"{p}_grad"], want[p], rtol=1e-5, atol=1e-7, err_msg=p)
+    assert not np.any(got["W1_grad"])
+    # Hessian-vector product of the marked loss: forward over reverse keeps the mark.
+    v = {p: rng.standard_normal(values[p].shape).astype(np.float32) for p in PARAMS}
+    hvp = run(
+        onnax.jvp(g, inputs=list(PARAMS)), {"x": x, "label": t, **{f"{p}_tangent": v[p] for p in PARAMS}}
+    )
+    _, want_hvp = jax.jvp(jax.grad(loss), (as64(values),), (as64(v),))
+    for p in PARAMS:
+        np.testing.assert_allclose(hvp[f"{p}_grad_tangent"], want_hvp[p], rtol=1e-4, atol=1e-6, err_msg=p)
+    # The values themselves are unchanged.
+    np.testing.assert_allclose(got["loss"], run(loss_model, {"x": x, "label": t})["loss"], rtol=1e-7)
+    with pytest.raises(onnax.OnnaxError, match=r"'nope' is not a value of the model's main graph"):
+        onnax.stop_gradient(loss_model, ["nope"])
+    with pytest.raises(onnax.OnnaxError, match=r"input 'x' is selected for differentiation but marked"):
+        onnax.grad(onnax.stop_gradient(loss_model, ["x"]), inputs=["x"])

@@ -35,7 +35,7 @@ def test_sgd_in_onnxruntime_web_follows_jax(tmp_path: Any) -> None:
 
     # Two fixed batches of a separable 3-class problem.
     centers = rng.standard_normal((3, 4)) * 2
-    batches = []
+    batches: list[dict[str, np.ndarray]] = []
     for _ in range(2):
         t = rng.integers(0, 3, size=16)
         x = (centers[t] + rng.standard_normal((16, 4)) * 0.5).astype(np.float32)
