@@ -1,6 +1,6 @@
-"""The ``onnax`` command. ``validate`` and ``bench`` run models (NumPy, ONNX Runtime), so they
-are implemented in Python; every other command is the C++ core's, shared with the standalone
-binary."""
+"""The ``onnax`` command. ``validate`` and ``bench`` run models (NumPy, ONNX Runtime) and
+``init-state`` / ``apply-params`` read and write NumPy files, so they are implemented in
+Python; every other command is the C++ core's, shared with the standalone binary."""
 
 from __future__ import annotations
 
@@ -15,6 +15,10 @@ commands implemented in Python (this command only, not the standalone C++ binary
       recorded transform chain (onnax validate --help)
   bench MODEL.onnx [--transforms vmap,grad,...] [--intra-op-threads N] [--output R.json] ...
       ONNX Runtime latency of a model and its transforms (onnax bench --help)
+  init-state LOSS.onnx STEP.onnx -o STATE.npz
+      a training step's first fed-back inputs (stored parameters, zero state) as arrays
+  apply-params MODEL.onnx PARAMS.npz -o TRAINED.onnx [--ignore-unknown]
+      trained parameters written back into the model's initializers (or Constant nodes)
 """
 
 
@@ -24,6 +28,10 @@ def main() -> int:
         from onnax.testing._cli import main as python_main
 
         return python_main(args[0], args[1:])
+    if args and args[0] in ("init-state", "apply-params"):
+        from onnax._training_cli import main as training_main
+
+        return training_main(args[0], args[1:])
     code = int(_core.cli_main(args))
     if not args or args[0] in ("-h", "--help", "help"):
         print(PYTHON_COMMANDS, end="")

@@ -203,12 +203,25 @@ def parameters(step: Any) -> list[str]:
     return [str(e["input"]) for e in _state_record(step) if e["init"] == "param"]
 
 
+def stored_names(model: Any) -> set[str]:
+    """Names of the main graph's initializers and Constant-node outputs: what ``apply_params``
+    can write."""
+    proto = _proto(model)
+    names = {t.name for t in proto.graph.initializer}
+    names.update(n.output[0] for n in proto.graph.node if _is_constant(n))
+    return names
+
+
+def _is_constant(n: onnx.NodeProto) -> bool:
+    return n.op_type == "Constant" and n.domain in ("", "ai.onnx") and len(n.output) == 1
+
+
 def _stored_values(model: Any) -> dict[str, np.ndarray]:
     """Initializers and Constant-node tensors of the main graph, by name."""
     proto = _proto(model)
     values = {t.name: numpy_helper.to_array(t) for t in proto.graph.initializer}
     for n in proto.graph.node:
-        if n.op_type == "Constant" and n.domain in ("", "ai.onnx") and len(n.output) == 1:
+        if _is_constant(n):
             for a in n.attribute:
                 if a.name == "value":
                     values.setdefault(n.output[0], numpy_helper.to_array(a.t))
@@ -246,7 +259,7 @@ def apply_params(model: ModelT, params: Mapping[str, np.ndarray]) -> ModelT:
     remaining = dict(params)
     targets: dict[str, onnx.TensorProto] = {t.name: t for t in proto.graph.initializer}
     for n in proto.graph.node:
-        if n.op_type == "Constant" and n.domain in ("", "ai.onnx") and len(n.output) == 1:
+        if _is_constant(n):
             for a in n.attribute:
                 if a.name == "value":
                     targets.setdefault(n.output[0], a.t)

@@ -79,8 +79,10 @@ commands:
       --embedded   fail if these weights are graph inputs instead of initializers
   validate SOURCE.onnx GENERATED.onnx [...]
   bench MODEL.onnx [--transforms vmap,grad,...] [...]
-      Implemented in the Python command (.venv/bin/onnax, python -m onnax): they run models
-      with NumPy and ONNX Runtime. The standalone build/onnax points there (exit 2).
+  init-state LOSS.onnx STEP.onnx -o STATE.npz
+  apply-params MODEL.onnx PARAMS.npz -o TRAINED.onnx
+      Implemented in the Python command (.venv/bin/onnax, python -m onnax): they use NumPy
+      and ONNX Runtime. The standalone build/onnax points there (exit 2).
   version         print the onnax version
 
 common options (vmap, grad, jvp, vjp):
@@ -239,9 +241,9 @@ int run(const std::vector<std::string>& args) {
     if (cmd == "check") return cmd_check(rest);
     if (cmd == "loss") return cmd_loss(rest);
     if (cmd == "train-step") return cmd_train_step(rest);
-    if (cmd == "validate" || cmd == "bench")
+    if (cmd == "validate" || cmd == "bench" || cmd == "init-state" || cmd == "apply-params")
       throw UsageError{"'" + cmd +
-                       "' runs models with ONNX Runtime and NumPy, so it lives in the Python command. Fix: run "
+                       "' uses NumPy (and ONNX Runtime), so it lives in the Python command. Fix: run "
                        "`.venv/bin/onnax " +
                        cmd + " ...` (or `python -m onnax " + cmd + " ...`) from an environment with onnax installed"};
     if (cmd == "version" || cmd == "--version") {
