@@ -253,3 +253,36 @@ def test_float32_only_source_widens_difference_tolerances(monkeypatch: pytest.Mo
     assert any("tolerances widened to rtol 0.01, atol 0.01" in n for n in report.notes), report.notes
     g = next(c for c in report.outputs if c.name == "weight_grad")
     assert (g.rtol, g.atol) == (0.01, 0.01)
+
+
+@pytest.mark.parametrize("exact", [True, False], ids=["exact", "fd"])
+def test_coordinate_on_a_relu_kink_is_skipped_and_counted(exact: bool) -> None:
+    """x = [0, 1, -2]: relu(x * w) has its kink at x[0]; there the derivative is a matter of
+    convention (JAX says w/2, differences straddle it), so that coordinate is skipped and
+    counted, the two others are checked, and a wrong gradient still fails."""
+    if exact:
+        pytest.importorskip("jax")
+    from onnax import grad
+    from validate_models import flip_sign
+
+    source = _model(
+        [
+            helper.make_node("Mul", ["x", "w"], ["xw"]),
+            helper.make_node("Relu", ["xw"], ["r"]),
+            helper.make_node("ReduceSum", ["r"], ["loss"], keepdims=0),
+        ],
+        [helper.make_tensor_value_info("x", F, [3])],
+        ["loss"],
+        {"w": np.asarray([1.5, 2.0, 0.5], np.float32)},
+    )
+    gen = grad(source, inputs=["x"])
+    feeds = {"x": np.asarray([0.0, 1.0, -2.0], np.float32)}
+    report = testing.validate(source, gen, inputs=feeds, exact=exact)
+    assert report.ok, report.format()
+    g = next(c for c in report.outputs if c.name == "x_grad")
+    assert (g.skipped_rough, g.checked, g.total) == (1, 2, 3)
+    assert "1 non-smooth coordinates skipped" in report.format()
+    broken = testing.validate(source, flip_sign(gen, "x_grad"), inputs=feeds, exact=exact)
+    assert broken.failed_step == "numerical parity"
+    bad = next(c for c in broken.outputs if c.name == "x_grad")
+    assert bad.max_abs_error == pytest.approx(4.0)  # 2 * |d loss / d x[1]| = 2 * 2.0

@@ -31,16 +31,29 @@ def _jax() -> Any:
     return jax
 
 
-def source_level(source: onnx.ModelProto) -> Level:
+# Float initializers at least this large are passed to the compiled function as arguments:
+# closed over, XLA would embed them as constants and spend minutes constant-folding a large
+# network (ResNet-50) before running it.
+ARGUMENT_SIZE = 64
+
+
+def source_level(source: onnx.ModelProto) -> tuple[Level, dict[str, np.ndarray]]:
+    """The interpreted source as a level, and its large float initializers (float64)."""
     from onnax.testing._jax_reference import interpret
 
     f = interpret(source, widen=True)
     names = [o.name for o in source.graph.output]
+    weights = {
+        t.name: onnx.numpy_helper.to_array(t).astype(np.float64)
+        for t in source.graph.initializer
+        if t.data_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16)
+        and int(np.prod(t.dims)) >= ARGUMENT_SIZE
+    }
 
     def level(env: Env) -> Env:
         return dict(zip(names, f(env), strict=True))
 
-    return level
+    return level, weights
 
 
 def vmap_level(prev: Level, step: Step, outputs: Sequence[str]) -> Level:
@@ -103,17 +116,19 @@ class ExactFn:
     once per set of integer inputs (those stay NumPy, so shapes and indices built from them are
     static), under ``jax.enable_x64``."""
 
-    def __init__(self, level: Level, batched: set[str]) -> None:
+    def __init__(self, level: Level, batched: set[str], weights: Mapping[str, np.ndarray]) -> None:
         self._level = level
         self._batched = batched  # inputs some vmap step batches: they must be traced arguments
+        self._weights = dict(weights)  # large initializers, passed as arguments (not constants)
         self._cache: dict[bytes, Any] = {}
 
     def __call__(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         jax = _jax()
         with jax.enable_x64(True):
-            traced = {
-                k: v for k, v in feeds.items() if np.issubdtype(v.dtype, np.floating) or k in self._batched
-            }
+            traced = {k: v for k, v in self._weights.items() if k not in feeds}
+            traced.update(
+                {k: v for k, v in feeds.items() if np.issubdtype(v.dtype, np.floating) or k in self._batched}
+            )
             static = {k: v for k, v in feeds.items() if k not in traced}
             key = b"".join(k.encode() + v.dtype.str.encode() + v.tobytes() for k, v in sorted(static.items()))
             key += repr(sorted((k, v.shape, v.dtype.str) for k, v in traced.items())).encode()

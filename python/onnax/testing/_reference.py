@@ -473,6 +473,7 @@ def build_reference(
     exact_note = ""
     missing: list[str] = []
     batched: set[str] = set()
+    weights: dict[str, np.ndarray] = {}
     if exact:
         from onnax.testing._exact import jax_available
 
@@ -486,7 +487,7 @@ def build_reference(
                 from onnax.testing._exact import source_level
 
                 try:
-                    jax_level = source_level(source)
+                    jax_level, weights = source_level(source)
                 except NotImplementedError as err:
                     exact_note = f"JAX interpreter: {err}"
     for k, step in enumerate(chain):
@@ -564,7 +565,7 @@ def build_reference(
     if jax_level is not None:
         from onnax.testing._exact import ExactFn
 
-        exact_fn = ExactFn(jax_level, batched)
+        exact_fn = ExactFn(jax_level, batched, weights)
     return Reference(
         fn,
         pfn,
