@@ -112,7 +112,7 @@ PYBIND11_MODULE(_core, m) {
       [](const py::bytes& model, const std::string& kind, const std::string& output, const std::string& reduction,
          bool probabilities, double label_smoothing, int64_t class_axis, std::optional<int64_t> ignore_index,
          double huber_delta, bool example_weights, const std::string& label_name, const std::string& weight_name,
-         const std::string& loss_name) {
+         const std::string& loss_name, bool keep_outputs) {
         onnax::LossOptions o;
         auto k = onnax::loss_kind_from_name(kind);
         if (!k) {
@@ -134,12 +134,14 @@ PYBIND11_MODULE(_core, m) {
         o.label_name = label_name;
         o.weight_name = weight_name;
         o.loss_name = loss_name;
+        o.keep_outputs = keep_outputs;
         onnx::ModelProto result = onnax::add_loss(onnax::parse_model(std::string(model)), o);
         return py::bytes(result.SerializeAsString());
       },
       py::arg("model"), py::arg("kind"), py::arg("output"), py::arg("reduction"), py::arg("probabilities"),
       py::arg("label_smoothing"), py::arg("class_axis"), py::arg("ignore_index"), py::arg("huber_delta"),
-      py::arg("example_weights"), py::arg("label_name"), py::arg("weight_name"), py::arg("loss_name"));
+      py::arg("example_weights"), py::arg("label_name"), py::arg("weight_name"), py::arg("loss_name"),
+      py::arg("keep_outputs"));
   m.def(
       "select_params",
       [](const py::bytes& model, const std::vector<std::string>& include, const std::vector<std::string>& exclude,
@@ -161,7 +163,7 @@ PYBIND11_MODULE(_core, m) {
          int64_t min_size, const std::optional<std::string>& loss, const std::string& optimizer, double learning_rate,
          double momentum, bool nesterov, double beta1, double beta2, double epsilon, double weight_decay,
          const std::vector<std::string>& no_decay, double clip_norm, std::optional<double> dp_clip_norm,
-         std::optional<double> noise_multiplier, const std::string& form) {
+         std::optional<double> noise_multiplier, std::optional<int64_t> noise_seed, const std::string& form) {
         onnax::TrainStepOptions o;
         o.params = onnax::ParamSpec{include, exclude, min_size};
         o.loss = loss;
@@ -185,7 +187,9 @@ PYBIND11_MODULE(_core, m) {
         op.clip_norm = clip_norm;
         if (dp_clip_norm.has_value() != noise_multiplier.has_value())
           throw py::value_error("DP-SGD needs both dp_clip_norm and noise_multiplier (noise_multiplier=0 for none)");
-        if (dp_clip_norm) o.dp_sgd = onnax::DpSgdOptions{*dp_clip_norm, *noise_multiplier};
+        if (noise_seed && !dp_clip_norm)
+          throw py::value_error("noise_seed applies to DP-SGD: pass dp_clip_norm and noise_multiplier too");
+        if (dp_clip_norm) o.dp_sgd = onnax::DpSgdOptions{*dp_clip_norm, *noise_multiplier, noise_seed};
         if (form == "step")
           o.form = onnax::TrainStepOptions::Form::kStep;
         else if (form == "accumulate")
@@ -199,7 +203,7 @@ PYBIND11_MODULE(_core, m) {
       py::arg("model"), py::arg("include"), py::arg("exclude"), py::arg("min_size"), py::arg("loss"),
       py::arg("optimizer"), py::arg("learning_rate"), py::arg("momentum"), py::arg("nesterov"), py::arg("beta1"),
       py::arg("beta2"), py::arg("epsilon"), py::arg("weight_decay"), py::arg("no_decay"), py::arg("clip_norm"),
-      py::arg("dp_clip_norm"), py::arg("noise_multiplier"), py::arg("form"));
+      py::arg("dp_clip_norm"), py::arg("noise_multiplier"), py::arg("noise_seed"), py::arg("form"));
 
   m.def(
       "cli_main", [](const std::vector<std::string>& args) { return onnax::cli::run(args); }, py::arg("args"),

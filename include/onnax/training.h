@@ -53,6 +53,9 @@ struct LossOptions {
   std::string label_name = "label";
   std::string weight_name = "example_weight";
   std::string loss_name = "loss";
+  // Keep the model's own outputs after the loss (false: the loss is the only output, so a
+  // training step returns no predictions).
+  bool keep_outputs = true;
 };
 
 // The model with a label input (and a weight input) appended and the rank-0 loss as its first
@@ -109,13 +112,18 @@ struct OptimizerOptions {
 
 // Differentially private SGD: each example's gradient is clipped to L2 norm `clip_norm`, the
 // clipped gradients are summed, Gaussian noise of standard deviation noise_multiplier *
-// clip_norm is added (from one standard-normal input per parameter, "<p>_noise"), and the sum
+// clip_norm is added (from one standard-normal input per parameter, "<p>_noise", or drawn in
+// the graph with noise_seed), and the sum
 // is divided by the batch size before the optimizer update. Per-example gradients are
 // vmap(grad) of the loss model evaluated on batches of one example, so the model's batch
 // dims must be symbolic. The step also outputs every example's gradient norm before clipping.
 struct DpSgdOptions {
   double clip_norm = 1.0;
   double noise_multiplier = 1.0;
+  // Draw the noise inside the graph (RandomNormalLike seeded with noise_seed + the parameter's
+  // index) instead of reading "<p>_noise" inputs. A runtime then advances its generator from
+  // run to run (ONNX Runtime does); the sequence is the runtime's, not reproducible elsewhere.
+  std::optional<int64_t> noise_seed;
 };
 
 struct TrainStepOptions {

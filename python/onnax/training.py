@@ -53,6 +53,7 @@ def add_loss(
     label_name: str = "label",
     weight_name: str = "example_weight",
     loss_name: str = "loss",
+    keep_outputs: bool = True,
 ) -> ModelT:
     """The model with a label input (and, with ``example_weights``, a weight input per example
     along axis 0) appended and a rank-0 loss as its first output, then the model's own outputs.
@@ -62,6 +63,7 @@ def add_loss(
     ``binary_cross_entropy_with_logits``, ``nll`` (log-probabilities and class indices).
     ``reduction="mean"`` averages over every loss element (every position but the class axis);
     ``ignore_index`` drops labels equal to it from the loss and from the count.
+    ``keep_outputs=False`` makes the loss the only output.
     """
     return transform(
         model,
@@ -79,6 +81,7 @@ def add_loss(
             label_name,
             weight_name,
             loss_name,
+            keep_outputs,
         ),
     )
 
@@ -117,6 +120,7 @@ def train_step(
     clip_norm: float = 0.0,
     dp_clip_norm: float | None = None,
     noise_multiplier: float | None = None,
+    noise_seed: int | None = None,
     form: Literal["step", "accumulate", "apply"] = "step",
 ) -> ModelT:
     """One training step of the loss model ``model`` as a pure-functional ONNX graph.
@@ -132,8 +136,10 @@ def train_step(
     ``grad_norm``). ``dp_clip_norm`` with ``noise_multiplier`` makes the step DP-SGD: every
     example's gradient clipped to ``dp_clip_norm``, summed, plus noise from a standard-normal
     input ``<p>_noise`` scaled by ``noise_multiplier * dp_clip_norm``, divided by the batch
-    size; it outputs ``per_example_grad_norm``. ``form="accumulate"`` only adds the gradient
-    into ``<p>_grad_sum`` (and counts ``accumulated``); ``form="apply"`` updates from their mean.
+    size; it outputs ``per_example_grad_norm``. With ``noise_seed`` the graph draws the noise
+    itself (RandomNormalLike, seeded; the runtime advances it from run to run) instead.
+    ``form="accumulate"`` only adds the gradient into ``<p>_grad_sum`` (and counts
+    ``accumulated``); ``form="apply"`` updates from their mean.
     """
     inc, exc, nd = _entries(params, "params"), _entries(exclude, "exclude"), _entries(no_decay, "no_decay")
     return transform(
@@ -156,6 +162,7 @@ def train_step(
             float(clip_norm),
             None if dp_clip_norm is None else float(dp_clip_norm),
             None if noise_multiplier is None else float(noise_multiplier),
+            noise_seed,
             form,
         ),
     )

@@ -54,6 +54,7 @@ commands:
       --ignore-index I       labels equal to I contribute nothing and are not counted
       --delta D              huber's threshold (default 1)
       --example-weights      adds an input of per-example weights (axis 0)
+      --loss-only            drop the model's own outputs (the loss is the only output)
       --label-name, --weight-name, --loss-name NAME   (defaults: label, example_weight, loss)
   train-step LOSS.onnx -o STEP.onnx [--params SPEC] [--optimizer adamw] [--lr 1e-3] ...
       One training step as a pure ONNX graph: runtime inputs, parameters, optimizer state,
@@ -66,7 +67,8 @@ commands:
       --clip-norm C          clip the gradient's global L2 norm to C; outputs grad_norm
       --dp-clip C --noise-multiplier S  DP-SGD: clip each example's gradient to norm C, add
                              N(0, (S C)^2) noise from <param>_noise inputs, average; outputs
-                             per_example_grad_norm
+                             per_example_grad_norm; --noise-seed N draws the noise in the
+                             graph (RandomNormalLike) instead of reading <param>_noise
       --accumulate           only add the gradient into <param>_grad_sum accumulators
       --apply                only the update, from the accumulators' mean
       --init INIT.onnx       also write a model without inputs whose outputs are the first

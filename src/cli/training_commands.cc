@@ -124,6 +124,7 @@ int cmd_loss(const std::vector<std::string>& args) {
   o.valued["--ignore-index"] = [&](const std::string& v) { opt.ignore_index = parse_int(v, "--ignore-index"); };
   o.valued["--delta"] = [&](const std::string& v) { opt.huber_delta = parse_double(v, "--delta"); };
   o.flags["--example-weights"] = [&] { opt.example_weights = true; };
+  o.flags["--loss-only"] = [&] { opt.keep_outputs = false; };
   o.valued["--label-name"] = [&](const std::string& v) { opt.label_name = v; };
   o.valued["--weight-name"] = [&](const std::string& v) { opt.weight_name = v; };
   o.valued["--loss-name"] = [&](const std::string& v) { opt.loss_name = v; };
@@ -179,6 +180,10 @@ int cmd_train_step(const std::vector<std::string>& args) {
     if (!opt.dp_sgd) opt.dp_sgd.emplace();
     opt.dp_sgd->noise_multiplier = parse_double(v, "--noise-multiplier");
     dp_noise = true;
+  };
+  o.valued["--noise-seed"] = [&](const std::string& v) {
+    if (!opt.dp_sgd) opt.dp_sgd.emplace();
+    opt.dp_sgd->noise_seed = parse_int(v, "--noise-seed");
   };
   o.flags["--accumulate"] = [&] { opt.form = TrainStepOptions::Form::kAccumulate; };
   o.flags["--apply"] = [&] { opt.form = TrainStepOptions::Form::kApply; };

@@ -98,8 +98,7 @@ void register_elementwise_rules(BatchRules& r) {
 // ---------------------------------------------------------------------------------------
 // Derivatives. JVP rules read like the math: t(i) is input i's tangent (possibly a symbolic
 // zero), x(i) its primal, y() the primal output. Non-smooth points follow JAX: relu'(0) = 0,
-// abs'(0) = 0 (sign), max/min split ties evenly, clip passes the tangent strictly inside
-// its bounds.
+// abs'(0) = 1, max/min split ties evenly, and so does clip at its bounds (a min of a max).
 namespace onnax {
 namespace {
 
@@ -164,30 +163,37 @@ Vs gelu_jvp(D& c) {
   return {b.mul(c.t(0), d)};
 }
 
+// y = min(max(x, lo), hi) differentiated as JAX does: a tie of max or min splits the tangent
+// evenly, so at a bound x and the bound each get half (jax.grad(jnp.clip) is 0.5 there). When
+// lo > hi, y = hi and only hi's tangent passes.
 Vs clip_jvp(D& c) {
   auto& b = c.b;
   V x = c.x(0), lo = c.x(1), hi = c.x(2);
-  V tx;
-  if (c.t(0).valid()) {
-    V inside;
-    if (lo.valid()) inside = b.op1("Greater", {x, lo});
-    if (hi.valid()) {
-      V below = b.op1("Less", {x, hi});
-      inside = inside.valid() ? b.op1("And", {inside, below}) : below;
-    }
-    tx = inside.valid() ? b.mul(c.t(0), cast_mask(c, inside)) : c.t(0);
+  // 1 where `a` wins, 1/2 on a tie, 0 where it loses (`wins`: Greater for max, Less for min).
+  auto share = [&](V a, V other, std::string_view wins) {
+    return b.op1("Add", {cast_mask(c, b.op1(wins, {a, other})),
+                         b.op1("Mul", {cast_mask(c, b.op1("Equal", {a, other})), c.scalar(0.5)})});
+  };
+  V raised = x, from_x, to_lo;  // max(x, lo), and the shares of x and lo in it
+  if (lo.valid()) {
+    raised = b.op1("Max", {x, lo});
+    from_x = share(x, lo, "Greater");
+    if (c.t(1).valid()) to_lo = b.op1("Sub", {one(c), from_x});
   }
-  V t = tx;
-  if (c.t(1).valid()) {
-    V sel = b.op1("Greater", {lo, x});
-    if (hi.valid()) sel = b.op1("And", {sel, b.op1("Less", {lo, hi})});
-    t = b.add(t, c.like_out(b.mul(c.t(1), cast_mask(c, sel))));
+  V kept, to_hi;  // the shares of max(x, lo) and hi in the min
+  if (hi.valid()) {
+    kept = share(raised, hi, "Less");
+    if (c.t(2).valid()) to_hi = b.op1("Sub", {one(c), kept});
   }
-  if (c.t(2).valid()) {
-    // y = min(max(x, lo), hi): hi is selected where max(x, lo) exceeds it (also when lo > hi).
-    V raised = lo.valid() ? b.op1("Max", {x, lo}) : x;
-    t = b.add(t, c.like_out(b.mul(c.t(2), cast_mask(c, b.op1("Greater", {raised, hi})))));
-  }
+  auto scaled = [&](V t, V f1, V f2) {
+    if (f1.valid()) t = b.mul(t, f1);
+    if (f2.valid()) t = b.mul(t, f2);
+    return t;
+  };
+  V t;
+  if (c.t(0).valid()) t = scaled(c.t(0), from_x, kept);
+  if (c.t(1).valid()) t = b.add(t, c.like_out(scaled(c.t(1), to_lo, kept)));
+  if (c.t(2).valid()) t = b.add(t, c.like_out(b.mul(c.t(2), to_hi)));
   return {t};
 }
 
@@ -344,7 +350,10 @@ void register_elementwise_derivatives(DerivativeRules& r) {
   rr.jvp("Tanh", unary([](D& c) { return c.b.op1("Sub", {one(c), square(c, c.y())}); }));
   rr.jvp("Sigmoid", unary([](D& c) { return c.b.op1("Mul", {c.y(), c.b.op1("Sub", {one(c), c.y()})}); }));
   rr.jvp("Relu", unary([](D& c) { return cast_mask(c, c.b.op1("Greater", {c.x(0), c.scalar(0.0)})); }));
-  rr.jvp("Abs", unary([](D& c) { return c.b.op1("Sign", {c.x(0)}); }));
+  // JAX's convention: abs'(0) = 1 (jax.grad(jnp.abs)(0.0) is 1, for -0.0 too).
+  rr.jvp("Abs", unary([](D& c) {
+           return c.b.op1("Where", {c.b.op1("GreaterOrEqual", {c.x(0), c.scalar(0.0)}), one(c), c.scalar(-1.0)});
+         }));
   rr.jvp("LeakyRelu", unary([](D& c) {
            return c.b.op1("Where",
                           {c.b.op1("Greater", {c.x(0), c.scalar(0.0)}), one(c), c.scalar(c.attr_f("alpha", 0.01f))});

@@ -205,6 +205,7 @@ onnx::ModelProto add_loss(const onnx::ModelProto& model, const LossOptions& o) {
   } else {
     w.op("ReduceMean", {l}, {attr_i("keepdims", 0)}, o.loss_name);
   }
+  if (!o.keep_outputs) g.clear_output();
   training::insert_output(g, 0, o.loss_name, Facts::of(yf.dtype, {}));
 
   onnx::ModelProto result = std::move(*p.model);

@@ -83,20 +83,26 @@ namespace {
 
 // Per dtype, the scalars every parameter of that dtype shares: the learning rate and Adam's
 // bias corrections 1 - beta^t.
+// Per dtype, the scalars every parameter of that dtype shares: the learning rate, and for Adam
+// the bias corrections folded into two scalars (see write_updates) and AdamW's decay factor.
 struct Shared {
-  std::string lr, correction1, correction2;
+  std::string lr, adam_step, adam_epsilon, keep;
 };
 
 Shared shared_scalars(StepWriter& w, const OptimizerOptions& o, int32_t dtype, const std::string& t,
                       const std::string& lr) {
   Shared s;
   s.lr = dtype == onnx::TensorProto::FLOAT ? lr : w.op("Cast", {lr}, {attr_i("to", dtype)}, {}, "learning_rate");
-  if (o.kind != OptimizerOptions::Kind::kSgd) {
-    const std::string tf = w.op("Cast", {t}, {attr_i("to", dtype)}, {}, "step_count");
-    const std::string one = w.constant(dtype, 1.0);
-    s.correction1 = w.op("Sub", {one, w.op("Pow", {w.constant(dtype, o.beta1), tf})}, {}, {}, "bias_correction1");
-    s.correction2 = w.op("Sub", {one, w.op("Pow", {w.constant(dtype, o.beta2), tf})}, {}, {}, "bias_correction2");
-  }
+  if (o.kind == OptimizerOptions::Kind::kSgd) return s;
+  const std::string tf = w.op("Cast", {t}, {attr_i("to", dtype)}, {}, "step_count");
+  const std::string one = w.constant(dtype, 1.0);
+  const std::string c1 = w.op("Sub", {one, w.op("Pow", {w.constant(dtype, o.beta1), tf})}, {}, {}, "bias_correction1");
+  const std::string c2 = w.op("Sub", {one, w.op("Pow", {w.constant(dtype, o.beta2), tf})}, {}, {}, "bias_correction2");
+  const std::string root_c2 = w.op("Sqrt", {c2}, {}, {}, "bias_correction2_sqrt");
+  s.adam_step = w.op("Div", {w.op("Mul", {s.lr, root_c2}), c1}, {}, {}, "adam_step_size");
+  s.adam_epsilon = w.op("Mul", {w.constant(dtype, o.epsilon), root_c2}, {}, {}, "adam_epsilon");
+  if (o.kind == OptimizerOptions::Kind::kAdamW && o.weight_decay != 0.0)
+    s.keep = w.op("Sub", {one, w.op("Mul", {s.lr, w.constant(dtype, o.weight_decay)})}, {}, {}, "decay_factor");
   return s;
 }
 
@@ -120,30 +126,31 @@ void write_updates(StepWriter& w, const OptimizerOptions& o, const std::vector<P
     const bool decay = o.weight_decay != 0.0 && p.decay;
     std::string g = p.grad;
     if (decay && o.kind != Kind::kAdamW) g = op("Add", {g, op("Mul", {p.name, c(o.weight_decay)}, "decay")}, "l2");
-    std::string direction;
     if (o.kind == Kind::kSgd) {
-      direction = g;
+      std::string direction = g;
       if (o.momentum != 0.0) {
         const Carried& v = state[i][0];
         const std::string velocity = w.op("Add", {w.op("Mul", {v.input, c(o.momentum)}), g}, {}, v.output);
         direction =
             o.nesterov ? op("Add", {g, op("Mul", {velocity, c(o.momentum)}, "lookahead")}, "nesterov") : velocity;
       }
-    } else {
-      const Carried& m = state[i][0];
-      const Carried& v = state[i][1];
-      const std::string m_new =
-          w.op("Add", {w.op("Mul", {m.input, c(o.beta1)}), w.op("Mul", {g, c(1.0 - o.beta1)})}, {}, m.output);
-      const std::string g2 = op("Mul", {g, g}, "grad_squared");
-      const std::string v_new =
-          w.op("Add", {w.op("Mul", {v.input, c(o.beta2)}), w.op("Mul", {g2, c(1.0 - o.beta2)})}, {}, v.output);
-      const std::string m_hat = op("Div", {m_new, s.correction1}, "m_hat");
-      const std::string v_hat = op("Div", {v_new, s.correction2}, "v_hat");
-      direction = op("Div", {m_hat, op("Add", {op("Sqrt", {v_hat}, "rms"), c(o.epsilon)}, "denominator")}, "adam");
-      if (decay && o.kind == Kind::kAdamW)
-        direction = op("Add", {direction, op("Mul", {p.name, c(o.weight_decay)}, "decay")}, "adamw");
+      w.op("Sub", {p.name, op("Mul", {direction, s.lr}, "update")}, {}, p_new[i]);
+      continue;
     }
-    w.op("Sub", {p.name, op("Mul", {direction, s.lr}, "update")}, {}, p_new[i]);
+    // Adam: lr m^ / (sqrt(v^) + eps) with m^ = m / c1, v^ = v / c2 (c = 1 - beta^t) is
+    // (lr sqrt(c2) / c1) m / (sqrt(v) + eps sqrt(c2)): the corrections are scalars, not passes
+    // over the moments. AdamW's decay lr wd p folds into p (1 - lr wd).
+    const Carried& m = state[i][0];
+    const Carried& v = state[i][1];
+    const std::string m_new =
+        w.op("Add", {w.op("Mul", {m.input, c(o.beta1)}), w.op("Mul", {g, c(1.0 - o.beta1)})}, {}, m.output);
+    const std::string g2 = op("Mul", {g, g}, "grad_squared");
+    const std::string v_new =
+        w.op("Add", {w.op("Mul", {v.input, c(o.beta2)}), w.op("Mul", {g2, c(1.0 - o.beta2)})}, {}, v.output);
+    const std::string denominator = op("Add", {op("Sqrt", {v_new}, "rms"), s.adam_epsilon}, "denominator");
+    const std::string update = op("Mul", {op("Div", {m_new, denominator}, "adam"), s.adam_step}, "update");
+    const std::string kept = decay && o.kind == Kind::kAdamW ? op("Mul", {p.name, s.keep}, "decayed") : p.name;
+    w.op("Sub", {kept, update}, {}, p_new[i]);
   }
 }
 

@@ -191,11 +191,96 @@ std::string optimizer_json(const TrainStepOptions& o) {
   s += ", \"weight_decay\": " + num(opt.weight_decay) + ", \"clip_norm\": " + num(opt.clip_norm);
   if (o.dp_sgd)
     s += ", \"dp_sgd\": {\"clip_norm\": " + num(o.dp_sgd->clip_norm) +
-         ", \"noise_multiplier\": " + num(o.dp_sgd->noise_multiplier) + "}";
+         ", \"noise_multiplier\": " + num(o.dp_sgd->noise_multiplier) +
+         (o.dp_sgd->noise_seed ? ", \"noise_seed\": " + std::to_string(*o.dp_sgd->noise_seed) : std::string()) + "}";
   const char* form = o.form == TrainStepOptions::Form::kStep         ? "step"
                      : o.form == TrainStepOptions::Form::kAccumulate ? "accumulate"
                                                                      : "apply";
   return s + ", \"form\": " + provenance::quote(form) + "}";
+}
+
+// Squared L2 norms of the gradients, summed over the parameters in `dtype`: per example
+// (over every axis but 0) when `per_example`, else whole.
+std::string squared_norm(StepWriter& sw, const std::vector<Param>& params, bool per_example, int32_t dtype) {
+  std::vector<std::string> squares;
+  for (const auto& p : params) {
+    const int64_t first = per_example ? 1 : 0, rank = static_cast<int64_t>(p.facts.dims.size()) + first;
+    std::vector<int64_t> axes;
+    for (int64_t a = first; a < rank; ++a) axes.push_back(a);
+    std::string sq = axes.empty() ? sw.op("Mul", {p.grad, p.grad}, {}, {}, p.name + "_grad_sq_norm")
+                                  : sw.op("ReduceSumSquare", {p.grad, sw.i64s(axes)}, {attr_i("keepdims", 0)}, {},
+                                          p.name + "_grad_sq_norm");
+    if (p.facts.dtype != dtype) sq = sw.op("Cast", {sq}, {attr_i("to", dtype)});
+    squares.push_back(sq);
+  }
+  return squares.size() == 1 ? squares[0] : sw.op("Sum", squares, {}, {}, "grad_sq_norm");
+}
+
+// C / max(norm, C): 1 within the bound, C / norm beyond it (no division by a zero norm).
+std::string clip_factor(StepWriter& sw, const std::string& norm, double c, int32_t dtype) {
+  return sw.op("Div", {sw.constant(dtype, c), sw.op("Max", {norm, sw.constant(dtype, c)})}, {}, {}, "clip_factor");
+}
+
+std::string as_dtype(StepWriter& sw, const std::string& v, int32_t from, int32_t to) {
+  return from == to ? v : sw.op("Cast", {v}, {attr_i("to", to)});
+}
+
+// Global-norm clipping: every gradient scaled by C / max(norm, C); the norm goes to `norm`.
+void clip_global_norm(StepWriter& sw, double c, std::vector<Param>& params, const std::string& norm, int32_t dtype) {
+  sw.op("Sqrt", {squared_norm(sw, params, false, dtype)}, {}, norm);
+  const std::string factor = clip_factor(sw, norm, c, dtype);
+  for (auto& p : params)
+    p.grad = sw.op("Mul", {p.grad, as_dtype(sw, factor, dtype, p.facts.dtype)}, {}, {}, p.name + "_clipped");
+}
+
+// DP-SGD from per-example gradients [B, *p]: every example's norm (to `norms`), clipped to C,
+// summed, noised, averaged; the per-example losses (renamed) averaged into `loss`. The clipped
+// sum is one product factors[B] x gradients[B, n] per parameter: the per-example gradients,
+// the largest tensors of the step, are read twice (norm, sum) and never rewritten.
+void private_gradients(StepWriter& sw, const DpSgdOptions& dp, std::vector<Param>& params,
+                       const std::vector<std::string>& noise, const std::string& loss, const std::string& norms,
+                       int32_t dtype) {
+  onnx::GraphProto& g = sw.graph();
+  const std::string per_example_loss = sw.fresh(loss + "_per_example");
+  training::rename_everywhere(g, loss, per_example_loss);
+  sw.op("Sqrt", {squared_norm(sw, params, true, dtype)}, {}, norms);
+  const double c = dp.clip_norm;
+  const std::string factor = clip_factor(sw, norms, c, dtype);
+  const std::string batch = sw.op(
+      "Squeeze",
+      {sw.op("Cast", {sw.op("Shape", {per_example_loss}, {attr_i("start", 0), attr_i("end", 1)}, {}, "batch_size")},
+             {attr_i("to", dtype)}, {}, "batch_size"),
+       sw.i64s({0})},
+      {}, {}, "batch_size");
+  for (size_t i = 0; i < params.size(); ++i) {
+    Param& p = params[i];
+    const int32_t dt = p.facts.dtype;
+    const std::string f = as_dtype(sw, factor, dtype, dt);
+    std::string summed;
+    if (p.facts.dims.empty()) {
+      summed = sw.op("ReduceSum", {sw.op("Mul", {p.grad, f}), sw.i64s({0})}, {attr_i("keepdims", 0)}, {},
+                     p.name + "_clipped_sum");
+    } else {
+      std::vector<int64_t> dims;
+      for (const Dim& d : p.facts.dims) dims.push_back(d.value());
+      const bool flat = dims.size() == 1;
+      const std::string rows =
+          flat ? p.grad : sw.op("Reshape", {p.grad, sw.i64s({0, -1})}, {}, {}, p.name + "_per_example_rows");
+      summed = sw.op("MatMul", {f, rows}, {}, {}, p.name + "_clipped_sum");
+      if (!flat) summed = sw.op("Reshape", {summed, sw.i64s(dims)}, {}, {}, p.name + "_clipped_sum");
+    }
+    const std::string normal =
+        dp.noise_seed
+            ? sw.op("RandomNormalLike", {summed},
+                    {attr_i("dtype", dt), attr_f("seed", static_cast<float>(*dp.noise_seed + static_cast<int64_t>(i)))},
+                    {}, p.name + "_normal")
+            : noise[i];
+    const std::string scaled =
+        sw.op("Mul", {normal, sw.constant(dt, dp.noise_multiplier * c)}, {}, {}, p.name + "_noise");
+    const std::string noised = sw.op("Add", {summed, scaled}, {}, {}, p.name + "_noised");
+    p.grad = sw.op("Div", {noised, as_dtype(sw, batch, dtype, dt)}, {}, {}, p.name + "_private_grad");
+  }
+  sw.op("ReduceMean", {per_example_loss}, {attr_i("keepdims", 0)}, loss);
 }
 
 int64_t default_opset(const onnx::ModelProto& m) {
@@ -238,13 +323,15 @@ onnx::ModelProto train_step(const onnx::ModelProto& loss_model, const TrainStepO
     step_new = s.output;
     lr = w.fresh("learning_rate");
   }
-  std::vector<std::string> noise;
-  if (o.dp_sgd)
+  std::vector<std::string> noise;  // the noise inputs (none when the graph draws the noise)
+  if (o.dp_sgd && !o.dp_sgd->noise_seed)
     for (const auto& p : params) noise.push_back(w.fresh(p.name + "_noise"));
   std::vector<std::string> p_new;
   for (const auto& p : params) p_new.push_back(updating ? w.fresh(p.name + "_new") : std::string());
   std::string grad_norm, example_norms;
-  if (o.optimizer.clip_norm > 0.0) grad_norm = w.fresh("grad_norm");
+  // (Clipping applies to the gradient a step updates with: an accumulation step's is clipped
+  // by the apply step, as the mean of the accumulated gradients.)
+  if (o.optimizer.clip_norm > 0.0 && o.form != Form::kAccumulate) grad_norm = w.fresh("grad_norm");
   if (o.dp_sgd) example_norms = w.fresh("per_example_grad_norm");
   for (const auto& c : w.carried()) {
     claimed.push_back(c.input);
@@ -295,89 +382,32 @@ onnx::ModelProto train_step(const onnx::ModelProto& loss_model, const TrainStepO
   // The step's nodes go to the graph itself from here on.
   StepWriter sw(g, scope);
   const int32_t loss_dtype = params.front().facts.dtype;
-  if (o.dp_sgd) {
-    // Per-example gradients [N, *p]: each example's norm, clipped to C, summed, noised, averaged.
-    const std::string per_example_loss = scope.fresh(loss + "_per_example");
-    training::rename_everywhere(g, loss, per_example_loss);
-    std::vector<std::string> squares;
-    for (const auto& p : params) {
-      const std::string sq = sw.op("Mul", {p.grad, p.grad}, {}, {}, p.name + "_grad_squared");
-      std::vector<int64_t> axes;
-      for (int64_t a = 1; a <= static_cast<int64_t>(p.facts.dims.size()); ++a) axes.push_back(a);
-      std::string per_example =
-          axes.empty() ? sq
-                       : sw.op("ReduceSum", {sq, sw.i64s(axes)}, {attr_i("keepdims", 0)}, {}, p.name + "_grad_sq_norm");
-      if (p.facts.dtype != loss_dtype) per_example = sw.op("Cast", {per_example}, {attr_i("to", loss_dtype)});
-      squares.push_back(per_example);
-    }
-    const std::string total = squares.size() == 1 ? squares[0] : sw.op("Sum", squares, {}, {}, "grad_sq_norm");
-    sw.op("Sqrt", {total}, {}, example_norms);
-    const double c = o.dp_sgd->clip_norm;
-    // C / max(norm, C): 1 for examples within the bound, C / norm beyond it.
-    const std::string factor =
-        sw.op("Div", {sw.constant(loss_dtype, c), sw.op("Max", {example_norms, sw.constant(loss_dtype, c)})}, {}, {},
-              "clip_factor");
-    const std::string batch =
-        sw.op("Cast", {sw.op("Shape", {per_example_loss}, {attr_i("start", 0), attr_i("end", 1)}, {}, "batch_size")},
-              {attr_i("to", loss_dtype)}, {}, "batch_size");
-    const std::string batch_scalar = sw.op("Squeeze", {batch, sw.i64s({0})}, {}, {}, "batch_size");
+  const std::string accumulated_new = accumulating ? w.carried()[params.size()].output : std::string();
+  if (o.form == Form::kApply)  // the mean of the accumulated gradients
     for (size_t i = 0; i < params.size(); ++i) {
       Param& p = params[i];
-      const int64_t r = static_cast<int64_t>(p.facts.dims.size());
-      std::string f = p.facts.dtype == loss_dtype ? factor : sw.op("Cast", {factor}, {attr_i("to", p.facts.dtype)});
-      if (r > 0) {
-        std::vector<int64_t> axes;
-        for (int64_t a = 1; a <= r; ++a) axes.push_back(a);
-        f = sw.op("Unsqueeze", {f, sw.i64s(axes)}, {}, {}, p.name + "_clip_factor");
-      }
-      const std::string clipped = sw.op("Mul", {p.grad, f}, {}, {}, p.name + "_clipped");
-      const std::string summed =
-          sw.op("ReduceSum", {clipped, sw.i64s({0})}, {attr_i("keepdims", 0)}, {}, p.name + "_clipped_sum");
-      const std::string scaled_noise = sw.op(
-          "Mul", {noise[i], sw.constant(p.facts.dtype, o.dp_sgd->noise_multiplier * c)}, {}, {}, p.name + "_noise");
-      const std::string noised = sw.op("Add", {summed, scaled_noise}, {}, {}, p.name + "_noised");
-      const std::string n =
-          p.facts.dtype == loss_dtype ? batch_scalar : sw.op("Cast", {batch_scalar}, {attr_i("to", p.facts.dtype)});
-      p.grad = sw.op("Div", {noised, n}, {}, {}, p.name + "_private_grad");
+      const std::string count = sw.op("Cast", {accumulated}, {attr_i("to", p.facts.dtype)}, {}, "accumulated_count");
+      p.grad = sw.op("Div", {accumulators[i].input, count}, {}, {}, p.name + "_mean_grad");
     }
-    sw.op("ReduceMean", {per_example_loss}, {attr_i("keepdims", 0)}, loss);
+  if (o.dp_sgd) {
+    private_gradients(sw, *o.dp_sgd, params, noise, loss, example_norms, loss_dtype);
     primal_outputs.clear();
     onnx::ValueInfoProto lv;
     lv.set_name(loss);
     write_type(Facts::of(loss_dtype, {}), lv.mutable_type());
     primal_outputs.push_back(lv);
-  } else if (o.optimizer.clip_norm > 0.0 && o.form == Form::kStep) {
-    // Global-norm clipping: every gradient scaled by C / max(norm, C).
-    std::vector<std::string> squares;
-    for (const auto& p : params) {
-      std::string sq =
-          sw.op("ReduceSum", {sw.op("Mul", {p.grad, p.grad})}, {attr_i("keepdims", 0)}, {}, p.name + "_grad_sq_norm");
-      if (p.facts.dtype != loss_dtype) sq = sw.op("Cast", {sq}, {attr_i("to", loss_dtype)});
-      squares.push_back(sq);
-    }
-    const std::string total = squares.size() == 1 ? squares[0] : sw.op("Sum", squares, {}, {}, "grad_sq_norm");
-    sw.op("Sqrt", {total}, {}, grad_norm);
-    const double c = o.optimizer.clip_norm;
-    const std::string factor =
-        sw.op("Div", {sw.constant(loss_dtype, c), sw.op("Max", {grad_norm, sw.constant(loss_dtype, c)})}, {}, {},
-              "clip_factor");
-    for (auto& p : params) {
-      const std::string f =
-          p.facts.dtype == loss_dtype ? factor : sw.op("Cast", {factor}, {attr_i("to", p.facts.dtype)});
-      p.grad = sw.op("Mul", {p.grad, f}, {}, {}, p.name + "_clipped");
-    }
+  } else if (!grad_norm.empty()) {
+    clip_global_norm(sw, o.optimizer.clip_norm, params, grad_norm, loss_dtype);
   }
   if (o.form == Form::kAccumulate) {
     for (size_t i = 0; i < params.size(); ++i)
       sw.op("Add", {accumulators[i].input, params[i].grad}, {}, accumulators[i].output);
-    sw.op("Add", {accumulated, sw.constant(onnx::TensorProto::INT64, 1)}, {}, w.carried()[params.size()].output);
+    sw.op("Add", {accumulated, sw.constant(onnx::TensorProto::INT64, 1)}, {}, accumulated_new);
   }
   if (o.form == Form::kApply) {
-    // The mean of the accumulated gradients; the accumulators and their count restart at zero.
+    // The accumulators and their count restart at zero.
     for (size_t i = 0; i < params.size(); ++i) {
-      Param& p = params[i];
-      const std::string count = sw.op("Cast", {accumulated}, {attr_i("to", p.facts.dtype)}, {}, "accumulated_count");
-      p.grad = sw.op("Div", {accumulators[i].input, count}, {}, {}, p.name + "_mean_grad");
+      const Param& p = params[i];
       onnx::AttributeProto zero;
       zero.set_name("value");
       zero.set_type(onnx::AttributeProto::TENSOR);
@@ -391,7 +421,7 @@ onnx::ModelProto train_step(const onnx::ModelProto& loss_model, const TrainStepO
       for (const Dim& d : p.facts.dims) dims.push_back(d.value());
       sw.op("ConstantOfShape", {sw.i64s(dims)}, {zero}, accumulators[i].output);
     }
-    sw.op("Identity", {sw.constant(onnx::TensorProto::INT64, 0)}, {}, w.carried()[params.size()].output);
+    sw.op("Identity", {sw.constant(onnx::TensorProto::INT64, 0)}, {}, accumulated_new);
   }
   if (updating) {
     const std::string t = sw.op("Add", {step, sw.constant(onnx::TensorProto::INT64, 1)}, {}, step_new);

@@ -465,6 +465,44 @@ bool contains_op(const onnx::GraphProto& g, std::string_view op) {
   return false;
 }
 
+// Local functions are found by domain and name, not by version, so the version a model or a
+// function imports a domain of local functions at is bookkeeping. jax2onnx writes functions
+// that import their own domain at version 18 where the model imports it at 1, and ONNX's
+// inliner silently skips every function whose imports disagree with the model's: such imports
+// take the model's version.
+void reconcile_function_domains(onnx::ModelProto& m) {
+  std::unordered_set<std::string> local;
+  for (const auto& f : m.functions()) local.insert(f.domain());
+  std::unordered_map<std::string, int64_t> imported;
+  for (const auto& o : m.opset_import()) imported[o.domain()] = o.version();
+  for (auto& f : *m.mutable_functions())
+    for (auto& o : *f.mutable_opset_import()) {
+      auto it = imported.find(o.domain());
+      if (local.count(o.domain()) && it != imported.end()) o.set_version(it->second);
+    }
+}
+
+std::string opset_list(const google::protobuf::RepeatedPtrField<onnx::OperatorSetIdProto>& opsets) {
+  std::string out;
+  for (const auto& o : opsets)
+    out += (out.empty() ? "" : ", ") + (o.domain().empty() ? std::string("ai.onnx") : o.domain()) + ":" +
+           std::to_string(o.version());
+  return out;
+}
+
+// Whether `g` or a subgraph of it calls function `f`.
+bool calls(const onnx::GraphProto& g, const onnx::FunctionProto& f) {
+  for (const auto& n : g.node()) {
+    if (n.op_type() == f.name() && n.domain() == f.domain()) return true;
+    for (const auto& a : n.attribute()) {
+      if (a.has_g() && calls(a.g(), f)) return true;
+      for (const auto& sg : a.graphs())
+        if (calls(sg, f)) return true;
+    }
+  }
+  return false;
+}
+
 void prepare_graph(Prepared& p, const std::string& mode) {
   int64_t opset = default_opset(*p.model);
   const std::string interval = "supported: " + std::to_string(kMinOpset) + "-" + std::to_string(kMaxOpset) + " (" +
@@ -481,12 +519,23 @@ void prepare_graph(Prepared& p, const std::string& mode) {
                    std::to_string(opset > kMaxOpset ? kMaxOpset : kMinOpset) + ") first");
   if (p.model->functions_size() > 0) {
     mutable_graph(p);  // inlining rewrites the graph
+    reconcile_function_domains(*p.model);
     try {
       onnx::inliner::InlineLocalFunctions(*p.model, /*convert_version=*/true);
     } catch (const std::exception& e) {
       diag::fail(Error::Kind::kUnsupported,
                  mode + ": could not inline the model's local functions: " + std::string(e.what()) +
                      ". Fix: inline them before transforming (onnx.inliner.inline_local_functions)");
+    }
+    // The inliner leaves a function whose opset imports disagree with the model's on a standard
+    // domain other than ai.onnx; its calls would then read as unknown ops.
+    for (const auto& f : p.model->functions()) {
+      if (!calls(p.model->graph(), f)) continue;
+      diag::fail(Error::Kind::kUnsupported,
+                 mode + ": could not inline local function " + f.domain() + "::" + f.name() +
+                     ": its opset imports disagree with the model's (" + opset_list(f.opset_import()) +
+                     " against the model's " + opset_list(p.model->opset_import()) +
+                     "). Fix: import each domain at one version in the model and its functions");
     }
   }
   if (opset < 9 && contains_op(*p.graph, "Scan"))

@@ -2232,7 +2232,8 @@ def test_conv_grad_hvp(name: str) -> None:
 
 
 # --------------------------------------------------------------------------------------------
-# Non-smooth conventions (JAX): relu'(0)=0, abs'(0)=0, Max/Min ties split, Clip inside bounds
+# Non-smooth conventions (JAX's, checked against jax at the kink): relu'(0)=0, abs'(0)=1,
+# Max/Min ties split, Clip's bounds split
 
 
 def _jvp_at(
@@ -2263,10 +2264,14 @@ X0 = f64([-1.0, 0.0, 2.0])
     ("op", "expected"),
     [
         ("Relu", [0.0, 0.0, 1.0]),
-        ("Abs", [-1.0, 0.0, 1.0]),
+        ("Abs", [-1.0, 1.0, 1.0]),
     ],
 )
 def test_convention_at_zero(op: str, expected: list[float]) -> None:
+    jax = pytest.importorskip("jax")
+    jax.config.update("jax_enable_x64", True)
+    fn = jax.nn.relu if op == "Relu" else jax.numpy.abs
+    np.testing.assert_array_equal(jax.vmap(jax.grad(fn))(X0), expected)
     m = build([node(op, ["x"], ["y"])], [In("x", (3,))])
     np.testing.assert_array_equal(_jvp_at(m, {"x": X0}, {"x": np.ones(3)}), expected)
     loss = build(
@@ -2302,15 +2307,32 @@ def test_convention_max_same_input_twice() -> None:
     np.testing.assert_allclose(got, [1.0, 2.0, 3.0], atol=1e-15)
 
 
-def test_convention_clip_strictly_inside() -> None:
-    m = build(
-        [node("Clip", ["x", "lo", "hi"], ["y"])],
+def test_convention_clip_splits_at_its_bounds_as_jax() -> None:
+    """jnp.clip (which jax2onnx exports as Clip) is min(max(x, lo), hi): at a bound, x and the
+    bound each get half the tangent; with lo > hi only hi's passes."""
+    jax = pytest.importorskip("jax")
+    jax.config.update("jax_enable_x64", True)
+    m = build([node("Clip", ["x", "lo", "hi"], ["y"])], [In("x", (5,)), In("lo", ()), In("hi", ())])
+    x = f64([-2.0, -1.0, 0.0, 1.0, 2.0])
+    for lo, hi in ((-1.0, 1.0), (1.0, -1.0), (0.0, 0.0)):
+        feeds = {"x": x, "lo": f64(lo), "hi": f64(hi)}
+        tangents = {"x": f64([1.0, 2.0, 3.0, 4.0, 5.0]), "lo": f64(10.0), "hi": f64(100.0)}
+        got = _jvp_at(m, feeds, tangents)
+
+        def clip(x: Any, lo: Any, hi: Any) -> Any:
+            return jax.numpy.minimum(jax.numpy.maximum(x, lo), hi)
+
+        _, want = jax.jvp(clip, (x, f64(lo), f64(hi)), (tangents["x"], tangents["lo"], tangents["hi"]))
+        np.testing.assert_allclose(got, want, atol=1e-15, err_msg=f"lo={lo}, hi={hi}")
+    loss = build(
+        [node("Clip", ["x", "lo", "hi"], ["y"]), node("ReduceSum", ["y"], ["l"], keepdims=0)],
         [In("x", (5,))],
+        ("l",),
         inits={"lo": f64(-1.0), "hi": f64(1.0)},
     )
-    x = f64([-2.0, -1.0, 0.0, 1.0, 2.0])
-    got = _jvp_at(m, {"x": x}, {"x": np.ones(5)})
-    np.testing.assert_array_equal(got, [0.0, 0.0, 1.0, 0.0, 0.0])
+    np.testing.assert_array_equal(
+        _grad_at(loss, {"x": x})[0], jax.grad(lambda v: jax.numpy.clip(v, -1.0, 1.0).sum())(x)
+    )
 
 
 # --------------------------------------------------------------------------------------------

@@ -531,3 +531,37 @@ def test_stop_gradient_cuts_the_derivative_through_a_marked_value() -> None:
         onnax.stop_gradient(loss_model, ["nope"])
     with pytest.raises(onnax.OnnaxError, match=r"input 'x' is selected for differentiation but marked"):
         onnax.grad(onnax.stop_gradient(loss_model, ["x"]), inputs=["x"])
+
+
+def test_dp_sgd_noise_drawn_in_the_graph_is_standard_normal_scaled() -> None:
+    """With noise_seed the step draws its own noise: the update's difference from the noise-free
+    clipped mean, times B / (sigma C), is standard normal, and changes from run to run."""
+    rng = np.random.default_rng(14)
+    model, values, _ = classifier(rng)
+    loss_model = onnax.add_loss(model, "softmax_cross_entropy", keep_outputs=False)
+    assert [o.name for o in loss_model.graph.output] == ["loss"]
+    opts: dict[str, Any] = {
+        "optimizer": "sgd",
+        "learning_rate": 1.0,
+        "dp_clip_norm": 0.5,
+        "noise_multiplier": 2.0,
+    }
+    seeded = onnax.train_step(loss_model, noise_seed=7, **opts)
+    assert not [i.name for i in seeded.graph.input if i.name.endswith("_noise")]
+    exact = onnax.train_step(loss_model, **opts)
+    x = rng.standard_normal((5, 4)).astype(np.float32)
+    t = rng.integers(0, 3, size=5)
+    state = onnax.initial_state(loss_model, exact)
+    zeros = {f"{p}_noise": np.zeros_like(values[p]) for p in PARAMS}
+    clean = run(exact, {**state, **zeros, "x": x, "label": t})
+    runner = StepRunner(seeded, state)
+    draws = []
+    for _ in range(2):
+        runner.state = dict(state)
+        out = runner({"x": x, "label": t})
+        draws.append(
+            np.concatenate([(clean[f"{p}_new"] - out[f"{p}_new"]).ravel() * 5 / (2.0 * 0.5) for p in PARAMS])
+        )
+    for z in draws:
+        assert abs(float(np.mean(z))) < 0.5 and 0.6 < float(np.std(z)) < 1.5, (np.mean(z), np.std(z))
+    assert not np.allclose(draws[0], draws[1])
