@@ -25,6 +25,9 @@ pytest.importorskip("jax")
 
 from validate_models import flip_sign  # noqa: E402
 
+# (tf2onnx exported opset 17; onnax upgrades it to 18 and says so)
+pytestmark = pytest.mark.filterwarnings("ignore:onnax. .*upgraded the model:UserWarning")
+
 MODELS = Path(__file__).resolve().parent / "models" / "exporters"
 NAMES = ("tf_cnn", "tf_mlp", "script_loop", "skl_mlp")
 WEIGHTED = ("tf_cnn", "tf_mlp", "skl_mlp")
@@ -117,16 +120,16 @@ def test_weight_derivatives_validate_with_the_exact_reference(name: str) -> None
         assert derivative and all(c.method == "exact (JAX float64)" for c in derivative)
 
 
-@pytest.mark.parametrize("name", ("tf_cnn", "tf_mlp"))
-def test_kink_aware_differences_pass_weight_gradient_and_hvp(name: str) -> None:
+@pytest.mark.parametrize(("name", "kind"), [("tf_cnn", "grad"), ("tf_mlp", "grad"), ("tf_mlp", "hvp")])
+def test_kink_aware_differences_pass_weight_gradient_and_hvp(name: str, kind: str) -> None:
     """Without JAX's help: finite differences that skip coordinates straddling a ReLU kink or a
-    max-pool tie, and an HVP from differences of float64 gradients with a small step."""
+    max-pool tie, and an HVP from differences of float64 gradients with a small step. (The
+    CNN's HVP by differences runs the float64 Conv on the ONNX reference evaluator: minutes.)"""
     model, _ = _load(name)
-    gen = _transforms(model, _weights(model))
-    for kind in ("grad", "hvp"):
-        report = testing.validate(model, gen[kind], exact=False, max_coords=24)
-        assert report.ok, f"{kind}: {report.format()}"
-        assert report.reference.startswith("finite differences"), report.reference
+    gen = _transforms(model, _weights(model), vmap_too=False)
+    report = testing.validate(model, gen[kind], exact=False, max_coords=24)
+    assert report.ok, f"{kind}: {report.format()}"
+    assert report.reference.startswith("finite differences"), report.reference
 
 
 def test_onnxscript_function_constants_are_cast_to_float64() -> None:
