@@ -32,12 +32,24 @@ from onnax.testing._runtime import Session, choose_backend, runtime_log
 
 
 class Budget:
-    """A deadline (``--max-seconds``); ``None`` never expires."""
+    """A deadline (``--max-seconds``; ``None`` never expires), and where long loops report
+    how far they are (``say``, at most one line every ``every`` seconds)."""
 
-    def __init__(self, seconds: float | None) -> None:
+    def __init__(
+        self, seconds: float | None, say: Callable[[str], None] | None = None, every: float = 5.0
+    ) -> None:
         self.deadline = None if seconds is None else time.monotonic() + seconds
         self.seconds = seconds
         self.hit = False  # set by whoever stopped early because of it
+        self.say = say
+        self.every = every
+        self._last = time.monotonic()
+
+    def progress(self, message: str) -> None:
+        now = time.monotonic()
+        if self.say is not None and now - self._last >= self.every:
+            self._last = now
+            self.say(message)
 
     def expired(self) -> bool:
         if self.deadline is not None and time.monotonic() > self.deadline:
@@ -302,9 +314,11 @@ def _reverse(
             g = np.zeros(x.shape, np.float64)
             checked = np.zeros(x.shape, bool)
             rough = np.zeros(x.shape, bool)
-            for idx in _coords(x.size, s, max_coords, seed):
+            coords = _coords(x.size, s, max_coords, seed)
+            for count, idx in enumerate(coords):
                 if budget.expired():
                     break
+                budget.progress(f"finite differences of '{s}': coordinate {count + 1} of {len(coords)}")
 
                 def evaluate(
                     h: float, s: str = s, x: np.ndarray = x, idx: int = int(idx)

@@ -191,7 +191,7 @@ def validate(
         report.versions["onnxruntime-web"] = web_version()
     given = load_inputs(inputs)
     say = progress or (lambda _msg: None)
-    budget = Budget(max_seconds)
+    budget = Budget(max_seconds, say)
     say("preparing the reference (the first use of JAX imports it: a few seconds)" if exact else "preparing")
     # Problems with the inputs or with the chain are usage errors, raised before any step runs.
     reference = build_reference(
