@@ -27,6 +27,8 @@ enum class LossKind {
   kSoftmaxCrossEntropy,           // -sum_c t_c log softmax(y)_c (t: class indices or probabilities)
   kBinaryCrossEntropyWithLogits,  // softplus(y) - y t
   kNegativeLogLikelihood,         // -y[t]: y holds log-probabilities, t class indices
+  kCrossEntropy,                  // -sum_c t_c log y_c: y holds probabilities (a Softmax's output)
+  kBinaryCrossEntropy,            // -(t log y + (1 - t) log(1 - y)): y holds probabilities
 };
 enum class Reduction { kMean, kSum };
 
@@ -37,14 +39,16 @@ struct LossOptions {
   // kMean: the mean over every loss element (every position of a regression output; every
   // position but the class axis of a classification one); kSum: their sum.
   Reduction reduction = Reduction::kMean;
-  // Softmax cross-entropy: labels are probabilities shaped like the logits instead of int64
-  // class indices.
+  // Softmax cross-entropy and cross-entropy: labels are probabilities shaped like the output
+  // instead of int64 class indices.
   bool probability_labels = false;
   // Softmax cross-entropy: the target is (1 - s) t + s / C.
   double label_smoothing = 0.0;
   // Classification losses: the axis of the classes (default: the last).
   int64_t class_axis = -1;
-  // Index labels equal to this contribute nothing and are not counted by the mean.
+  // Index labels equal to this contribute nothing and are not counted by the mean. (Other
+  // labels must lie in [0, C): a negative one fails when the model runs, as does a label whose
+  // shape is not the output's, less the class axis for index labels.)
   std::optional<int64_t> ignore_index;
   double huber_delta = 1.0;
   // Adds an input of per-example weights, one per index of the output's axis 0, that scale
@@ -62,7 +66,9 @@ struct LossOptions {
 // output, followed by the model's own outputs. The label has the output's symbolic dims
 // (without the class axis for index labels).
 onnx::ModelProto add_loss(const onnx::ModelProto& model, const LossOptions& options);
-// "mse", "l1", "huber", "softmax_cross_entropy", "binary_cross_entropy_with_logits", "nll".
+// "mse", "l1", "huber", "softmax_cross_entropy", "binary_cross_entropy_with_logits", "nll",
+// "cross_entropy", "binary_cross_entropy". Probabilities are clipped to [1e-7, 1 - 1e-7] before
+// their log, as Keras does.
 std::optional<LossKind> loss_kind_from_name(std::string_view name);
 std::vector<std::string> loss_kind_names();
 

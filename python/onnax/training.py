@@ -127,8 +127,8 @@ def train_step(
 
     Inputs: the model's runtime inputs, then the selected parameters (same names), the
     optimizer state (``<p>_m``/``<p>_v`` for Adam(W), ``<p>_velocity`` for SGD with momentum),
-    ``step`` (int64, steps taken) and ``learning_rate`` (float32, defaults to
-    ``learning_rate``). Outputs: the model's outputs, then ``<p>_new``, the new state and
+    ``step`` (int64, steps taken) and ``learning_rate`` (a float32 scalar; ``initial_state``
+    gives ``learning_rate``). Outputs: the model's outputs, then ``<p>_new``, the new state and
     ``step_new``. ``feedback(step_model)`` pairs them; ``initial_state`` gives first values.
 
     SGD and Adam add ``weight_decay * p`` to the gradient; AdamW decays the parameter directly;
@@ -236,9 +236,10 @@ def _stored_values(model: Any) -> dict[str, np.ndarray]:
 
 
 def initial_state(model: Any, step: Any) -> dict[str, np.ndarray]:
-    """The first values of the step's fed-back inputs: the parameters as stored in ``model``
+    """The first values of the step's carried inputs: the parameters as stored in ``model``
     (the loss model the step was made from), zeros for the optimizer state, accumulators and
-    step count. Feed them, with the data, to the first step."""
+    step count, and the learning rate the step was made with. Feed them, with the data, to the
+    first step (set ``state["learning_rate"]`` to follow a schedule)."""
     stored = _stored_values(model)
     inputs = {vi.name: vi for vi in _proto(step).graph.input}
     state: dict[str, np.ndarray] = {}
@@ -254,7 +255,8 @@ def initial_state(model: Any, step: Any) -> dict[str, np.ndarray]:
             continue
         t = inputs[name].type.tensor_type
         shape = [d.dim_value for d in t.shape.dim]
-        state[name] = np.zeros(shape, dtype=onnx.helper.tensor_dtype_to_np_dtype(t.elem_type))
+        value = float(e["value"]) if e["init"] == "value" else 0.0
+        state[name] = np.full(shape, value, dtype=onnx.helper.tensor_dtype_to_np_dtype(t.elem_type))
     return state
 
 

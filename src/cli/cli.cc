@@ -36,20 +36,14 @@ commands:
       Forward mode: appends <input>_tangent inputs and <output>_tangent outputs.
   vjp IN.onnx -o OUT.onnx [--inputs w] [--params SPEC] [--outputs loss]
       Reverse mode: appends <output>_cotangent inputs and <input>_cotangent outputs.
-      Parameters in bulk (grad, jvp, vjp, train-step), selected after --inputs:
-      --params SPEC          float initializers of rank >= 1: 'all', names, globs
-                             ('layers.*.weight'), 're:REGEX', '@FILE' (one entry per line)
-      --exclude SPEC         remove these from the selection (frozen parameters)
-      --min-size N           only initializers with at least N elements
-      --constants-as-params N  first turn float Constant nodes of >= N elements (weights
-                             some exporters, e.g. jax2onnx, write as Constants) into initializers
-      --stop-gradient NAMES  treat these values as constants: their derivative is cut
   loss IN.onnx -o OUT.onnx --kind KIND [--output NAME] [--reduction mean|sum] ...
       Appends a label input and a rank-0 loss as the first output. KIND: mse, l1, huber,
-      softmax_cross_entropy, binary_cross_entropy_with_logits, nll.
+      softmax_cross_entropy / binary_cross_entropy_with_logits (the output holds logits),
+      cross_entropy / binary_cross_entropy (probabilities), nll (log-probabilities).
       --output NAME          the model output the loss reads (default: the only float one)
-      --probabilities        softmax_cross_entropy: labels are probabilities, not int64 indices
-      --label-smoothing S    softmax_cross_entropy: target (1 - S) t + S / C
+      --probabilities        (softmax_)cross_entropy: labels are probabilities, not int64
+                             class indices (which must lie in [0, C))
+      --label-smoothing S    (softmax_)cross_entropy: target (1 - S) t + S / C
       --class-axis A         classification losses: the class axis (default -1)
       --ignore-index I       labels equal to I contribute nothing and are not counted
       --delta D              huber's threshold (default 1)
@@ -60,7 +54,7 @@ commands:
       One training step as a pure ONNX graph: runtime inputs, parameters, optimizer state,
       step, learning_rate (default --lr) in; loss, <param>_new, new state, step_new out
       (metadata_props['onnax.train_state'] pairs each fed-back input with its output).
-      --params SPEC          as above (default: all)
+      --params SPEC          see parameter options (default: all)
       --loss NAME            the rank-0 loss output (default: the only one)
       --optimizer sgd|adam|adamw  (default adamw); --lr, --momentum M, --nesterov, --beta1,
                              --beta2, --eps, --weight-decay W, --no-decay SPEC (exempt params)
@@ -87,11 +81,43 @@ commands:
       and ONNX Runtime. The standalone build/onnax points there (exit 2).
   version         print the onnax version
 
-common options (vmap, grad, jvp, vjp):
-  -o, --output PATH      where to write the result (required)
+parameter options (grad, jvp, vjp: selected after --inputs; train-step):
+  --params SPEC            float initializers of rank >= 1: 'all', names, globs
+                           ('layers.*.weight'), 're:REGEX' (globs and re: match whole
+                           names), '@FILE' (one entry per line)
+  --exclude SPEC           remove these from the selection (frozen parameters)
+  --min-size N             only initializers with at least N elements
+  --constants-as-params N  first turn float Constant nodes of >= N elements (weights some
+                           exporters write as Constants, e.g. inside functions) into
+                           initializers
+  --stop-gradient NAMES    treat these values as constants: their derivative is cut
+
+common options (vmap, grad, jvp, vjp, loss, train-step):
+  -o PATH                where to write the result (required; vmap also takes --output)
   --external-data        write tensors to PATH.data (automatic above 2 GB)
   -h, --help             show this help
 )";
+
+// The usage of one command: its entry in kUsage (from its line to the next command's) and the
+// common options; the whole usage for a command it does not list.
+std::string command_help(const std::string& cmd) {
+  const std::string usage = kUsage;
+  const size_t start = usage.find("\n  " + cmd + " ");
+  if (start == std::string::npos) return usage;
+  size_t end = start + 1;
+  // Command lines are indented by two spaces, their options by more.
+  while ((end = usage.find('\n', end)) != std::string::npos && end + 3 < usage.size() &&
+         !(usage[end + 1] == ' ' && usage[end + 2] == ' ' && usage[end + 3] != ' '))
+    ++end;
+  std::string help = "usage: onnax" + usage.substr(start + 2, end - start - 1);
+  if (cmd == "grad" || cmd == "jvp" || cmd == "vjp" || cmd == "train-step") {
+    const size_t from = usage.find("\nparameter options");
+    help += usage.substr(from, usage.find("\ncommon options") - from);
+  }
+  const size_t common = usage.find("\ncommon options");
+  if (common != std::string::npos) help += usage.substr(common);
+  return help;
+}
 
 Axis parse_axis(const std::string& s, const std::string& option) {
   if (s == "none" || s == "None" || s == "null") return std::nullopt;
@@ -235,7 +261,7 @@ int run(const std::vector<std::string>& args) {
     std::vector<std::string> rest(args.begin() + 1, args.end());
     for (const auto& a : rest)
       if (a == "-h" || a == "--help") {
-        std::cout << kUsage << std::flush;
+        std::cout << command_help(cmd) << std::flush;
         return 0;
       }
     if (cmd == "vmap") return cmd_vmap(rest);

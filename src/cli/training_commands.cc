@@ -9,6 +9,7 @@
 
 #include "cli/args.h"
 #include "diagnostics/error.h"
+#include "training/training_parts.h"
 
 namespace onnax::cli {
 namespace {
@@ -104,9 +105,10 @@ std::vector<std::string> selected_params(onnx::ModelProto& model, const ParamArg
 int cmd_loss(const std::vector<std::string>& args) {
   LossOptions opt;
   std::string out;
-  bool kind_given = false;
+  bool kind_given = false, external = false;
   Options o;
   o.valued["-o"] = [&](const std::string& v) { out = v; };
+  o.flags["--external-data"] = [&] { external = true; };
   o.valued["--kind"] = [&](const std::string& v) {
     opt.kind = loss_kind(v);
     kind_given = true;
@@ -133,7 +135,7 @@ int cmd_loss(const std::vector<std::string>& args) {
     throw UsageError{
         "loss needs --kind (mse, l1, huber, softmax_cross_entropy, "
         "binary_cross_entropy_with_logits, nll)"};
-  save_model(add_loss(load_model(f.in), opt), f.out);
+  save_model(add_loss(load_model(f.in), opt), f.out, external);
   std::cerr << "onnax: wrote " << f.out << "\n";
   return 0;
 }
@@ -142,9 +144,10 @@ int cmd_train_step(const std::vector<std::string>& args) {
   TrainStepOptions opt;
   ParamArgs params;
   std::string out, init;
-  bool dp_clip = false, dp_noise = false;
+  bool dp_clip = false, dp_noise = false, external = false;
   Options o;
   o.valued["-o"] = [&](const std::string& v) { out = v; };
+  o.flags["--external-data"] = [&] { external = true; };
   o.valued["--init"] = [&](const std::string& v) { init = v; };
   o.valued["--loss"] = [&](const std::string& v) { opt.loss = v; };
   add_param_options(o, params);
@@ -185,9 +188,17 @@ int cmd_train_step(const std::vector<std::string>& args) {
     if (!opt.dp_sgd) opt.dp_sgd.emplace();
     opt.dp_sgd->noise_seed = parse_int(v, "--noise-seed");
   };
-  o.flags["--accumulate"] = [&] { opt.form = TrainStepOptions::Form::kAccumulate; };
-  o.flags["--apply"] = [&] { opt.form = TrainStepOptions::Form::kApply; };
+  int forms = 0;
+  o.flags["--accumulate"] = [&] {
+    opt.form = TrainStepOptions::Form::kAccumulate;
+    ++forms;
+  };
+  o.flags["--apply"] = [&] {
+    opt.form = TrainStepOptions::Form::kApply;
+    ++forms;
+  };
   const Files f = files(parse(args, o, "train-step"), out, "train-step");
+  if (forms > 1) throw UsageError{"--accumulate and --apply write two different models; run train-step once with each"};
   if (dp_clip != dp_noise)
     throw UsageError{"DP-SGD needs both --dp-clip C and --noise-multiplier SIGMA (--noise-multiplier 0 for none)"};
   onnx::ModelProto model = load_model(f.in);
@@ -198,10 +209,20 @@ int cmd_train_step(const std::vector<std::string>& args) {
   std::cerr << "onnax: train-step trains " << trained.size() << " parameter(s):";
   for (size_t i = 0; i < trained.size() && i < 8; ++i) std::cerr << " " << trained[i];
   std::cerr << (trained.size() > 8 ? " ..." : "") << "\n";
-  save_model(step, f.out);
+  if (!opt.optimizer.no_decay.empty()) {
+    std::cerr << "onnax: without weight decay:";
+    for (const auto& name : trained)
+      for (const auto& e : opt.optimizer.no_decay)
+        if (training::Matcher(e, "train-step", "--no-decay").matches(name)) {
+          std::cerr << " " << name;
+          break;
+        }
+    std::cerr << "\n";
+  }
+  save_model(step, f.out, external);
   std::cerr << "onnax: wrote " << f.out << "\n";
   if (!init.empty()) {
-    save_model(initial_state(model, step), init);
+    save_model(initial_state(model, step), init, external);
     std::cerr << "onnax: wrote " << init << "\n";
   }
   return 0;

@@ -118,8 +118,9 @@ onnx::ModelProto initial_state(const onnx::ModelProto& loss_model, const onnx::M
       w.op("Identity", {init->name()}, {}, name);
       continue;
     }
-    // Zeros of the input's static shape and dtype.
+    // Zeros (or the recorded value) of the input's static shape and dtype.
     const auto& type = in->second->type().tensor_type();
+    const double value = e.count("init") && e.at("init") == "value" ? std::stod(e.at("value")) : 0.0;
     std::vector<int64_t> dims;
     for (const auto& d : type.shape().dim()) {
       if (!d.has_dim_value())
@@ -134,11 +135,11 @@ onnx::ModelProto initial_state(const onnx::ModelProto& loss_model, const onnx::M
     z->set_data_type(type.elem_type());
     z->add_dims(1);
     if (type.elem_type() == onnx::TensorProto::DOUBLE)
-      z->add_double_data(0.0);
+      z->add_double_data(value);
     else if (type.elem_type() == onnx::TensorProto::INT64)
-      z->add_int64_data(0);
+      z->add_int64_data(static_cast<int64_t>(value));
     else
-      z->add_float_data(0.0f);
+      z->add_float_data(static_cast<float>(value));
     w.op("ConstantOfShape", {w.i64s(dims)}, {zero}, name);
   }
   return out;

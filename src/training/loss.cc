@@ -7,6 +7,7 @@
 
 #include "diagnostics/error.h"
 #include "emit/graph_writer.h"
+#include "notice.h"
 #include "training/training_parts.h"
 #include "transforms/prepare.h"
 #include "transforms/provenance.h"
@@ -14,14 +15,19 @@
 namespace onnax {
 namespace {
 
-constexpr std::array<std::pair<LossKind, std::string_view>, 6> kLossNames{{
+constexpr std::array<std::pair<LossKind, std::string_view>, 8> kLossNames{{
     {LossKind::kMeanSquaredError, "mse"},
     {LossKind::kL1, "l1"},
     {LossKind::kHuber, "huber"},
     {LossKind::kSoftmaxCrossEntropy, "softmax_cross_entropy"},
     {LossKind::kBinaryCrossEntropyWithLogits, "binary_cross_entropy_with_logits"},
     {LossKind::kNegativeLogLikelihood, "nll"},
+    {LossKind::kCrossEntropy, "cross_entropy"},
+    {LossKind::kBinaryCrossEntropy, "binary_cross_entropy"},
 }};
+
+// Probabilities are clipped to [eps, 1 - eps] before their log, as Keras does.
+constexpr double kProbabilityEpsilon = 1e-7;
 
 std::string_view kind_name(LossKind kind) {
   for (const auto& [k, name] : kLossNames)
@@ -30,19 +36,41 @@ std::string_view kind_name(LossKind kind) {
 }
 
 bool classification(LossKind kind) {
-  return kind == LossKind::kSoftmaxCrossEntropy || kind == LossKind::kNegativeLogLikelihood;
+  return kind == LossKind::kSoftmaxCrossEntropy || kind == LossKind::kNegativeLogLikelihood ||
+         kind == LossKind::kCrossEntropy;
+}
+
+// Losses whose labels may be probabilities over the classes instead of indices.
+bool takes_probability_labels(LossKind kind) {
+  return kind == LossKind::kSoftmaxCrossEntropy || kind == LossKind::kCrossEntropy;
+}
+
+// What the loss expects the output to be, and which producing ops betray another meaning.
+struct Expectation {
+  std::string_view reads;    // "logits", "probabilities", "log-probabilities", "values"
+  std::string_view suspect;  // an op whose output is not that, or ""
+  std::string_view instead;  // the kind to use for the suspect's output
+};
+Expectation expectation(LossKind kind) {
+  switch (kind) {
+    case LossKind::kSoftmaxCrossEntropy: return {"logits", "Softmax", "cross_entropy"};
+    case LossKind::kBinaryCrossEntropyWithLogits: return {"logits", "Sigmoid", "binary_cross_entropy"};
+    case LossKind::kNegativeLogLikelihood: return {"log-probabilities", "Softmax", "cross_entropy"};
+    case LossKind::kCrossEntropy: return {"probabilities", "LogSoftmax", "nll"};
+    case LossKind::kBinaryCrossEntropy: return {"probabilities", "", ""};
+    default: return {"values", "", ""};
+  }
 }
 
 // The loss elements' writer: y is the model output, the label and weight inputs are named by
 // the options.
 class LossWriter {
  public:
-  LossWriter(GraphWriter& w, const LossOptions& o, const std::string& y, int64_t rank)
-      : w_(w), o_(o), y_(y), rank_(rank) {}
+  LossWriter(GraphWriter& w, const LossOptions& o, const std::string& y) : w_(w), o_(o), y_(y) {}
 
   // Per-position loss elements (rank: the output's, less the class axis for index labels).
   std::string elements(int64_t class_axis) {
-    const std::string& t = o_.label_name;
+    const std::string& t = label_;
     switch (o_.kind) {
       case LossKind::kMeanSquaredError: {
         const std::string d = w_.op("Sub", {y_, t});
@@ -61,31 +89,50 @@ class LossWriter {
         // softplus(y) - y t = -(t log sigmoid(y) + (1 - t) log sigmoid(-y)), without a kink at 0
         // (a max(y, 0) + log1p(exp(-|y|)) form would differentiate through relu'(0) and abs'(0)).
         return w_.op("Sub", {w_.op("Softplus", {y_}), w_.op("Mul", {y_, t})});
+      case LossKind::kBinaryCrossEntropy: {
+        // -(t log p + (1 - t) log(1 - p)), p clipped away from 0 and 1.
+        const std::string p = w_.op("Clip", {y_, w_.scalar(kProbabilityEpsilon), w_.scalar(1 - kProbabilityEpsilon)});
+        const std::string one = w_.scalar(1.0);
+        const std::string pos = w_.op("Mul", {t, w_.op("Log", {p})});
+        const std::string neg = w_.op("Mul", {w_.op("Sub", {one, t}), w_.op("Log", {w_.op("Sub", {one, p})})});
+        return w_.op("Neg", {w_.op("Add", {pos, neg})});
+      }
       case LossKind::kSoftmaxCrossEntropy:
-      case LossKind::kNegativeLogLikelihood: return class_elements(class_axis);
+      case LossKind::kNegativeLogLikelihood:
+      case LossKind::kCrossEntropy: return class_elements(class_axis);
     }
     return {};
   }
 
-  // Index labels equal to ignore_index: a bool mask of the others, and labels safe to gather.
-  void mask_ignored() {
-    mask_ = w_.op("Not", {w_.op("Equal", {o_.label_name, w_.i64(*o_.ignore_index)})});
-    safe_label_ = w_.op("Where", {mask_, o_.label_name, w_.i64(0)});
+  // The label as the loss reads it: reshaped to the shape the output implies (`expected`, a
+  // run-time shape), so a label of another size fails when the model runs instead of being
+  // broadcast or read in part; index labels below 0 (other than ignore_index) are sent out of
+  // range, so the gather fails instead of wrapping around to the last classes.
+  void check_label(const std::string& expected, bool index_labels) {
+    label_ = w_.op("Reshape", {o_.label_name, expected}, {}, o_.label_name + "_checked");
+    if (!index_labels) return;
+    if (o_.ignore_index) {
+      mask_ = w_.op("Not", {w_.op("Equal", {label_, w_.i64(*o_.ignore_index)})});
+      label_ = w_.op("Where", {mask_, label_, w_.i64(0)});
+    }
+    label_ = w_.op("Where", {w_.op("Less", {label_, w_.i64(0)}), w_.i64(int64_t{1} << 62), label_});
   }
+
+  // Index labels other than ignore_index (after check_label).
   const std::string& mask() const { return mask_; }
 
  private:
   std::string class_elements(int64_t c) {
-    const std::string log_p = o_.kind == LossKind::kSoftmaxCrossEntropy
-                                  ? w_.op("LogSoftmax", {y_}, {attr_i("axis", c)})
-                                  : y_;  // negative log-likelihood reads log-probabilities
+    std::string log_p = y_;  // negative log-likelihood reads log-probabilities
+    if (o_.kind == LossKind::kSoftmaxCrossEntropy) log_p = w_.op("LogSoftmax", {y_}, {attr_i("axis", c)});
+    if (o_.kind == LossKind::kCrossEntropy)
+      log_p = w_.op("Log", {w_.op("Clip", {y_, w_.scalar(kProbabilityEpsilon), w_.scalar(1.0)})});
     const std::string axes = w_.i64s({c});
     std::string picked;  // sum_c t_c log p_c
     if (o_.probability_labels) {
-      picked = w_.op("ReduceSum", {w_.op("Mul", {o_.label_name, log_p}), axes}, {attr_i("keepdims", 0)});
+      picked = w_.op("ReduceSum", {w_.op("Mul", {label_, log_p}), axes}, {attr_i("keepdims", 0)});
     } else {
-      const std::string label = safe_label_.empty() ? o_.label_name : safe_label_;
-      const std::string at = w_.op("Unsqueeze", {label, axes});
+      const std::string at = w_.op("Unsqueeze", {label_, axes});
       picked = w_.op("Squeeze", {w_.op("GatherElements", {log_p, at}, {attr_i("axis", c)}), axes});
     }
     if (o_.label_smoothing == 0.0) return w_.op("Neg", {picked});
@@ -99,8 +146,7 @@ class LossWriter {
   GraphWriter& w_;
   const LossOptions& o_;
   std::string y_;
-  int64_t rank_;
-  std::string mask_, safe_label_;
+  std::string label_, mask_;
 };
 
 }  // namespace
@@ -124,10 +170,10 @@ onnx::ModelProto add_loss(const onnx::ModelProto& model, const LossOptions& o) {
   const Facts yf = p.fact(y);
   const int64_t rank = yf.rank();
   const bool index_labels = classification(o.kind) && !o.probability_labels;
-  if (o.probability_labels && o.kind != LossKind::kSoftmaxCrossEntropy)
+  if (o.probability_labels && !takes_probability_labels(o.kind))
     diag::fail(Error::Kind::kSelection,
-               "loss: probability labels apply to softmax_cross_entropy, not " + std::string(kind_name(o.kind)) +
-                   ". Fix: drop the probability-labels option, or choose softmax_cross_entropy");
+               "loss: probability labels apply to softmax_cross_entropy and cross_entropy, not " +
+                   std::string(kind_name(o.kind)) + ". Fix: drop the probability-labels option");
   if (o.ignore_index && !index_labels)
     diag::fail(Error::Kind::kSelection,
                "loss: ignore_index applies to class-index labels (softmax_cross_entropy, "
@@ -135,10 +181,10 @@ onnx::ModelProto add_loss(const onnx::ModelProto& model, const LossOptions& o) {
                    std::string(kind_name(o.kind)) + (o.probability_labels ? " with probability labels" : "") +
                    ". Fix: drop ignore_index");
   if (o.label_smoothing < 0.0 || o.label_smoothing > 1.0 ||
-      (o.label_smoothing != 0.0 && o.kind != LossKind::kSoftmaxCrossEntropy))
+      (o.label_smoothing != 0.0 && !takes_probability_labels(o.kind)))
     diag::fail(Error::Kind::kSelection, "loss: label_smoothing is " + std::to_string(o.label_smoothing) +
-                                            "; it must lie in [0, 1] and applies to softmax_cross_entropy only. "
-                                            "Fix: pass a value in [0, 1] with softmax_cross_entropy");
+                                            "; it must lie in [0, 1] and applies to softmax_cross_entropy and "
+                                            "cross_entropy only. Fix: pass a value in [0, 1] with one of them");
   if (o.kind == LossKind::kHuber && !(o.huber_delta > 0.0))
     diag::fail(Error::Kind::kSelection, "loss: huber_delta is " + std::to_string(o.huber_delta) +
                                             "; it must be positive. Fix: pass a delta > 0 (default 1.0)");
@@ -161,8 +207,16 @@ onnx::ModelProto add_loss(const onnx::ModelProto& model, const LossOptions& o) {
     diag::fail(Error::Kind::kUnsupported, "loss: example weights scale the loss along axis 0 of '" + y +
                                               "', whose shape is " + yf.shape_string() +
                                               ". Fix: drop example weights, or choose an output with a batch axis");
-  for (const std::string* name : {&o.label_name, &o.loss_name, o.example_weights ? &o.weight_name : nullptr})
-    if (name) training::claim_name(p, m, *name);
+  training::claim_name(p, m, o.label_name, "--label-name / label_name");
+  training::claim_name(p, m, o.loss_name, "--loss-name / loss_name");
+  if (o.example_weights) training::claim_name(p, m, o.weight_name, "--weight-name / weight_name");
+  // A loss that reads logits given probabilities (or the reverse) trains, but on another loss.
+  const Expectation expects = expectation(o.kind);
+  for (const auto& n : p.graph->node())
+    if (!expects.suspect.empty() && n.op_type() == expects.suspect && n.output_size() > 0 && n.output(0) == y)
+      notice("loss: output '" + y + "' is computed by " + n.op_type() + ", but " + std::string(kind_name(o.kind)) +
+             " reads " + std::string(expects.reads) + ". Fix: use --kind " + std::string(expects.instead) +
+             " for this output, or name the output before the " + n.op_type() + " (--output)");
 
   onnx::GraphProto& g = mutable_graph(p);
   // The label's facts: the output's, as int64 without the class axis for index labels.
@@ -179,8 +233,15 @@ onnx::ModelProto add_loss(const onnx::ModelProto& model, const LossOptions& o) {
   }
 
   GraphWriter w(p.value_names, g, o.loss_name, yf.dtype);
-  LossWriter lw(w, o, y, rank);
-  if (o.ignore_index) lw.mask_ignored();
+  LossWriter lw(w, o, y);
+  // The label's expected shape, from the output's at run time.
+  std::string expected = w.op("Shape", {y});
+  if (index_labels) {
+    const std::string before = w.op("Shape", {y}, {attr_i("start", 0), attr_i("end", class_axis)});
+    const std::string after = w.op("Shape", {y}, {attr_i("start", class_axis + 1)});
+    expected = w.op("Concat", {before, after}, {attr_i("axis", 0)});
+  }
+  lw.check_label(expected, index_labels);
   std::string l = lw.elements(class_axis);
   if (o.ignore_index) l = w.op("Where", {lw.mask(), l, w.scalar(0.0)});
   if (o.example_weights) {

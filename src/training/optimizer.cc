@@ -4,12 +4,14 @@
 
 namespace onnax::training {
 
-const Carried& StepWriter::carry(const std::string& base, const Facts& facts, bool from_param, bool written) {
+const Carried& StepWriter::carry(const std::string& base, const Facts& facts, Carried::Init init, bool written,
+                                 double value) {
   Carried c;
   c.input = names_.fresh(base);
   if (written) c.output = names_.fresh(c.input + "_new");
   c.facts = facts;
-  c.from_param = from_param;
+  c.init = init;
+  c.value = value;
   carried_.push_back(std::move(c));
   return carried_.back();
 }
@@ -19,7 +21,7 @@ const Carried& StepWriter::carry_param(const Param& p, bool written) {
   c.input = p.name;  // (a parameter keeps its name: it is reserved already)
   if (written) c.output = names_.fresh(p.name + "_new");
   c.facts = p.facts;
-  c.from_param = true;
+  c.init = Carried::Init::kParam;
   carried_.push_back(std::move(c));
   return carried_.back();
 }
@@ -70,10 +72,10 @@ std::vector<ParamState> declare_optimizer_state(StepWriter& w, const OptimizerOp
   for (size_t i = 0; i < params.size(); ++i) {
     const Param& p = params[i];
     if (o.kind == OptimizerOptions::Kind::kSgd) {
-      if (o.momentum != 0.0) state[i].push_back(w.carry(p.name + "_velocity", p.facts, false));
+      if (o.momentum != 0.0) state[i].push_back(w.carry(p.name + "_velocity", p.facts));
     } else {
-      state[i].push_back(w.carry(p.name + "_m", p.facts, false));
-      state[i].push_back(w.carry(p.name + "_v", p.facts, false));
+      state[i].push_back(w.carry(p.name + "_m", p.facts));
+      state[i].push_back(w.carry(p.name + "_v", p.facts));
     }
   }
   return state;

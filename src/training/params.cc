@@ -53,9 +53,12 @@ std::vector<std::string> select_params(const onnx::ModelProto& model, const Para
                  m + ": '" + entry + "' matches none of " + what + ": " + training::listed(candidates) +
                      (candidates.empty() ? ". Fix: this model keeps no float weights as initializers; if its "
                                            "exporter wrote them as Constant nodes, turn those into initializers "
-                                           "first (--constants-as-params)"
-                                         : ". Fix: name one of these, or use a glob ('layers.*.weight') or "
-                                           "'re:REGEX'"));
+                                           "first (--constants-as-params 16; Python constants_to_initializers). "
+                                           "Weights held in attributes (ai.onnx.ml ops such as "
+                                           "LinearClassifier) cannot be trained"
+                                         : ". Globs and re: match whole names (re:.*dense.* finds 'dense' "
+                                           "anywhere). Fix: name one of these, or use a glob ('layers.*.weight') "
+                                           "or 're:REGEX'"));
   }
   for (const auto& entry : spec.exclude) {
     const training::Matcher match(entry, m, "exclude");

@@ -25,9 +25,11 @@ struct Param {
 
 // An input the next step reads from an output of this one (output empty: fed unchanged).
 struct Carried {
+  enum class Init { kZeros, kParam, kValue };  // the first value: zeros, as stored, `value`
   std::string input, output;
   Facts facts;
-  bool from_param = false;  // first value: the parameter as stored; else zeros
+  Init init = Init::kZeros;
+  double value = 0.0;
 };
 
 class StepWriter {
@@ -35,7 +37,8 @@ class StepWriter {
   StepWriter(onnx::GraphProto& g, NameScope& names) : g_(g), names_(names) {}
 
   // Declares a carried value: its input and output names are reserved now, fresh in the scope.
-  const Carried& carry(const std::string& base, const Facts& facts, bool from_param, bool written = true);
+  const Carried& carry(const std::string& base, const Facts& facts, Carried::Init init = Carried::Init::kZeros,
+                       bool written = true, double value = 0.0);
   // A carried value declared under the exact name of a parameter.
   const Carried& carry_param(const Param& p, bool written);
   std::string fresh(const std::string& base) { return names_.fresh(base); }

@@ -2,6 +2,7 @@
 // update in one pure-functional ONNX graph; initial_state: the first values of what it carries.
 #include <onnax/training.h>
 
+#include <algorithm>
 #include <set>
 
 #include "diagnostics/error.h"
@@ -33,6 +34,18 @@ void check_options(const TrainStepOptions& o) {
     diag::fail(Error::Kind::kSelection, kMode +
                                             ": Nesterov's variant needs momentum > 0. Fix: pass a momentum "
                                             "(e.g. 0.9), or drop nesterov");
+  using Kind = OptimizerOptions::Kind;
+  const OptimizerOptions defaults;
+  if (opt.kind != Kind::kSgd && (opt.momentum != 0.0 || opt.nesterov))
+    diag::fail(Error::Kind::kSelection, kMode +
+                                            ": momentum and Nesterov's variant belong to SGD; Adam and AdamW "
+                                            "keep their own moments (beta1, beta2). Fix: drop them, or choose "
+                                            "the sgd optimizer");
+  if (opt.kind == Kind::kSgd &&
+      (opt.beta1 != defaults.beta1 || opt.beta2 != defaults.beta2 || opt.epsilon != defaults.epsilon))
+    diag::fail(Error::Kind::kSelection, kMode +
+                                            ": beta1, beta2 and epsilon belong to Adam and AdamW, not SGD. "
+                                            "Fix: drop them, or choose the adam or adamw optimizer");
   if (!(opt.beta1 >= 0.0 && opt.beta1 < 1.0)) bad("beta1", opt.beta1, "a value in [0, 1)");
   if (!(opt.beta2 >= 0.0 && opt.beta2 < 1.0)) bad("beta2", opt.beta2, "a value in [0, 1)");
   if (!(opt.epsilon > 0.0)) bad("epsilon", opt.epsilon, "a value > 0");
@@ -64,7 +77,14 @@ Facts tensor_facts(const onnx::TensorProto& t) {
 std::vector<Param> chosen_params(const onnx::ModelProto& model, const TrainStepOptions& o) {
   const std::vector<std::string> names = select_params(model, o.params);
   std::vector<training::Matcher> no_decay;
-  for (const auto& e : o.optimizer.no_decay) no_decay.emplace_back(e, kMode, "no-decay");
+  for (const auto& e : o.optimizer.no_decay) {
+    no_decay.emplace_back(e, kMode, "no-decay");
+    if (std::none_of(names.begin(), names.end(), [&](const std::string& n) { return no_decay.back().matches(n); }))
+      diag::fail(Error::Kind::kSelection, kMode + ": no-decay entry '" + e +
+                                              "' matches none of the trained parameters " + training::listed(names) +
+                                              " (globs and re: match whole names, case-sensitively). Fix: "
+                                              "name parameters that are trained, or drop the entry");
+  }
   std::vector<Param> params;
   for (const auto& t : model.graph().initializer()) {
     if (std::find(names.begin(), names.end(), t.name()) == names.end()) continue;
@@ -87,6 +107,41 @@ std::string loss_output(const onnx::GraphProto& g, size_t model_outputs, const s
       return g.output(static_cast<int>(i)).name();
   }
   return g.output(0).name();
+}
+
+// The loss output a step needs, checked on the declared outputs before grad runs (whose own
+// diagnostics speak of grad's arguments): named and rank-0, or the only rank-0 float output.
+void check_loss_output(const onnx::ModelProto& m, const std::optional<std::string>& loss) {
+  std::vector<std::string> scalars, outputs;
+  const onnx::ValueInfoProto* named = nullptr;
+  for (const auto& o : m.graph().output()) {
+    outputs.push_back(o.name());
+    const auto& t = o.type().tensor_type();
+    if (t.has_shape() && t.shape().dim_size() == 0 && differentiable_dtype(t.elem_type())) scalars.push_back(o.name());
+    if (loss && o.name() == *loss) named = &o;
+  }
+  const std::string add_one = "attach a loss first (onnax loss MODEL -o LOSS.onnx --kind KIND; Python add_loss)";
+  if (loss && !named)
+    diag::fail(Error::Kind::kSelection, kMode + ": the loss '" + *loss +
+                                            "' is not an output of the model; outputs: " + training::listed(outputs) +
+                                            ". Fix: name the loss output with --loss / "
+                                            "loss=, or " +
+                                            add_one);
+  if (named) {
+    const auto& t = named->type().tensor_type();
+    if (t.has_shape() && t.shape().dim_size() != 0)
+      diag::fail(Error::Kind::kSelection, kMode + ": output '" + *loss + "' has rank " +
+                                              std::to_string(t.shape().dim_size()) +
+                                              "; a training step minimizes a rank-0 loss. Fix: " + add_one);
+    return;
+  }
+  if (scalars.empty() && std::all_of(m.graph().output().begin(), m.graph().output().end(),
+                                     [](const onnx::ValueInfoProto& o) { return o.type().tensor_type().has_shape(); }))
+    diag::fail(Error::Kind::kSelection, kMode + ": the model has no rank-0 float output to minimize (outputs: " +
+                                            training::listed(outputs) + "). Fix: " + add_one);
+  if (scalars.size() > 1)
+    diag::fail(Error::Kind::kSelection, kMode + ": the model has several rank-0 float outputs " +
+                                            training::listed(scalars) + ". Fix: name the loss with --loss / loss=");
 }
 
 // vmap(grad) of the loss model, each example evaluated as a batch of one: every runtime input
@@ -166,10 +221,16 @@ void free_claimed_names(onnx::GraphProto& g, const std::vector<std::string>& cla
 
 std::string state_json(const std::vector<Carried>& carried) {
   std::vector<std::string> items;
-  for (const auto& c : carried)
+  for (const auto& c : carried) {
+    const char* init = c.init == Carried::Init::kParam ? "param" : c.init == Carried::Init::kValue ? "value" : "zeros";
+    char value[32];
+    std::snprintf(value, sizeof value, "%.17g", c.value);
     items.push_back("{\"input\": " + provenance::quote(c.input) +
                     ", \"output\": " + (c.output.empty() ? std::string("null") : provenance::quote(c.output)) +
-                    ", \"init\": " + provenance::quote(c.from_param ? "param" : "zeros") + "}");
+                    ", \"init\": " + provenance::quote(init) +
+                    (c.init == Carried::Init::kValue ? ", \"value\": " + provenance::quote(value) : std::string()) +
+                    "}");
+  }
   return provenance::list(items);
 }
 
@@ -310,18 +371,22 @@ onnx::ModelProto train_step(const onnx::ModelProto& loss_model, const TrainStepO
   const bool accumulating = o.form != Form::kStep;
   const bool updating = o.form != Form::kAccumulate;
   if (accumulating) {
-    for (const auto& p : params) accumulators.push_back(w.carry(p.name + "_grad_sum", p.facts, false));
-    accumulated = w.carry("accumulated", Facts::of(onnx::TensorProto::INT64, {}), false).input;
+    for (const auto& p : params) accumulators.push_back(w.carry(p.name + "_grad_sum", p.facts));
+    accumulated = w.carry("accumulated", Facts::of(onnx::TensorProto::INT64, {})).input;
   }
   std::vector<training::ParamState> state;
   std::string step, step_new, lr;
   std::vector<std::string> claimed;
   if (updating) {
     state = training::declare_optimizer_state(w, o.optimizer, params);
-    const Carried& s = w.carry("step", Facts::of(onnx::TensorProto::INT64, {}), false);
+    const Carried& s = w.carry("step", Facts::of(onnx::TensorProto::INT64, {}));
     step = s.input;
     step_new = s.output;
-    lr = w.fresh("learning_rate");
+    // Fed, not written: a schedule feeds other values. (A plain input: ONNX Runtime warns about
+    // an input with a default initializer in every session it opens.)
+    lr = w.carry("learning_rate", Facts::of(onnx::TensorProto::FLOAT, {}), Carried::Init::kValue, false,
+                 o.optimizer.learning_rate)
+             .input;
   }
   std::vector<std::string> noise;  // the noise inputs (none when the graph draws the noise)
   if (o.dp_sgd && !o.dp_sgd->noise_seed)
@@ -340,9 +405,10 @@ onnx::ModelProto train_step(const onnx::ModelProto& loss_model, const TrainStepO
   for (const auto* list : {&noise, &p_new})
     for (const auto& n : *list)
       if (!n.empty()) claimed.push_back(n);
-  for (const auto& n : {lr, grad_norm, example_norms})
+  for (const auto& n : {grad_norm, example_norms})
     if (!n.empty()) claimed.push_back(n);
 
+  if (o.form != Form::kApply) check_loss_output(loss_model, o.loss);
   // The gradient graph, with the loss model's outputs first, then one gradient per parameter.
   const size_t model_outputs = static_cast<size_t>(loss_model.graph().output_size());
   std::string loss;
@@ -389,13 +455,29 @@ onnx::ModelProto train_step(const onnx::ModelProto& loss_model, const TrainStepO
       const std::string count = sw.op("Cast", {accumulated}, {attr_i("to", p.facts.dtype)}, {}, "accumulated_count");
       p.grad = sw.op("Div", {accumulators[i].input, count}, {}, {}, p.name + "_mean_grad");
     }
+  onnx::TypeProto example_norms_type;
   if (o.dp_sgd) {
+    // The loss becomes the mean of the per-example losses; the model's other outputs, per
+    // example [B, 1, ...], lose the batch-of-one axis.
+    std::vector<onnx::ValueInfoProto> outputs;
+    for (auto& vi : primal_outputs) {
+      auto* dims = vi.mutable_type()->mutable_tensor_type()->mutable_shape()->mutable_dim();
+      if (vi.name() == loss) {
+        example_norms_type = vi.type();
+        example_norms_type.mutable_tensor_type()->set_elem_type(loss_dtype);
+        dims->Clear();
+        outputs.insert(outputs.begin(), vi);
+        continue;
+      }
+      if (dims->size() < 2) continue;  // (an output without a batch axis has no per-example form)
+      const std::string per_example = sw.fresh(vi.name() + "_per_example");
+      training::rename_everywhere(g, vi.name(), per_example);
+      sw.op("Squeeze", {per_example, sw.i64s({1})}, {}, vi.name());
+      dims->DeleteSubrange(1, 1);
+      outputs.push_back(vi);
+    }
     private_gradients(sw, *o.dp_sgd, params, noise, loss, example_norms, loss_dtype);
-    primal_outputs.clear();
-    onnx::ValueInfoProto lv;
-    lv.set_name(loss);
-    write_type(Facts::of(loss_dtype, {}), lv.mutable_type());
-    primal_outputs.push_back(lv);
+    primal_outputs = std::move(outputs);
   } else if (!grad_norm.empty()) {
     clip_global_norm(sw, o.optimizer.clip_norm, params, grad_norm, loss_dtype);
   }
@@ -426,6 +508,22 @@ onnx::ModelProto train_step(const onnx::ModelProto& loss_model, const TrainStepO
   if (updating) {
     const std::string t = sw.op("Add", {step, sw.constant(onnx::TensorProto::INT64, 1)}, {}, step_new);
     training::write_updates(sw, o.optimizer, params, state, p_new, t, lr);
+    if (o.form == Form::kApply) {
+      // With nothing accumulated there is nothing to apply: everything keeps its value (the
+      // mean of no gradients would be 0 / 0).
+      const std::string any =
+          sw.op("Greater", {accumulated, sw.constant(onnx::TensorProto::INT64, 0)}, {}, {}, "accumulated_any");
+      std::vector<std::pair<std::string, std::string>> updated{{step, step_new}};
+      for (size_t i = 0; i < params.size(); ++i) {
+        updated.emplace_back(params[i].name, p_new[i]);
+        for (const Carried& slot : state[i]) updated.emplace_back(slot.input, slot.output);
+      }
+      for (const auto& [before, after] : updated) {
+        const std::string candidate = sw.fresh(after + "_candidate");
+        training::rename_everywhere(g, after, candidate);
+        sw.op("Where", {any, candidate, before}, {}, after);
+      }
+    }
   }
 
   // Inputs: the model's runtime inputs, the parameters, what is carried, the noise, the rate.
@@ -437,7 +535,7 @@ onnx::ModelProto train_step(const onnx::ModelProto& loss_model, const TrainStepO
     c.input = p.name;
     c.output = updating ? p_new[&p - params.data()] : std::string();
     c.facts = p.facts;
-    c.from_param = true;
+    c.init = Carried::Init::kParam;
     carried.push_back(std::move(c));
   }
   for (const auto& c : w.carried()) {
@@ -445,21 +543,13 @@ onnx::ModelProto train_step(const onnx::ModelProto& loss_model, const TrainStepO
     carried.push_back(c);
   }
   for (size_t i = 0; i < noise.size(); ++i) training::add_input(g, noise[i], params[i].facts);
-  if (updating) {
-    // The learning rate is an input with a default: feed it only to change it.
-    training::add_input(g, lr, Facts::of(onnx::TensorProto::FLOAT, {}));
-    onnx::TensorProto* rate = g.add_initializer();
-    rate->set_name(lr);
-    rate->set_data_type(onnx::TensorProto::FLOAT);
-    rate->add_float_data(static_cast<float>(o.optimizer.learning_rate));
-  }
   // Outputs: the loss model's (DP-SGD: the mean loss), the norms, then what is carried.
   for (auto& vi : primal_outputs) *g.add_output() = std::move(vi);
   if (!grad_norm.empty()) training::add_output(g, grad_norm, Facts::of(loss_dtype, {}));
   if (!example_norms.empty()) {
-    Facts f = Facts::of(loss_dtype, {});
-    f.dims.push_back(Dim{});
-    training::add_output(g, example_norms, f);
+    onnx::ValueInfoProto* vi = g.add_output();
+    vi->set_name(example_norms);
+    *vi->mutable_type() = example_norms_type;  // the per-example losses' [B]
   }
   for (const auto& c : carried)
     if (!c.output.empty()) training::add_output(g, c.output, c.facts);

@@ -101,6 +101,9 @@ std::string choose_output(const Prepared& p, const std::string& mode, const std:
   }
   if (requested.empty()) {
     if (floats.size() == 1) return floats[0];
+    if (floats.empty())
+      for (const auto& o : p.graph->output())
+        if (o.type().has_sequence_type() || o.type().has_map_type()) return choose_output(p, mode, o.name());
     diag::fail(Error::Kind::kSelection, mode + ": no output was named and the model has " +
                                             std::to_string(floats.size()) + " float32/float64 outputs " +
                                             listed(floats) + ". Fix: name the output to read (--output NAME)");
@@ -109,6 +112,12 @@ std::string choose_output(const Prepared& p, const std::string& mode, const std:
     diag::fail(Error::Kind::kSelection, mode + ": '" + requested + "' is not a graph output; outputs: " +
                                             listed(outputs) + ". Fix: name one of these outputs");
   const int32_t dt = p.fact(requested).dtype;
+  for (const auto& o : p.graph->output())
+    if (o.name() == requested && (o.type().has_sequence_type() || o.type().has_map_type()))
+      diag::fail(Error::Kind::kSelection,
+                 mode + ": output '" + requested + "' is a " + (o.type().has_sequence_type() ? "sequence" : "map") +
+                     ", not a tensor; a loss reads a float tensor. Fix: name a tensor output " + listed(floats) +
+                     ", or re-export without the sequence (skl2onnx: options={'zipmap': False})");
   if (!differentiable_dtype(dt))
     diag::fail(Error::Kind::kSelection, mode + ": output '" + requested + "' has dtype " + diag::dtype_name(dt) +
                                             "; a loss needs float32 or float64. Fix: name one of the float outputs " +
@@ -116,12 +125,14 @@ std::string choose_output(const Prepared& p, const std::string& mode, const std:
   return requested;
 }
 
-void claim_name(Prepared& p, const std::string& mode, const std::string& name) {
+void claim_name(Prepared& p, const std::string& mode, const std::string& name, const std::string& option) {
   if (name.empty())
-    diag::fail(Error::Kind::kSelection, mode + ": an added input or output has an empty name. Fix: give it a name");
+    diag::fail(Error::Kind::kSelection,
+               mode + ": an added input or output has an empty name. Fix: give it a name with " + option);
   if (!p.value_names.insert(name))
     diag::fail(Error::Kind::kSelection, mode + ": the model already has a value named '" + name +
-                                            "', which this transform would add. Fix: choose another name for it");
+                                            "', which this transform would add. Fix: choose another name with " +
+                                            option);
 }
 
 namespace {

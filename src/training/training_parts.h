@@ -19,8 +19,9 @@ namespace onnax::training {
 // `mode` prefixes the diagnostics, which list the outputs.
 std::string choose_output(const Prepared& p, const std::string& mode, const std::string& requested);
 
-// Reserves `name` for a value the transform adds; fails when the model already uses it.
-void claim_name(Prepared& p, const std::string& mode, const std::string& name);
+// Reserves `name` for a value the transform adds; fails when the model already uses it,
+// naming the `option` that sets it.
+void claim_name(Prepared& p, const std::string& mode, const std::string& name, const std::string& option);
 
 void add_input(onnx::GraphProto& g, const std::string& name, const Facts& facts);
 void add_output(onnx::GraphProto& g, const std::string& name, const Facts& facts);

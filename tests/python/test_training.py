@@ -56,11 +56,17 @@ LOSS_CASES: list[tuple[str, dict[str, Any]]] = [
     ("softmax_cross_entropy", {"example_weights": True, "reduction": "sum"}),
     ("nll", {}),
     ("mse", {"example_weights": True}),
+    ("cross_entropy", {}),
+    ("cross_entropy", {"probabilities": True, "label_smoothing": 0.1}),
+    ("binary_cross_entropy", {}),
 ]
+
+# The op a model ends with for a loss that reads probabilities or log-probabilities.
+HEADS = {"nll": "LogSoftmax", "cross_entropy": "Softmax", "binary_cross_entropy": "Sigmoid"}
 
 
 def _labels(kind: str, o: dict[str, Any], y: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    if kind in ("softmax_cross_entropy", "nll") and not o.get("probabilities"):
+    if kind in ("softmax_cross_entropy", "nll", "cross_entropy") and not o.get("probabilities"):
         t = rng.integers(0, y.shape[-1], size=y.shape[:-1]).astype(np.int64)
         if "ignore_index" in o:
             t[1] = o["ignore_index"]
@@ -68,7 +74,7 @@ def _labels(kind: str, o: dict[str, Any], y: np.ndarray, rng: np.random.Generato
     if o.get("probabilities"):
         p = rng.uniform(0.1, 1.0, size=y.shape)
         return (p / p.sum(-1, keepdims=True)).astype(np.float32)
-    if kind == "binary_cross_entropy_with_logits":
+    if kind.startswith("binary_cross_entropy"):
         return rng.uniform(0, 1, size=y.shape).astype(np.float32)
     return rng.standard_normal(y.shape).astype(np.float32)
 
@@ -79,9 +85,11 @@ def _labels(kind: str, o: dict[str, Any], y: np.ndarray, rng: np.random.Generato
 def test_loss_value_and_parameter_gradients_match_jax(kind: str, o: dict[str, Any]) -> None:
     rng = np.random.default_rng(0)
     model, values, x = classifier(rng)
-    if kind == "nll":  # the model outputs log-probabilities
-        model.graph.node.append(onnx.helper.make_node("LogSoftmax", ["y"], ["logp"], axis=-1))
-        model.graph.output[0].name = "logp"
+    if kind in HEADS:  # the model outputs (log-)probabilities
+        head = HEADS[kind]
+        attrs = {} if head == "Sigmoid" else {"axis": -1}
+        model.graph.node.append(onnx.helper.make_node(head, ["y"], ["p"], **attrs))
+        model.graph.output[0].name = "p"
     loss_model = onnax.add_loss(model, kind, **o)
     assert [i.name for i in loss_model.graph.input][-1 - o.get("example_weights", 0)] == "label"
     assert loss_model.graph.output[0].name == "loss"
@@ -96,6 +104,10 @@ def test_loss_value_and_parameter_gradients_match_jax(kind: str, o: dict[str, An
         out = mlp_jax(params, x.astype(np.float64))
         if kind == "nll":
             out = jax.nn.log_softmax(out, axis=-1)
+        if kind == "cross_entropy":
+            out = jax.nn.softmax(out, axis=-1)
+        if kind == "binary_cross_entropy":
+            out = jax.nn.sigmoid(out)
         tt = t if t.dtype == np.int64 else t.astype(np.float64)
         mask = (t != o["ignore_index"]) if "ignore_index" in o else None
         weights = w.astype(np.float64) if o.get("example_weights") else None
@@ -296,12 +308,13 @@ def test_adamw_loss_curve_over_50_steps_matches_optax() -> None:
     assert theirs[-1] < 0.5 * theirs[0]
 
 
-def test_learning_rate_is_an_input_with_a_default() -> None:
+def test_learning_rate_is_an_input_the_state_carries() -> None:
     rng = np.random.default_rng(5)
     model, values, x = classifier(rng)
     loss_model = onnax.add_loss(model, "mse")
     step = onnax.train_step(loss_model, optimizer="sgd", learning_rate=0.1)
     state = onnax.initial_state(loss_model, step)
+    assert state["learning_rate"].dtype == np.float32 and float(state["learning_rate"]) == pytest.approx(0.1)
     t = rng.standard_normal((x.shape[0], 3)).astype(np.float32)
     default = run(step, {**state, "x": x, "label": t})
     halved = run(step, {**state, "x": x, "label": t, "learning_rate": np.array(0.05, np.float32)})
@@ -565,3 +578,98 @@ def test_dp_sgd_noise_drawn_in_the_graph_is_standard_normal_scaled() -> None:
     for z in draws:
         assert abs(float(np.mean(z))) < 0.5 and 0.6 < float(np.std(z)) < 1.5, (np.mean(z), np.std(z))
     assert not np.allclose(draws[0], draws[1])
+
+
+# ---------------------------------------------------------------------------------------------
+# What a newcomer gets wrong
+
+
+def test_labels_of_the_wrong_size_or_sign_fail_when_the_step_runs() -> None:
+    rng = np.random.default_rng(15)
+    model, _, x = classifier(rng, n=8)
+    for kind, bad in (
+        ("softmax_cross_entropy", np.array([0, 1, 2, 0, 1, 2], np.int64)),  # 6 labels, 8 examples
+        ("softmax_cross_entropy", np.array([-1, 0, 1, 2, 0, 1, 2, 0], np.int64)),  # below 0
+        ("mse", np.zeros((1, 1), np.float32)),  # would broadcast over the batch
+    ):
+        loss_model = onnax.add_loss(model, kind)
+        with pytest.raises(Exception, match=r"(?i)reshape|out of range|index"):
+            run(loss_model, {"x": x, "label": bad})
+    # An ignored label below 0 is fine.
+    loss_model = onnax.add_loss(model, "softmax_cross_entropy", ignore_index=-100)
+    t = np.array([-100, 0, 1, 2, 0, 1, 2, 0], np.int64)
+    logp = np.asarray(
+        jax.nn.log_softmax(mlp_jax(as64(mlp_values(np.random.default_rng(15))), x.astype(np.float64)))
+    )
+    expected = -np.mean(logp[np.arange(1, 8), t[1:]])
+    np.testing.assert_allclose(run(loss_model, {"x": x, "label": t})["loss"], expected, rtol=1e-5)
+
+
+def test_a_loss_for_logits_on_a_softmax_output_is_pointed_out() -> None:
+    model, _, _ = classifier(np.random.default_rng(16))
+    model.graph.node.append(onnx.helper.make_node("Softmax", ["y"], ["p"], axis=-1))
+    model.graph.output[0].name = "p"
+    with pytest.warns(
+        UserWarning, match=r"computed by Softmax, but softmax_cross_entropy reads logits.*cross_entropy"
+    ):
+        onnax.add_loss(model, "softmax_cross_entropy")
+
+
+def test_step_option_and_selection_diagnostics() -> None:
+    model, _, _ = classifier(np.random.default_rng(17))
+    loss_model = onnax.add_loss(model, "mse")
+    with pytest.raises(onnax.OnnaxError, match="momentum and Nesterov's variant belong to SGD"):
+        onnax.train_step(loss_model, optimizer="adamw", momentum=0.9)
+    with pytest.raises(onnax.OnnaxError, match="beta1, beta2 and epsilon belong to Adam"):
+        onnax.train_step(loss_model, optimizer="sgd", beta1=0.5)
+    with pytest.raises(onnax.OnnaxError, match=r"no-decay entry '\*norm\*' matches none.*whole names"):
+        onnax.train_step(loss_model, weight_decay=0.01, no_decay=["*norm*"])
+    with pytest.raises(onnax.OnnaxError, match=r"no rank-0 float output to minimize.*attach a loss first"):
+        onnax.train_step(model)
+    with pytest.raises(onnax.OnnaxError, match=r"'logits' is not an output.*--loss / loss="):
+        onnax.train_step(loss_model, loss="logits")
+    with pytest.raises(onnax.OnnaxError, match=r"named 'y'.*--label-name / label_name"):
+        onnax.add_loss(model, "mse", label_name="y")
+    seq = onnx.helper.make_model(
+        onnx.helper.make_graph(
+            [onnx.helper.make_node("SequenceConstruct", ["x"], ["probs"])],
+            "zipmap_like",
+            [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["N", 3])],
+            [onnx.helper.make_tensor_sequence_value_info("probs", onnx.TensorProto.FLOAT, None)],
+        ),
+        opset_imports=[onnx.helper.make_opsetid("", 18)],
+        ir_version=10,
+    )
+    with pytest.raises(onnax.OnnaxError, match=r"'probs' is a sequence, not a tensor.*zipmap"):
+        onnax.add_loss(seq, "softmax_cross_entropy")
+
+
+def test_apply_with_nothing_accumulated_changes_nothing() -> None:
+    rng = np.random.default_rng(18)
+    model, values, _ = classifier(rng)
+    loss_model = onnax.add_loss(model, "mse")
+    apply = onnax.train_step(loss_model, optimizer="adamw", weight_decay=0.1, clip_norm=1.0, form="apply")
+    state = onnax.initial_state(loss_model, apply)
+    out = run(apply, state)
+    for p in PARAMS:
+        np.testing.assert_array_equal(out[f"{p}_new"], values[p])
+        np.testing.assert_array_equal(out[f"{p}_m_new"], 0)
+    assert int(out["step_new"]) == 0
+
+
+def test_dp_sgd_step_keeps_the_model_outputs_per_example() -> None:
+    rng = np.random.default_rng(19)
+    model, values, x = classifier(rng)
+    loss_model = onnax.add_loss(model, "mse")
+    step = onnax.train_step(loss_model, optimizer="sgd", dp_clip_norm=1.0, noise_multiplier=0.0)
+    names = [o.name for o in step.graph.output]
+    assert names[:3] == ["loss", "y", "per_example_grad_norm"]
+    dims = [d.dim_param or d.dim_value for d in step.graph.output[2].type.tensor_type.shape.dim]
+    assert len(dims) == 1 and dims[0] == step.graph.input[0].type.tensor_type.shape.dim[0].dim_param
+    state = onnax.initial_state(loss_model, step)
+    zeros = {f"{p}_noise": np.zeros_like(values[p]) for p in PARAMS}
+    t = rng.standard_normal((x.shape[0], 3)).astype(np.float32)
+    out = run(step, {**state, **zeros, "x": x, "label": t})
+    np.testing.assert_allclose(
+        out["y"], np.asarray(mlp_jax(as64(values), x.astype(np.float64))), rtol=1e-5, atol=1e-6
+    )

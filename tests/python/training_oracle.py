@@ -71,11 +71,13 @@ def jax_loss(kind: str, **o: Any) -> Callable[[Any, Any], Any]:
         if kind == "huber":
             d, delta = jnp.abs(y - t), o.get("huber_delta", 1.0)
             return jnp.where(d <= delta, 0.5 * d**2, delta * (d - 0.5 * delta))
-        if kind == "binary_cross_entropy_with_logits":
-            p = jax.nn.sigmoid(y)
+        if kind.startswith("binary_cross_entropy"):
+            p = jax.nn.sigmoid(y) if kind.endswith("logits") else y
             return -(t * jnp.log(p) + (1 - t) * jnp.log1p(-p))
         classes = y.shape[axis]
-        logp = jax.nn.log_softmax(y, axis=axis) if kind == "softmax_cross_entropy" else y
+        logp = {"softmax_cross_entropy": jax.nn.log_softmax(y, axis=axis), "cross_entropy": jnp.log(y)}.get(
+            kind, y
+        )
         if o.get("probabilities"):
             target = t
         else:
