@@ -87,7 +87,7 @@ def test_loss_value_and_parameter_gradients_match_jax(kind: str, o: dict[str, An
     model, values, x = classifier(rng)
     if kind in HEADS:  # the model outputs (log-)probabilities
         head = HEADS[kind]
-        attrs = {} if head == "Sigmoid" else {"axis": -1}
+        attrs: dict[str, Any] = {} if head == "Sigmoid" else {"axis": -1}
         model.graph.node.append(onnx.helper.make_node(head, ["y"], ["p"], **attrs))
         model.graph.output[0].name = "p"
     loss_model = onnax.add_loss(model, kind, **o)
