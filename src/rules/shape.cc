@@ -374,6 +374,22 @@ Vs pad_transpose(TransposeCtx& c) {
   return out;
 }
 
+// DCR mode's inverse is SpaceToDepth. CRD(x) is DCR of x with its channels, read as [C, b*b],
+// transposed to [b*b, C]; so its transpose is SpaceToDepth, then that channel transpose undone
+// (channels last, so every reshape copies or infers its other dims).
+Vs depth_to_space_transpose(TransposeCtx& c) {
+  auto& b = c.b;
+  const int64_t block = c.attr_i("blocksize", 1);
+  const onnx::AttributeProto* mode = c.attr("mode");
+  V z = b.op1("SpaceToDepth", {c.ct()}, {Attr::i("blocksize", block)});
+  if (!mode || mode->s() != "CRD") return {z};
+  V last = b.op1("Transpose", {z}, {Attr::ints("perm", {0, 2, 3, 1})});
+  V split = b.op1("Reshape", {last, b.i64s({0, 0, 0, block * block, -1})});
+  V swapped = b.op1("Transpose", {split}, {Attr::ints("perm", {0, 1, 2, 4, 3})});
+  V merged = b.op1("Reshape", {swapped, b.i64s({0, 0, 0, -1})});
+  return {b.op1("Transpose", {merged}, {Attr::ints("perm", {0, 3, 1, 2})})};
+}
+
 }  // namespace
 
 void register_shape_derivatives(DerivativeRules& r) {
@@ -385,8 +401,18 @@ void register_shape_derivatives(DerivativeRules& r) {
   for (const char* op : {"Reshape", "Flatten", "Squeeze", "Unsqueeze"}) r.transpose(op, reshape_back);
   r.transpose("Transpose", transpose_transpose);
   r.transpose("Expand", [](TransposeCtx& c) -> Vs { return {unbroadcast_to(c.b, c.ct(), c.in(0)), V{}}; });
-  for (const char* op : {"Slice", "Tile", "DepthToSpace", "SpaceToDepth", "Compress"})
+  for (const char* op : {"Slice", "Tile", "Compress"})
     r.transpose(op, [](TransposeCtx& c) { return selection_transpose(c, 0); });
+  // DepthToSpace and SpaceToDepth permute elements: each transposes to its inverse, in the
+  // data's own dtype (a gather of positions would run them on int64 indices, which ONNX
+  // Runtime has no kernel for).
+  r.transpose("SpaceToDepth", [](TransposeCtx& c) -> Vs {
+    // (Its mode, an attribute since opset 28, names the DepthToSpace it inverts.)
+    const onnx::AttributeProto* mode = c.attr("mode");
+    return {c.b.op1("DepthToSpace", {c.ct()},
+                    {Attr::i("blocksize", c.attr_i("blocksize", 1)), Attr::s("mode", mode ? mode->s() : "DCR")})};
+  });
+  r.transpose("DepthToSpace", depth_to_space_transpose);
   r.transpose("Trilu", [](TransposeCtx& c) -> Vs {
     Vs ins = c.ins;
     ins[0] = c.ct();

@@ -503,6 +503,46 @@ bool calls(const onnx::GraphProto& g, const onnx::FunctionProto& f) {
   return false;
 }
 
+// Dropout with a constant ratio of 0 is the identity in either mode (the mask keeps every
+// element, the scale is 1), whatever its training_mode: exporters write it so with a run-time
+// mode (jax2onnx's `deterministic` flag becomes an input), which no rule could otherwise batch
+// or differentiate. Such nodes whose mask output is unused become Identity nodes.
+bool is_zero_scalar(const onnx::TensorProto& t) {
+  if (t.dims_size() > 1 || (t.dims_size() == 1 && t.dims(0) != 1)) return false;
+  if (t.data_type() == onnx::TensorProto::FLOAT)
+    return t.float_data_size() == 1 ? t.float_data(0) == 0.0f : t.raw_data() == std::string(4, '\0');
+  if (t.data_type() == onnx::TensorProto::DOUBLE)
+    return t.double_data_size() == 1 ? t.double_data(0) == 0.0 : t.raw_data() == std::string(8, '\0');
+  return false;
+}
+
+void fold_zero_dropouts(Prepared& p) {
+  auto dropout = [](const onnx::NodeProto& n) {
+    return n.op_type() == "Dropout" && (n.domain().empty() || n.domain() == "ai.onnx") && n.input_size() >= 2 &&
+           !n.input(1).empty() && (n.output_size() < 2 || n.output(1).empty());
+  };
+  const onnx::GraphProto& source = *p.graph;
+  if (std::none_of(source.node().begin(), source.node().end(), dropout)) return;
+  // Names of constant zero scalars: Constant nodes and initializers no input can override.
+  std::unordered_set<std::string> zeros, fed;
+  for (const auto& vi : source.input()) fed.insert(vi.name());
+  for (const auto& t : source.initializer())
+    if (!fed.count(t.name()) && is_zero_scalar(t)) zeros.insert(t.name());
+  for (const auto& n : source.node())
+    if (n.op_type() == "Constant" && n.output_size() == 1)
+      if (const auto t = constant_tensor(n); t && is_zero_scalar(*t)) zeros.insert(n.output(0));
+  auto identity = [&](const onnx::NodeProto& n) { return dropout(n) && zeros.count(n.input(1)); };
+  if (std::none_of(source.node().begin(), source.node().end(), identity)) return;
+  onnx::GraphProto& g = mutable_graph(p);
+  for (auto& n : *g.mutable_node()) {
+    if (!identity(n)) continue;
+    n.set_op_type("Identity");
+    n.mutable_input()->DeleteSubrange(1, n.input_size() - 1);
+    n.clear_attribute();
+    if (n.output_size() > 1) n.mutable_output()->DeleteSubrange(1, n.output_size() - 1);
+  }
+}
+
 void prepare_graph(Prepared& p, const std::string& mode) {
   int64_t opset = default_opset(*p.model);
   const std::string interval = "supported: " + std::to_string(kMinOpset) + "-" + std::to_string(kMaxOpset) + " (" +
@@ -538,6 +578,7 @@ void prepare_graph(Prepared& p, const std::string& mode) {
                      "). Fix: import each domain at one version in the model and its functions");
     }
   }
+  fold_zero_dropouts(p);
   if (opset < 9 && contains_op(*p.graph, "Scan"))
     diag::fail(Error::Kind::kVersion,
                mode + ": the model's ai.onnx opset is " + std::to_string(opset) +
