@@ -6,6 +6,7 @@
 #include <onnx/version_converter/convert.h>
 
 #include <algorithm>
+#include <functional>
 #include <queue>
 #include <unordered_map>
 
@@ -541,6 +542,29 @@ void fold_zero_dropouts(Prepared& p) {
     n.clear_attribute();
     if (n.output_size() > 1) n.mutable_output()->DeleteSubrange(1, n.output_size() - 1);
   }
+  // The ratios' Constant nodes nothing reads any more go too (no dead nodes left behind).
+  std::unordered_set<std::string> read;
+  std::function<void(const onnx::GraphProto&)> reads = [&](const onnx::GraphProto& sg) {
+    for (const auto& n : sg.node()) {
+      for (const auto& i : n.input()) read.insert(i);
+      for (const auto& a : n.attribute()) {
+        if (a.has_g()) reads(a.g());
+        for (const auto& sub : a.graphs()) reads(sub);
+      }
+    }
+    for (const auto& o : sg.output()) read.insert(o.name());
+  };
+  reads(g);
+  auto* nodes = g.mutable_node();
+  int kept = 0;
+  for (int i = 0; i < nodes->size(); ++i) {
+    const onnx::NodeProto& n = nodes->Get(i);
+    if (n.op_type() == "Constant" && n.output_size() == 1 && zeros.count(n.output(0)) && !read.count(n.output(0)))
+      continue;
+    if (kept != i) nodes->SwapElements(kept, i);
+    ++kept;
+  }
+  nodes->DeleteSubrange(kept, nodes->size() - kept);
 }
 
 void prepare_graph(Prepared& p, const std::string& mode) {

@@ -127,3 +127,28 @@ def test_depth_space_reverse_mode_runs_in_onnx_runtime(op: str, attrs: dict[str,
     e.flat[7] = 1.0
     one_hot = run(onnax.vjp(model, inputs=["x"]), {"x": v, "y_cotangent": e})["x_cotangent"]
     assert np.count_nonzero(one_hot) == 1 and v.flat[int(np.argmax(one_hot))] == forward.flat[7]
+
+
+def test_folded_dropouts_leave_no_dead_constants() -> None:
+    ratio = numpy_helper.from_array(np.array(0.0, np.float32))
+    model = helper.make_model(
+        helper.make_graph(
+            [
+                helper.make_node("Constant", [], ["r"], value=ratio),
+                helper.make_node("Dropout", ["x", "r", "training"], ["y"]),
+            ],
+            "g",
+            [
+                helper.make_tensor_value_info("x", TensorProto.FLOAT, ["B", 2]),
+                helper.make_tensor_value_info("training", TensorProto.BOOL, []),
+            ],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["B", 2])],
+        ),
+        opset_imports=[helper.make_opsetid("", 18)],
+        ir_version=10,
+    )
+    g = onnax.grad(onnax.add_loss(model, "mse"), inputs=["x"])
+    assert [n.op_type for n in g.graph.node if n.op_type in ("Dropout", "Constant") and "r" in n.output] == []
+    x = np.array([[1.0, 2.0]], np.float32)
+    got = run(g, {"x": x, "training": np.array(True), "label": np.zeros_like(x)})["x_grad"]
+    np.testing.assert_allclose(got, 2 * x / x.size)
