@@ -89,6 +89,24 @@ class GraphWriter {
   int32_t dtype_;
 };
 
+// A one-element tensor of `dtype` (float, double or int64) holding `value`: a Constant's or
+// ConstantOfShape's `value`.
+inline onnx::AttributeProto value_attr(int32_t dtype, double value, bool scalar) {
+  onnx::AttributeProto a;
+  a.set_name("value");
+  a.set_type(onnx::AttributeProto::TENSOR);
+  onnx::TensorProto* t = a.mutable_t();
+  t->set_data_type(dtype);
+  if (!scalar) t->add_dims(1);
+  if (dtype == onnx::TensorProto::DOUBLE)
+    t->add_double_data(value);
+  else if (dtype == onnx::TensorProto::INT64)
+    t->add_int64_data(static_cast<int64_t>(value));
+  else
+    t->add_float_data(static_cast<float>(value));
+  return a;
+}
+
 // Attributes by value, for nodes written by name (and the Builder's Attr).
 inline onnx::AttributeProto attr_i(std::string_view name, int64_t v) {
   onnx::AttributeProto a;

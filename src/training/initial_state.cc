@@ -128,19 +128,7 @@ onnx::ModelProto initial_state(const onnx::ModelProto& loss_model, const onnx::M
                                                    "pass the step model train-step wrote, unchanged");
       dims.push_back(d.dim_value());
     }
-    onnx::AttributeProto zero;
-    zero.set_name("value");
-    zero.set_type(onnx::AttributeProto::TENSOR);
-    onnx::TensorProto* z = zero.mutable_t();
-    z->set_data_type(type.elem_type());
-    z->add_dims(1);
-    if (type.elem_type() == onnx::TensorProto::DOUBLE)
-      z->add_double_data(value);
-    else if (type.elem_type() == onnx::TensorProto::INT64)
-      z->add_int64_data(static_cast<int64_t>(value));
-    else
-      z->add_float_data(static_cast<float>(value));
-    w.op("ConstantOfShape", {w.i64s(dims)}, {zero}, name);
+    w.op("ConstantOfShape", {w.i64s(dims)}, {value_attr(type.elem_type(), value, false)}, name);
   }
   return out;
 }

@@ -40,18 +40,7 @@ std::string StepWriter::op(std::string_view type, const Names& inputs, AttrList 
 std::string StepWriter::constant(int32_t dtype, double value) {
   auto [it, added] = constants_.try_emplace({dtype, value});
   if (!added) return it->second;
-  onnx::AttributeProto a;
-  a.set_name("value");
-  a.set_type(onnx::AttributeProto::TENSOR);
-  onnx::TensorProto* t = a.mutable_t();
-  t->set_data_type(dtype);
-  if (dtype == onnx::TensorProto::DOUBLE)
-    t->add_double_data(value);
-  else if (dtype == onnx::TensorProto::INT64)
-    t->add_int64_data(static_cast<int64_t>(value));
-  else
-    t->add_float_data(static_cast<float>(value));
-  it->second = op("Constant", {}, {a}, {}, "constant");
+  it->second = op("Constant", {}, {value_attr(dtype, value, true)}, {}, "constant");
   return it->second;
 }
 

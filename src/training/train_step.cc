@@ -490,18 +490,9 @@ onnx::ModelProto train_step(const onnx::ModelProto& loss_model, const TrainStepO
     // The accumulators and their count restart at zero.
     for (size_t i = 0; i < params.size(); ++i) {
       const Param& p = params[i];
-      onnx::AttributeProto zero;
-      zero.set_name("value");
-      zero.set_type(onnx::AttributeProto::TENSOR);
-      zero.mutable_t()->set_data_type(p.facts.dtype);
-      zero.mutable_t()->add_dims(1);
-      if (p.facts.dtype == onnx::TensorProto::DOUBLE)
-        zero.mutable_t()->add_double_data(0.0);
-      else
-        zero.mutable_t()->add_float_data(0.0f);
       std::vector<int64_t> dims;
       for (const Dim& d : p.facts.dims) dims.push_back(d.value());
-      sw.op("ConstantOfShape", {sw.i64s(dims)}, {zero}, accumulators[i].output);
+      sw.op("ConstantOfShape", {sw.i64s(dims)}, {value_attr(p.facts.dtype, 0.0, false)}, accumulators[i].output);
     }
     sw.op("Identity", {sw.constant(onnx::TensorProto::INT64, 0)}, {}, accumulated_new);
   }
