@@ -16,16 +16,6 @@ const Carried& StepWriter::carry(const std::string& base, const Facts& facts, Ca
   return carried_.back();
 }
 
-const Carried& StepWriter::carry_param(const Param& p, bool written) {
-  Carried c;
-  c.input = p.name;  // (a parameter keeps its name: it is reserved already)
-  if (written) c.output = names_.fresh(p.name + "_new");
-  c.facts = p.facts;
-  c.init = Carried::Init::kParam;
-  carried_.push_back(std::move(c));
-  return carried_.back();
-}
-
 std::string StepWriter::op(std::string_view type, const Names& inputs, AttrList attrs, std::string out,
                            std::string_view hint) {
   auto* n = g_.add_node();

@@ -39,8 +39,6 @@ class StepWriter {
   // Declares a carried value: its input and output names are reserved now, fresh in the scope.
   const Carried& carry(const std::string& base, const Facts& facts, Carried::Init init = Carried::Init::kZeros,
                        bool written = true, double value = 0.0);
-  // A carried value declared under the exact name of a parameter.
-  const Carried& carry_param(const Param& p, bool written);
   std::string fresh(const std::string& base) { return names_.fresh(base); }
 
   // A node writing `out` (empty: a fresh name from `hint`); returns its output.

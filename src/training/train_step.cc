@@ -519,7 +519,6 @@ onnx::ModelProto train_step(const onnx::ModelProto& loss_model, const TrainStepO
 
   // Inputs: the model's runtime inputs, the parameters, what is carried, the noise, the rate.
   for (const auto& p : params) training::add_input(g, p.name, p.facts);
-  std::set<std::string> param_names(names.begin(), names.end());
   std::vector<Carried> carried;
   for (const auto& p : params) {
     Carried c;
