@@ -150,16 +150,17 @@ void check_loss_output(const onnx::ModelProto& m, const std::optional<std::strin
 onnx::ModelProto per_example_gradients(const onnx::ModelProto& loss_model, const std::vector<std::string>& params,
                                        const std::optional<std::string>& loss, NameScope& scope,
                                        std::string& loss_name) {
-  std::vector<std::string> declared;  // the runtime inputs
+  std::vector<std::string> declared;  // the runtime inputs split into examples
   std::set<std::string> inits;
   for (const auto& t : loss_model.graph().initializer()) inits.insert(t.name());
   for (const auto& vi : loss_model.graph().input()) {
     if (inits.count(vi.name())) continue;
     const auto& shape = vi.type().tensor_type().shape();
-    if (!vi.type().tensor_type().has_shape() || shape.dim_size() == 0)
+    if (!vi.type().tensor_type().has_shape())
       diag::fail(Error::Kind::kUnsupported,
-                 kMode + ": DP-SGD splits every runtime input into examples along axis 0, but input '" + vi.name() +
-                     "' declares no axis 0. Fix: declare the inputs' shapes with a leading batch dimension");
+                 kMode + ": DP-SGD splits the runtime inputs into examples along axis 0, but input '" + vi.name() +
+                     "' declares no shape. Fix: declare the inputs' shapes with a leading batch dimension");
+    if (shape.dim_size() == 0) continue;  // a scalar (a flag such as jax2onnx's `deterministic`) is shared
     if (shape.dim(0).has_dim_value() && shape.dim(0).dim_value() != 1)
       diag::fail(Error::Kind::kUnsupported,
                  kMode + ": DP-SGD evaluates the loss model on one example at a time, but input '" + vi.name() +
@@ -169,7 +170,10 @@ onnx::ModelProto per_example_gradients(const onnx::ModelProto& loss_model, const
   }
   onnx::ModelProto gradient = grad(loss_model, params, loss);
   loss_name = loss_output(gradient.graph(), static_cast<size_t>(loss_model.graph().output_size()), loss);
-  onnx::ModelProto v = vmap(gradient, VmapOptions{});
+  VmapOptions per_example;
+  per_example.in_axes_form = VmapOptions::InAxesForm::kByName;  // (inputs not named are shared)
+  for (const auto& name : declared) per_example.in_axes_by_name[name] = 0;
+  onnx::ModelProto v = vmap(gradient, per_example);
   onnx::GraphProto& g = *v.mutable_graph();
   training::collect_names(g, scope);
   // The vmapped graph reads x_example [B, 1, ...] (an example as a batch of one); the step's

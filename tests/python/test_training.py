@@ -673,3 +673,28 @@ def test_dp_sgd_step_keeps_the_model_outputs_per_example() -> None:
     np.testing.assert_allclose(
         out["y"], np.asarray(mlp_jax(as64(values), x.astype(np.float64))), rtol=1e-5, atol=1e-6
     )
+
+
+def test_dp_sgd_shares_scalar_inputs_between_examples() -> None:
+    """A rank-0 input (jax2onnx's `deterministic` flag, a temperature) is no per-example data:
+    DP-SGD shares it instead of refusing the model; a scale s on the logits checks it is used."""
+    rng = np.random.default_rng(20)
+    model, values, x = classifier(rng)
+    model.graph.input.append(onnx.helper.make_tensor_value_info("s", onnx.TensorProto.FLOAT, []))
+    model.graph.node[-1].output[0] = "y_raw"
+    model.graph.node.append(onnx.helper.make_node("Mul", ["y_raw", "s"], ["y"]))
+    loss_model = onnax.add_loss(model, "mse")
+    step = onnax.train_step(
+        loss_model, optimizer="sgd", learning_rate=0.1, dp_clip_norm=1e6, noise_multiplier=0.0
+    )
+    state = onnax.initial_state(loss_model, step)
+    t = rng.standard_normal((x.shape[0], 3)).astype(np.float32)
+    zeros = {f"{p}_noise": np.zeros_like(values[p]) for p in PARAMS}
+    s = np.array(0.5, np.float32)
+    out = run(step, {**state, **zeros, "x": x, "label": t, "s": s})
+    # With a clip bound no example reaches, DP-SGD is plain SGD on the mean loss.
+    grads = jax.grad(lambda p: jnp.mean((0.5 * mlp_jax(p, x.astype(np.float64)) - t) ** 2))(as64(values))
+    for p in PARAMS:
+        np.testing.assert_allclose(
+            out[f"{p}_new"], values[p] - 0.1 * grads[p], rtol=1e-5, atol=1e-6, err_msg=p
+        )
