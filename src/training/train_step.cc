@@ -6,6 +6,7 @@
 #include <set>
 
 #include "diagnostics/error.h"
+#include "notice.h"
 #include "rules/derivative.h"
 #include "training/step_writer.h"
 #include "training/training_parts.h"
@@ -423,6 +424,10 @@ onnx::ModelProto train_step(const onnx::ModelProto& loss_model, const TrainStepO
     result.mutable_graph()->set_name(loss_model.graph().name() + "_apply");
   } else if (o.dp_sgd) {
     result = per_example_gradients(loss_model, names, o.loss, scope, loss);
+    if (o.dp_sgd->noise_seed && default_opset(result) >= 22)
+      notice(kMode + ": the noise is drawn by RandomNormalLike at opset " + std::to_string(default_opset(result)) +
+             ", which ONNX Runtime 1.31 does not implement (it stops at opset 21). Fix: for ONNX Runtime, feed the "
+             "noise as <param>_noise inputs (drop the noise seed)");
   } else {
     result = grad(loss_model, names, o.loss);
   }

@@ -698,3 +698,14 @@ def test_dp_sgd_shares_scalar_inputs_between_examples() -> None:
         np.testing.assert_allclose(
             out[f"{p}_new"], values[p] - 0.1 * grads[p], rtol=1e-5, atol=1e-6, err_msg=p
         )
+
+
+def test_in_graph_noise_at_opset_22_points_to_noise_inputs() -> None:
+    """ONNX Runtime 1.31 has no RandomNormalLike kernel from opset 22 on: the step says so."""
+    model, _, _ = classifier(np.random.default_rng(21))
+    model.opset_import[0].version = 22
+    loss_model = onnax.add_loss(model, "mse")
+    with pytest.warns(
+        UserWarning, match=r"RandomNormalLike at opset 22.*feed the noise as <param>_noise inputs"
+    ):
+        onnax.train_step(loss_model, dp_clip_norm=1.0, noise_multiplier=1.0, noise_seed=3)
