@@ -52,7 +52,7 @@ commands:
       --label-name, --weight-name, --loss-name NAME   (defaults: label, example_weight, loss)
   train-step LOSS.onnx -o STEP.onnx [--params SPEC] [--optimizer adamw] [--lr 1e-3] ...
       One training step as a pure ONNX graph: runtime inputs, parameters, optimizer state,
-      step, learning_rate (default --lr) in; loss, <param>_new, new state, step_new out
+      step, learning_rate (first value: --lr) in; loss, <param>_new, new state, step_new out
       (metadata_props['onnax.train_state'] pairs each fed-back input with its output).
       --params SPEC          see parameter options (default: all)
       --loss NAME            the rank-0 loss output (default: the only one)
