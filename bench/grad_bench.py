@@ -911,6 +911,24 @@ def _report_scaling(a: dict[str, Any] | None, part: str) -> list[str]:
     return problems
 
 
+def finish(
+    result: dict[str, Any], problems: list[str], t_start: float, output: Path | None, all_good: str
+) -> None:
+    """Records the total time and the problems in `result`, prints them, writes `output`."""
+    result["total_s"] = time.perf_counter() - t_start
+    result["targets_missed_or_failures"] = problems
+    print(f"\ntotal {result['total_s']:.0f} s")
+    if problems:
+        print("targets missed / failures:")
+        for s in problems:
+            print(f"  - {s}")
+    else:
+        print(all_good)
+    if output is not None:
+        output.write_text(json.dumps(result, indent=1) + "\n")
+        print(f"wrote {output}")
+
+
 def report(result: dict[str, Any]) -> list[str]:
     """Prints the tables; returns the list of targets missed or checks failed."""
     problems: list[str] = []
@@ -1076,19 +1094,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"\n(c) per-example gradients: MLP 4x{width}, batch {pe_batch}", flush=True)
             result["per_example"].append(bench_per_example(width, pe_batch, timing))
 
-    result["total_s"] = time.perf_counter() - t_start
-    problems = report(result)
-    result["targets_missed_or_failures"] = problems
-    print(f"\ntotal {result['total_s']:.0f} s")
-    if problems:
-        print("targets missed / failures:")
-        for s in problems:
-            print(f"  - {s}")
-    else:
-        print("all targets met, all checks passed")
-    if args.output is not None:
-        args.output.write_text(json.dumps(result, indent=1) + "\n")
-        print(f"wrote {args.output}")
+    finish(result, report(result), t_start, args.output, "all targets met, all checks passed")
     checked = [
         (result.get("scaling", {}), "verification"),
         (result.get("mlp", {}), "check_vs_hand"),

@@ -886,20 +886,10 @@ def main(argv: list[str] | None = None) -> int:
             rec.pop(k, None)
         result["models"].append(rec)
 
-    result["total_s"] = time.perf_counter() - t_start
-    problems = report(result)
-    result["targets_missed_or_failures"] = problems
-    print(f"\ntotal {result['total_s']:.0f} s")
-    if problems:
-        print("targets missed / failures:")
-        for s in problems:
-            print(f"  - {s}")
-    else:
-        print("all targets met")
-    if args.output is not None:
-        args.output.write_text(json.dumps(result, indent=1) + "\n")
-        print(f"wrote {args.output}")
-    failed = any(k in rec for rec in result["models"] for k in ("step_error", "forward_error", "step_error"))
+    from grad_bench import finish
+
+    finish(result, report(result), t_start, args.output, "all targets met")
+    failed = any(k in rec for rec in result["models"] for k in ("step_error", "forward_error"))
     return 1 if failed else 0
 
 
