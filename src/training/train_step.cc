@@ -8,10 +8,12 @@
 #include "diagnostics/error.h"
 #include "notice.h"
 #include "rules/derivative.h"
+#include "training/outer_products.h"
 #include "training/step_writer.h"
 #include "training/training_parts.h"
 #include "transforms/prepare.h"
 #include "transforms/provenance.h"
+#include "transforms/subgraph.h"
 
 namespace onnax {
 namespace {
@@ -267,9 +269,21 @@ std::string optimizer_json(const TrainStepOptions& o) {
 
 // Squared L2 norms of the gradients, summed over the parameters in `dtype`: per example
 // (over every axis but 0) when `per_example`, else whole.
-std::string squared_norm(StepWriter& sw, const std::vector<Param>& params, bool per_example, int32_t dtype) {
+std::string as_dtype(StepWriter& sw, const std::string& v, int32_t from, int32_t to) {
+  return from == to ? v : sw.op("Cast", {v}, {attr_i("to", to)});
+}
+
+// The sum of the parameters' squared gradient norms (per example: [B]); `given[i]`, when set,
+// is parameter i's, computed otherwise.
+std::string squared_norm(StepWriter& sw, const std::vector<Param>& params, bool per_example, int32_t dtype,
+                         const std::vector<std::string>& given = {}) {
   std::vector<std::string> squares;
-  for (const auto& p : params) {
+  for (size_t i = 0; i < params.size(); ++i) {
+    const Param& p = params[i];
+    if (i < given.size() && !given[i].empty()) {
+      squares.push_back(as_dtype(sw, given[i], p.facts.dtype, dtype));
+      continue;
+    }
     const int64_t first = per_example ? 1 : 0, rank = static_cast<int64_t>(p.facts.dims.size()) + first;
     std::vector<int64_t> axes;
     for (int64_t a = first; a < rank; ++a) axes.push_back(a);
@@ -287,10 +301,6 @@ std::string clip_factor(StepWriter& sw, const std::string& norm, double c, int32
   return sw.op("Div", {sw.constant(dtype, c), sw.op("Max", {norm, sw.constant(dtype, c)})}, {}, {}, "clip_factor");
 }
 
-std::string as_dtype(StepWriter& sw, const std::string& v, int32_t from, int32_t to) {
-  return from == to ? v : sw.op("Cast", {v}, {attr_i("to", to)});
-}
-
 // Global-norm clipping: every gradient scaled by C / max(norm, C); the norm goes to `norm`.
 void clip_global_norm(StepWriter& sw, double c, std::vector<Param>& params, const std::string& norm, int32_t dtype) {
   sw.op("Sqrt", {squared_norm(sw, params, false, dtype)}, {}, norm);
@@ -302,14 +312,19 @@ void clip_global_norm(StepWriter& sw, double c, std::vector<Param>& params, cons
 // DP-SGD from per-example gradients [B, *p]: every example's norm (to `norms`), clipped to C,
 // summed, noised, averaged; the per-example losses (renamed) averaged into `loss`. The clipped
 // sum is one product factors[B] x gradients[B, n] per parameter: the per-example gradients,
-// the largest tensors of the step, are read twice (norm, sum) and never rewritten.
+// the largest tensors of the step, are read twice (norm, sum) and never rewritten. Parameters
+// with an outer-product form (`forms`, training/outer_products.h) skip their per-example
+// gradients altogether.
 void private_gradients(StepWriter& sw, const DpSgdOptions& dp, std::vector<Param>& params,
-                       const std::vector<std::string>& noise, const std::string& loss, const std::string& norms,
-                       int32_t dtype) {
+                       std::vector<std::optional<training::OuterProduct>>& forms, const std::vector<std::string>& noise,
+                       const std::string& loss, const std::string& norms, int32_t dtype) {
   onnx::GraphProto& g = sw.graph();
   const std::string per_example_loss = sw.fresh(loss + "_per_example");
   training::rename_everywhere(g, loss, per_example_loss);
-  sw.op("Sqrt", {squared_norm(sw, params, true, dtype)}, {}, norms);
+  std::vector<std::string> squares(params.size());
+  for (size_t i = 0; i < params.size(); ++i)
+    if (forms[i]) squares[i] = training::outer_product_squared_norm(sw, *forms[i], params[i].name);
+  sw.op("Sqrt", {squared_norm(sw, params, true, dtype, squares)}, {}, norms);
   const double c = dp.clip_norm;
   const std::string factor = clip_factor(sw, norms, c, dtype);
   const std::string batch = sw.op(
@@ -323,7 +338,9 @@ void private_gradients(StepWriter& sw, const DpSgdOptions& dp, std::vector<Param
     const int32_t dt = p.facts.dtype;
     const std::string f = as_dtype(sw, factor, dtype, dt);
     std::string summed;
-    if (p.facts.dims.empty()) {
+    if (forms[i]) {
+      summed = training::outer_product_weighted_sum(sw, *forms[i], f, p.name);
+    } else if (p.facts.dims.empty()) {
       summed = sw.op("ReduceSum", {sw.op("Mul", {p.grad, f}), sw.i64s({0})}, {attr_i("keepdims", 0)}, {},
                      p.name + "_clipped_sum");
     } else {
@@ -485,7 +502,8 @@ onnx::ModelProto train_step(const onnx::ModelProto& loss_model, const TrainStepO
       dims->DeleteSubrange(1, 1);
       outputs.push_back(vi);
     }
-    private_gradients(sw, *o.dp_sgd, params, noise, loss, example_norms, loss_dtype);
+    std::vector<std::optional<training::OuterProduct>> forms = training::outer_product_forms(result, params);
+    private_gradients(sw, *o.dp_sgd, params, forms, noise, loss, example_norms, loss_dtype);
     primal_outputs = std::move(outputs);
   } else if (!grad_norm.empty()) {
     clip_global_norm(sw, o.optimizer.clip_norm, params, grad_norm, loss_dtype);
@@ -553,6 +571,7 @@ onnx::ModelProto train_step(const onnx::ModelProto& loss_model, const TrainStepO
   for (const auto& c : carried)
     if (!c.output.empty()) training::add_output(g, c.output, c.facts);
 
+  if (o.dp_sgd) prune(g);  // (the per-example gradients that outer products replaced)
   training::erase_metadata(result, provenance::kDerivativeOutputsKey);
   training::erase_metadata(result, provenance::kTransformsKey);
   std::vector<std::string> quoted;
