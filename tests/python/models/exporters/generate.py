@@ -17,8 +17,10 @@ Writes, next to this file, ``NAME.onnx`` and ``NAME.npz`` for
 
 Each ``.npz`` holds the input ``x`` (a batch), ``xs`` (a stack of batches, for vmap), a
 direction ``v``, and TensorFlow's float64 answers (NumPy's, by hand, for the scikit-learn MLP):
-``loss``, ``grad_x`` (d loss / d x), ``vmap_grad_x`` (per stacked batch), ``hvp_x`` (the
-Hessian w.r.t. x times v).
+``loss``, ``grad_x`` (d loss / d x), ``vmap_grad_x`` and ``vmap_loss`` (per stacked batch),
+``jvp_loss`` (the loss's tangent along v, by forward mode), ``hvp_x`` (the Hessian w.r.t. x
+times v). ``generate_jax.py`` exports the JAX-side models of the same corpus
+(``tests/python/test_exporter_corpus.py``).
 """
 
 from __future__ import annotations
@@ -62,14 +64,21 @@ def _tf_references(loss64, data: dict[str, np.ndarray]) -> dict[str, np.ndarray]
         return loss.numpy(), tape.gradient(loss, t).numpy()
 
     loss, g = grad(data["x"].astype(np.float64))
-    per = np.stack([grad(x.astype(np.float64))[1] for x in data["xs"]])
+    per = [grad(x.astype(np.float64)) for x in data["xs"]]
     x = tf.constant(data["x"], tf.float64)
     with tf.autodiff.ForwardAccumulator(x, tf.constant(data["v"], tf.float64)) as acc:
         with tf.GradientTape() as tape:
             tape.watch(x)
             inner = loss64(x)
         hessian_row = tape.gradient(inner, x)
-    return {"loss": np.asarray(loss), "grad_x": g, "vmap_grad_x": per, "hvp_x": acc.jvp(hessian_row).numpy()}
+    return {
+        "loss": np.asarray(loss),
+        "grad_x": g,
+        "vmap_grad_x": np.stack([p[1] for p in per]),
+        "hvp_x": acc.jvp(hessian_row).numpy(),
+        "vmap_loss": np.asarray([p[0] for p in per]),
+        "jvp_loss": acc.jvp(inner).numpy(),
+    }
 
 
 def _keras(name: str, build, shape: tuple[int, ...], seed: int) -> None:  # type: ignore[no-untyped-def]
@@ -204,10 +213,18 @@ def skl_mlp() -> None:
 
     data = _inputs((5, 4), 3)
     loss, g = forward_backward(data["x"].astype(np.float64))
-    per = np.stack([forward_backward(x.astype(np.float64))[1] for x in data["xs"]])
+    per = [forward_backward(x.astype(np.float64)) for x in data["xs"]]
     _save(
         "skl_mlp",
-        {**data, "loss": np.asarray(loss), "grad_x": g, "vmap_grad_x": per, "hvp_x": np.zeros_like(g)},
+        {
+            **data,
+            "loss": np.asarray(loss),
+            "grad_x": g,
+            "vmap_grad_x": np.stack([p[1] for p in per]),
+            "hvp_x": np.zeros_like(g),
+            "vmap_loss": np.asarray([p[0] for p in per]),
+            "jvp_loss": np.asarray(np.sum(g * data["v"].astype(np.float64))),
+        },
     )
 
 
