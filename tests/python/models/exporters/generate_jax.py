@@ -11,10 +11,11 @@ no Keras; never requirements.txt):
 Writes, next to this file, ``NAME.onnx`` and ``NAME.npz`` for
 
 * ``keras_jax_cnn``: Keras 3 on the JAX backend, Conv2D(relu) -> AveragePooling2D -> Flatten ->
-  Dense(tanh) -> Dense, exported by ``model.export(format="onnx")`` (Keras hands it to jax2onnx);
+  Dense(sigmoid) -> Dense, exported by ``model.export(format="onnx")`` (Keras hands it to jax2onnx);
   ``loss = sum(y^2)`` appended as ONNX nodes (Keras exports the forward pass only).
   (MaxPooling2D is left out: this Keras/jax2onnx pair writes a MaxPool that ONNX Runtime
-  rejects, "Unsupported pooling size", an exporter problem.)
+  rejects, "Unsupported pooling size", an exporter problem; tanh too: Keras 3.15's JAX tanh
+  computes a float64 input in float32, which would spoil the reference.)
 * ``jax2onnx_gpt``: jax2onnx's shipped GPT example (``jax2onnx.plugins.examples.nnx.gpt.GPT``,
   ``@onnx_function`` modules, weights as Constant nodes inside the functions) at a small size,
   int32 tokens and the run-time ``deterministic`` flag of its test case; ``loss = sum(logits^2)``
@@ -34,6 +35,10 @@ Each ``.npz`` (the layout ``test_exporter_corpus.py`` reads):
   ``jvp_loss`` (jax.jvp of the loss along it), ``hvp/<j>`` (jax.jvp of jax.grad),
   ``vmap_loss`` and ``vmap_grad/<j>`` (per stacked example).
 
+Every reference is checked to compute in float64 throughout (its jaxpr has no narrower float):
+flax's attention calls ``jax.nn.dot_product_attention``, whose softmax runs in float32, so the
+references use the same formula in float64 (``_attention64``).
+
 The float32 weights are perturbed once after initialization so that no two are equal (LayerNorm
 scales all start at one), which makes each one findable by value.
 """
@@ -45,6 +50,7 @@ import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 os.environ.setdefault("KERAS_BACKEND", "jax")
 
@@ -72,6 +78,9 @@ def _references(
     import jax
 
     w64 = [np.asarray(w, np.float64) for w in wrt]
+    jaxpr = str(jax.make_jaxpr(lambda ws: loss64(ws, feeds))(w64))
+    if "f32[" in jaxpr or "f16[" in jaxpr:
+        raise RuntimeError("the float64 reference computes in a narrower float type somewhere")
     tangents = [rng.standard_normal(w.shape).astype(np.float32) for w in w64]
     t64 = [t.astype(np.float64) for t in tangents]
 
@@ -111,7 +120,7 @@ def keras_jax_cnn() -> Callable[[], None]:
                 layers.Conv2D(4, 3, padding="same", activation="relu", dtype=dtype),
                 layers.AveragePooling2D(2, dtype=dtype),
                 layers.Flatten(dtype=dtype),
-                layers.Dense(5, activation="tanh", dtype=dtype),
+                layers.Dense(5, activation="sigmoid", dtype=dtype),
                 layers.Dense(3, dtype=dtype),
             ]
         )
@@ -250,6 +259,22 @@ def _jax2onnx_export(
     return proto, loss
 
 
+def _attention64(query: Any, key: Any, value: Any, bias: Any = None, mask: Any = None, **kw: Any) -> Any:
+    """``jax.nn.dot_product_attention`` (which flax's ``nnx.dot_product_attention`` calls) in
+    the inputs' precision: JAX's own casts the logits to float32 for the softmax."""
+    import jax
+    import jax.numpy as jnp
+
+    if kw.get("is_causal") or kw.get("scale") is not None:
+        raise NotImplementedError(kw)
+    logits = jnp.einsum("...qhd,...khd->...hqk", query, key) / jnp.sqrt(query.shape[-1]).astype(query.dtype)
+    if bias is not None:
+        logits = logits + bias
+    if mask is not None:
+        logits = jnp.where(mask, logits, jnp.finfo(logits.dtype).min)
+    return jnp.einsum("...hqk,...khd->...qhd", jax.nn.softmax(logits, axis=-1), value)
+
+
 def _pure64(module: Any) -> tuple[Callable[..., Any], list[np.ndarray]]:
     """``apply(param_leaves, x)`` on a float64 copy of ``module`` (deterministic), and the
     float32 leaves in order."""
@@ -268,7 +293,11 @@ def _pure64(module: Any) -> tuple[Callable[..., Any], list[np.ndarray]]:
             for p in p_leaves
         ]
         m = nnx.merge(graphdef, jax.tree.unflatten(p_def, full), jax.tree.unflatten(r_def, r64))
-        return jnp.sum(jnp.square(m(x, deterministic=True)))
+        for _, sub in nnx.iter_graph(m):  # nnx.Embed fixes its dtype to its table's: float32
+            if isinstance(sub, nnx.Module) and getattr(sub, "dtype", None) == jnp.float32:
+                setattr(sub, "dtype", jnp.float64)  # noqa: B010
+        with mock.patch("jax.nn.dot_product_attention", _attention64):
+            return jnp.sum(jnp.square(m(x, deterministic=True)))
 
     return apply, [np.asarray(v) for v in leaves]
 
