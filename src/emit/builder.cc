@@ -101,18 +101,8 @@ void Builder::set_facts(V v, Facts f) {
 }
 
 void Builder::learn_dims(V v, const Facts& known) {
-  const Facts& have = facts(v);
-  if (!known.has_shape || (have.has_shape && have.rank() != known.rank())) return;
-  Facts merged = have.has_shape ? have : Facts::of(have.dtype, Dims(known.dims.size(), Dim{}));
-  bool gained = !have.has_shape;
-  for (size_t i = 0; i < known.dims.size(); ++i) {
-    const Dim k = known.dims[i], h = merged.dims[i];
-    const bool better = (k.known() && !h.known()) || (k.symbolic() && !k.internal() && (h == Dim{} || h.internal()));
-    if (better) merged.dims[i] = k;
-    gained = gained || better;
-  }
-  if (!merged.dtype) merged.dtype = known.dtype;
-  if (gained) set_facts(v, std::move(merged));
+  Facts merged = facts(v);
+  if (refine_with(merged, known)) set_facts(v, std::move(merged));
 }
 
 void Builder::share_facts(V v, const Facts* shared, bool with_lead, Dim lead) {

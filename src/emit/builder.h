@@ -96,13 +96,8 @@ class Builder {
   // Runs ONNX's per-node inference on every emitted node so emitted values have facts
   // (ranks, static and symbolic dims) — needed when transposing broadcasts.
   void enable_inference(const std::unordered_map<std::string, int>& opsets);
-  // The facts of a Loop's outputs from its inputs' facts and its exact number of iterations
-  // (Dim{}: not known), for what ONNX's Loop inference leaves out: the dims a state keeps, and a
-  // scan output's length. A transform that can infer bodies sets it (transforms/subgraph.h:
-  // loop_output_facts); inferred facts then replace unknown dims of emitted Loops' outputs. (The
-  // last argument gives the facts of this graph's values by name, for what the body reads.)
-  using LoopInference = std::function<std::vector<Facts>(const onnx::NodeProto&, const std::vector<const Facts*>&, Dim,
-                                                         const std::function<const Facts*(std::string_view)>&)>;
+  // Inferred facts of emitted Loops' outputs replace their unknown dims (facts.h: LoopInference;
+  // a transform that can infer bodies sets it).
   void set_loop_inference(LoopInference infer) { loop_inference_ = std::move(infer); }
   void register_data(const std::string& name, const onnx::TensorProto* tensor);
 

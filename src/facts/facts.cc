@@ -173,4 +173,18 @@ onnx::ValueInfoProto consistent_value_info(const onnx::ValueInfoProto& declared,
   return vi;
 }
 
+bool refine_with(Facts& have, const Facts& known) {
+  if (!known.has_shape || (have.has_shape && have.rank() != known.rank())) return false;
+  bool gained = !have.has_shape;
+  if (gained) have = Facts::of(have.dtype, Dims(known.dims.size(), Dim{}));
+  for (size_t i = 0; i < known.dims.size(); ++i) {
+    const Dim k = known.dims[i], h = have.dims[i];
+    const bool better = (k.known() && !h.known()) || (k.symbolic() && !k.internal() && (h == Dim{} || h.internal()));
+    if (better) have.dims[i] = k;
+    gained = gained || better;
+  }
+  if (!have.dtype) have.dtype = known.dtype;
+  return gained;
+}
+
 }  // namespace onnax

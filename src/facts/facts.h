@@ -4,6 +4,7 @@
 #include <onnx/onnx_pb.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -117,11 +118,26 @@ struct NodeValueIds {
   }
 };
 
+// The facts of a Loop's outputs from its inputs' facts and its exact number of iterations
+// (Dim{}: not known), for what ONNX's Loop inference leaves out: the dims a state keeps (ONNX
+// types a state only by its element type, as it may change shape between iterations), and a
+// scan output's length. The transforms layer provides it (transforms/subgraph.h:
+// loop_output_facts). The last argument gives the facts of the enclosing graph's values by
+// name, for what the body reads.
+using LoopInference = std::function<std::vector<Facts>(const onnx::NodeProto&, const std::vector<const Facts*>&, Dim,
+                                                       const std::function<const Facts*(std::string_view)>&)>;
+
+// Refines `have` with what `known` says of the same value: the whole shape when `have` has none,
+// else each dim `known` knows (or names) where `have` does not. False when nothing was gained
+// (or the ranks disagree).
+bool refine_with(Facts& have, const Facts& known);
+
 // Runs ONNX's per-node type and shape inference (and partial data propagation, so shapes
 // computed with Shape/Gather/Concat stay known) over `graph`, whose nodes must be in
 // topological order and indexed in `node_ids` by `names`. Declared value_info fills in what
 // inference cannot tell.
+// `loops` (when given) refines the facts of Loops' outputs.
 void infer_facts(const onnx::GraphProto& graph, const std::unordered_map<std::string, int>& opsets, NameScope& names,
-                 const NodeValueIds& node_ids, FactTable& table);
+                 const NodeValueIds& node_ids, FactTable& table, const LoopInference& loops = nullptr);
 
 }  // namespace onnax

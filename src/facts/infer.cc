@@ -2,6 +2,7 @@
 #include <onnx/defs/schema.h>
 #include <onnx/shape_inference/implementation.h>
 
+#include <algorithm>
 #include <deque>
 #include <optional>
 #include <set>
@@ -171,7 +172,7 @@ void refine_inferred(const onnx::NodeProto& node, const Facts* in0, std::vector<
 }
 
 void infer_facts(const onnx::GraphProto& g, const std::unordered_map<std::string, int>& opsets, NameScope& names,
-                 const NodeValueIds& node_ids, FactTable& table) {
+                 const NodeValueIds& node_ids, FactTable& table, const LoopInference& loops) {
   std::unordered_map<std::string, const onnx::TensorProto*> data;
   std::unordered_map<std::string, const onnx::SparseTensorProto*> sparse;
   std::vector<const onnx::ValueInfoProto*> declared(static_cast<size_t>(names.size()), nullptr);  // by id
@@ -262,13 +263,15 @@ void infer_facts(const onnx::GraphProto& g, const std::unordered_map<std::string
           return f ? f->rank() : int64_t{-1};
         },
         [](int) -> const std::vector<int64_t>* { return nullptr; });
+    // ONNX's context takes the node mutably only because inferring a subgraph attribute
+    // (If/Loop/Scan bodies) records value_info in it; such nodes get a private copy so the
+    // graph (possibly the caller's source model) is never written. The copy's bodies then
+    // carry the types inferred for their inputs and outputs, which refine_inferred reads
+    // (exporters such as onnxscript leave Loop bodies' inputs and outputs untyped).
+    std::optional<onnx::NodeProto> with_subgraphs;
     if (schema && schema->has_type_and_shape_inference_function() &&
         node_defect(*schema, n, input_ids, known).empty()) {
       try {
-        // ONNX's context takes the node mutably only because inferring a subgraph attribute
-        // (If/Loop/Scan bodies) records value_info in it; give such nodes a private copy so
-        // the graph (possibly the caller's source model) is never written.
-        std::optional<onnx::NodeProto> with_subgraphs;
         for (const auto& a : n.attribute())
           if (a.has_g() || a.graphs_size() > 0) with_subgraphs = n;
         onnx::NodeProto& node = with_subgraphs ? *with_subgraphs : const_cast<onnx::NodeProto&>(n);
@@ -292,7 +295,24 @@ void infer_facts(const onnx::GraphProto& g, const std::unordered_map<std::string
         // diagnostics cover values it cannot type.
       }
     }
-    refine_inferred(n, n.input_size() > 0 && input_ids[0] >= 0 ? &table.at(input_ids[0]) : nullptr, inferred);
+    refine_inferred(with_subgraphs ? *with_subgraphs : n,
+                    n.input_size() > 0 && input_ids[0] >= 0 ? &table.at(input_ids[0]) : nullptr,
+                    inferred);  // (Only for outputs ONNX left short: inferring a body is the expensive part.)
+    const bool short_of_dims = std::any_of(inferred.begin(), inferred.end(), [](const Facts& f) {
+      return !f.has_shape || std::any_of(f.dims.begin(), f.dims.end(), [](Dim d) { return !d.known(); });
+    });
+    if (loops && short_of_dims && n.op_type() == "Loop" && (n.domain().empty() || n.domain() == "ai.onnx")) {
+      static const Facts kUnknown;
+      std::vector<const Facts*> in;
+      for (const Facts* f : in_facts) in.push_back(f ? f : &kUnknown);
+      auto outer = [&](std::string_view name) -> const Facts* {
+        const int id = names.id(name);
+        return id < 0 ? nullptr : &table.at(id);
+      };
+      const std::vector<Facts> refined = loops(n, in, Dim{}, outer);
+      for (size_t i = 0; i < refined.size() && i < inferred.size(); ++i) refine_with(inferred[i], refined[i]);
+    }
+
     if (auto t = constant_tensor(n)) {
       constants.push_back(std::move(*t));
       inferred[0] = facts_of_tensor(constants.back());

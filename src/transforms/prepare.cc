@@ -13,6 +13,7 @@
 #include "check/node_check.h"
 #include "diagnostics/error.h"
 #include "notice.h"
+#include "transforms/subgraph.h"
 
 namespace onnax {
 namespace {
@@ -636,7 +637,11 @@ void prepare_graph(Prepared& p, const std::string& mode) {
   for (const auto& s : g.sparse_initializer()) p.initializer_names.insert(s.values().name());
 
   // Facts: ONNX's per-node inference over the sorted graph plus the model's annotations.
-  infer_facts(g, model_opsets(p), p.value_names, p.node_ids, p.facts);
+  infer_facts(g, model_opsets(p), p.value_names, p.node_ids, p.facts,
+              [opsets = model_opsets(p)](const onnx::NodeProto& loop, const std::vector<const Facts*>& in, Dim trips,
+                                         const std::function<const Facts*(std::string_view)>& outer) {
+                return loop_output_facts(loop, in, trips, opsets, outer);
+              });
   collect_runtime_inputs(p);
 }
 
