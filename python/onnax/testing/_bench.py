@@ -217,8 +217,8 @@ def bench(
         log.extend(ref.forward.log + ref.source.log)
         comparisons = result.comparisons
         entry["reference"] = result.description
-        if result.notes:
-            entry["reference_notes"] = result.notes
+        if result.notes or result.incomplete:
+            entry["reference_notes"] = result.notes + ([result.incomplete] if result.incomplete else [])
         entry["errors"] = [
             {
                 "output": c.name,

@@ -13,15 +13,17 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any, cast
 
 import numpy as np
 
 from onnax.testing._compare import OutputComparison, compare, default_tolerance
 from onnax.testing._inputs import Feeds
-from onnax.testing._reference import Reference, Value
+from onnax.testing._reference import Budget, Reference, Value
 
 Progress = Callable[[str], None]
 
@@ -40,10 +42,85 @@ class Parity:
     description: str
     notes: list[str] = field(default_factory=list)
     diagnosis: str = ""  # set when some output fails: whose fault, and what to do
+    incomplete: str = ""  # set when the time limit stopped the reference: what was not checked
 
 
 def _floating(a: np.ndarray) -> bool:
     return bool(np.issubdtype(a.dtype, np.floating))
+
+
+class TimeLimit(Exception):
+    """The time limit was reached before the exact reference finished."""
+
+
+_RUNNING: set[threading.Thread] = set()
+
+
+def background_running() -> bool:
+    """Whether an abandoned exact reference (time limit, or a step failed before parity) is
+    still computing: the interpreter waits for it at exit (the command line exits at once)."""
+    return any(t.is_alive() for t in _RUNNING)
+
+
+class Background:
+    """``work()`` in a thread, started now: a JAX compilation releases the GIL, so the exact
+    reference compiles while ``validate`` runs ONNX Runtime (two cores). Not a daemon thread:
+    a daemon killed inside XLA at interpreter exit aborts the process."""
+
+    def __init__(self, work: Callable[[], Any]) -> None:
+        self._box: dict[str, Any] = {}
+
+        def target() -> None:
+            try:
+                self._box["value"] = work()
+            except BaseException as err:  # (re-raised in the caller's thread)
+                self._box["error"] = err
+
+        self._thread = threading.Thread(target=target, name="onnax-exact-reference")
+        self._thread.start()
+        _RUNNING.intersection_update(t for t in _RUNNING if t.is_alive())
+        _RUNNING.add(self._thread)
+
+    def result(self, budget: Budget) -> Any:
+        """The result, waiting at most until the budget's deadline (then ``TimeLimit``; the
+        thread is abandoned: a JAX compilation cannot be interrupted, it finishes in the
+        background and its result is unused)."""
+        if budget.deadline is None:
+            self._thread.join()
+        else:
+            self._thread.join(max(0.0, budget.deadline - time.monotonic()))
+        if self._thread.is_alive():
+            budget.hit = True
+            raise TimeLimit
+        if "error" in self._box:
+            raise self._box["error"]
+        return self._box["value"]
+
+
+def start_exact(reference: Reference, feeds: Feeds) -> None:
+    """Starts computing the exact reference on ``feeds`` in the background (``evaluate`` on
+    the same ``feeds`` object picks it up)."""
+    exact_fn = reference.exact
+    if exact_fn is None or not reference.fd_outputs:
+        return
+    ref_feeds = reference.complete(feeds)
+    reference.started = (feeds, Background(lambda: exact_fn(ref_feeds)))
+
+
+def _exact_values(reference: Reference, feeds: Feeds, ref_feeds: Feeds) -> dict[str, np.ndarray]:
+    started = reference.started
+    reference.started = None
+    if started is not None and started[0] is feeds:
+        job = started[1]
+    else:
+        exact_fn = reference.exact
+        assert exact_fn is not None
+        if reference.budget.expired():
+            raise TimeLimit
+        job = Background(lambda: exact_fn(ref_feeds)) if reference.budget.deadline is not None else None
+        if job is None:
+            return exact_fn(ref_feeds)
+    return cast(dict[str, np.ndarray], job.result(reference.budget))
 
 
 def forward_mismatch(exact: Mapping[str, np.ndarray], forward: Value, skip: set[str], precision: str) -> str:
@@ -152,32 +229,51 @@ def evaluate(
     ref_feeds = reference.complete(feeds)
     notes: list[str] = []
     expected: Value | None = None
+    first: list[OutputComparison] | None = None  # the comparisons, when no coordinate is skipped
     why_fd = reference.why_not_exact()
     if reference.exact is not None and reference.fd_outputs:
         try:
             say("exact reference: the source interpreted in JAX float64 (compiling)")
-            values = reference.exact(ref_feeds)
+            values = _exact_values(reference, feeds, ref_feeds)
             say("checking the interpreted forward pass against the runtime")
             forward = reference.primal(ref_feeds)
             mismatch = forward_mismatch(values, forward, reference.fd_outputs, reference.forward.precision)
             if mismatch:
                 why_fd = f"the JAX interpretation's forward pass disagrees with the runtime: {mismatch}"
             else:
-                say("looking for non-smooth coordinates (moving the inputs by a few rounding units)")
-                rough = _rough_exact(reference, ref_feeds, values, actual, rtol, atol)
                 expected = Value(values)
-                for o, mask in rough.items():
-                    expected.rough[o] = mask
-                    expected.checked[o] = ~mask
+                # Non-smooth coordinates only matter where the generated model disagrees: every
+                # coordinate is compared first, and only if a derivative fails are the inputs
+                # moved (one more run of the exact reference) to find and skip the kinks.
+                first = _compare_all(reference, expected, actual, rtol, atol, exact=True)
+                if any(not c.ok and c.name in reference.fd_outputs for c in first):
+                    first = None
+                    say("looking for non-smooth coordinates (moving the inputs by a few rounding units)")
+                    rough = _rough_exact(reference, ref_feeds, values, actual, rtol, atol)
+                    for o, mask in rough.items():
+                        expected.rough[o] = mask
+                        expected.checked[o] = ~mask
+        except TimeLimit:
+            return _timed_out(reference, ref_feeds, actual, rtol, atol)
         except Exception as err:  # the interpreter could not follow the graph: say so, use FD
             text = " ".join(str(err).split())[:300]
             why_fd = f"the JAX interpretation failed ({type(err).__name__}: {text})"
+            expected = None
     exact = expected is not None
-    if expected is None:
-        if reference.fd_outputs:
-            say("finite-difference reference (running the source per coordinate)")
+    if expected is None and not reference.fd_outputs:
+        # No derivative: the source run as is (per example for vmap) by the runtime of the
+        # forward pass, in float64 when that runtime has the kernels, else in the source's
+        # precision (ONNX Runtime has no float64 Conv; the reference evaluator would take
+        # minutes on a large CNN for nothing the comparison needs).
+        expected = reference.primal(ref_feeds)
+    elif expected is None:
+        say("finite-difference reference (running the source per coordinate)")
         expected = reference.fn(ref_feeds)
-    comparisons = _compare_all(reference, expected, actual, rtol, atol, exact=exact)
+    comparisons = (
+        first
+        if exact and first is not None
+        else _compare_all(reference, expected, actual, rtol, atol, exact=exact)
+    )
     if not reference.fd_outputs:
         description = f"the source run as is on {_runtime(reference)} (per-example loop for vmap)"
     elif exact:
@@ -192,11 +288,18 @@ def evaluate(
                 f"the source does not run in float64, so the differences are float32 ones: tolerances "
                 f"widened to rtol {FLOAT32_FD_TOL[0]:g}, atol {FLOAT32_FD_TOL[1]:g} ({reference.source.note})"
             )
+    incomplete = ""
     if reference.budget.hit:
         notes.append(
             f"time limit of {reference.budget.seconds:g} s reached: only the coordinates computed by then "
             "were checked (see 'coordinates checked' per output)"
         )
+        unchecked = sorted(c.name for c in comparisons if c.name in reference.fd_outputs and not c.checked)
+        if unchecked:
+            incomplete = (
+                f"time limit of {reference.budget.seconds:g} s reached before any coordinate of {unchecked} "
+                "was computed"
+            )
     skipped = sum(c.skipped_rough for c in comparisons)
     if skipped:
         if exact:
@@ -209,10 +312,40 @@ def evaluate(
             why = "their one-sided differences disagree: a kink such as ReLU at 0 or a max-pool tie"
         notes.append(f"{skipped} non-smooth coordinates skipped ({why})")
     result = Parity(comparisons, "exact" if exact else "finite differences", description, notes)
+    result.incomplete = incomplete
     failures = [c for c in comparisons if not c.ok]
     if failures:
         result.diagnosis = _diagnose(
             reference, ref_feeds, actual, failures, exact, why_fd, rtol, atol, say, confirm_seconds
+        )
+    return result
+
+
+def _timed_out(
+    reference: Reference,
+    ref_feeds: Feeds,
+    actual: Mapping[str, np.ndarray],
+    rtol: float | None,
+    atol: float | None,
+) -> Parity:
+    """The time limit passed while the exact reference compiled or ran: the primal outputs are
+    compared with the source run as is (cheap), the derivatives are not checked."""
+    seconds = reference.budget.seconds
+    text = (
+        f"time limit of {seconds:g} s reached while the exact reference was compiling or running (a JAX "
+        "compilation cannot be interrupted; it finishes in the background): the derivative outputs "
+        f"{sorted(o for o in reference.fd_outputs if o in actual)} were not checked. Fix: a larger "
+        "--max-seconds, or --reference fd to bound the check by coordinates"
+    )
+    primal = {k: v for k, v in actual.items() if k not in reference.fd_outputs}
+    comparisons = _compare_all(reference, reference.primal(ref_feeds), primal, rtol, atol, exact=False)
+    result = Parity(
+        comparisons, "none", f"the source run as is on {_runtime(reference)} (primal outputs only)"
+    )
+    result.incomplete = text
+    if any(not c.ok for c in comparisons):
+        result.diagnosis = _diagnose(
+            reference, ref_feeds, actual, comparisons, False, "", rtol, atol, lambda _m: None, 0
         )
     return result
 

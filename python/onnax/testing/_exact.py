@@ -5,6 +5,8 @@ interpreter covers every op of the source; nothing here comes from onnax."""
 
 from __future__ import annotations
 
+import collections
+import hashlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -14,6 +16,7 @@ import onnx
 from onnax.testing._chain import Step
 
 Env = dict[str, Any]
+Feeds = Mapping[str, np.ndarray]
 Level = Callable[[Env], Env]
 
 
@@ -43,11 +46,13 @@ def source_level(source: onnx.ModelProto) -> tuple[Level, dict[str, np.ndarray]]
 
     f = interpret(source, widen=True)
     names = [o.name for o in source.graph.output]
+    stored: Mapping[str, np.ndarray] = getattr(f, "stored", {})  # (widened once, shared)
     weights = {
-        t.name: onnx.numpy_helper.to_array(t).astype(np.float64)
+        t.name: stored[t.name]
         for t in source.graph.initializer
         if t.data_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16)
         and int(np.prod(t.dims)) >= ARGUMENT_SIZE
+        and t.name in stored
     }
 
     def level(env: Env) -> Env:
@@ -111,16 +116,32 @@ def reverse_level(prev: Level, step: Step, cotangents: Sequence[str], results: S
     return level
 
 
+# Compiled references kept across ``validate`` calls in one process (the corpus validates six
+# transforms of each model: grad's compiled reference serves vmap(grad) too), keyed by
+# everything that decides what they compute: the source's bytes, the replayed chain with its
+# names, the static (integer) inputs' values and the traced inputs' shapes and dtypes.
+_COMPILED: collections.OrderedDict[bytes, Any] = collections.OrderedDict()
+_COMPILED_MAX = 4
+
+
+def source_digest(source: onnx.ModelProto) -> bytes:
+    return hashlib.sha256(source.SerializeToString()).digest()
+
+
 class ExactFn:
     """The composed level as ``feeds -> outputs`` (NumPy float64), compiled with ``jax.jit``
     once per set of integer inputs (those stay NumPy, so shapes and indices built from them are
-    static), under ``jax.enable_x64``."""
+    static), under ``jax.enable_x64``. ``key`` names what ``level`` computes (source digest and
+    chain): a function compiled under the same key and shapes by an earlier instance is reused."""
 
-    def __init__(self, level: Level, batched: set[str], weights: Mapping[str, np.ndarray]) -> None:
+    def __init__(
+        self, level: Level, batched: set[str], weights: Mapping[str, np.ndarray], key: bytes = b""
+    ) -> None:
         self._level = level
         self._batched = batched  # inputs some vmap step batches: they must be traced arguments
         self._weights = dict(weights)  # large initializers, passed as arguments (not constants)
         self._cache: dict[bytes, Any] = {}
+        self._key = key
 
     def __call__(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         jax = _jax()
@@ -133,6 +154,10 @@ class ExactFn:
             key = b"".join(k.encode() + v.dtype.str.encode() + v.tobytes() for k, v in sorted(static.items()))
             key += repr(sorted((k, v.shape, v.dtype.str) for k, v in traced.items())).encode()
             fn = self._cache.get(key)
+            shared = self._key + b"\0" + key if self._key else b""
+            if fn is None and shared in _COMPILED:
+                fn = self._cache[key] = _COMPILED[shared]
+                _COMPILED.move_to_end(shared)
             if fn is None:
                 level = self._level
 
@@ -140,5 +165,43 @@ class ExactFn:
                     return level({**args, **static})
 
                 fn = self._cache[key] = jax.jit(run)
+                if shared:
+                    _COMPILED[shared] = fn
+                    while len(_COMPILED) > _COMPILED_MAX:
+                        _COMPILED.popitem(last=False)
             out = fn({k: jax.numpy.asarray(v) for k, v in traced.items()})
             return {k: np.asarray(v) for k, v in out.items()}
+
+
+class LoopFn:
+    """An outermost ``vmap`` step replayed as a loop over the examples, each through ``inner``
+    (one compiled function run once per example: vmap's definition, without compiling the
+    batched function as well)."""
+
+    def __init__(self, inner: Callable[[Feeds], dict[str, np.ndarray]], step: Step, outputs: Sequence[str]):
+        self._inner = inner
+        self._step = step
+        self._outputs = list(outputs)
+
+    def __call__(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        step = self._step
+        out_axes = (
+            step.out_axes
+            if len(step.out_axes) == len(self._outputs)
+            else [step.out_axes[0]] * len(self._outputs)
+        )
+        batched = {n: a for n, a in step.in_axes.items() if a is not None and n in feeds}
+        sizes = {feeds[n].shape[a] for n, a in batched.items()}
+        if len(sizes) != 1:
+            raise ValueError(f"batched inputs disagree on the batch size: {sizes}")
+        results = []
+        for i in range(sizes.pop()):
+            ex = dict(feeds)
+            for n, a in batched.items():
+                ex[n] = np.take(feeds[n], i, axis=a)
+            results.append(self._inner(ex))
+        return {
+            o: np.stack([r[o] for r in results], axis=axis)
+            for o, axis in zip(self._outputs, out_axes, strict=True)
+            if o in results[0]
+        }

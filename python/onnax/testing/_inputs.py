@@ -4,7 +4,7 @@ or from an ``.npz`` file), and the float64 variant of a model the references run
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 import numpy as np
 import onnx
@@ -199,18 +199,20 @@ def index_ranges(model: onnx.ModelProto, dims: Mapping[str, int] | None = None) 
 _DTYPE_ATTRS = {("to", "Cast"), ("dtype", "EyeLike"), ("dtype", "RandomNormal"), ("dtype", "RandomUniform")}
 
 
-def convert_model_dtype(model: onnx.ModelProto, src: int, dst: int) -> onnx.ModelProto:
-    """A copy of ``model`` with every ``src`` float type (inputs, outputs, value_info,
-    initializers, Cast ``to``, tensor attributes) rewritten to ``dst``."""
+def convert_model_dtype(model: onnx.ModelProto, src: int | Collection[int], dst: int) -> onnx.ModelProto:
+    """A copy of ``model`` with every ``src`` float type (one, or several at once: the model
+    is copied once) in inputs, outputs, value_info, initializers, Cast ``to`` and tensor
+    attributes rewritten to ``dst``."""
+    srcs = {src} if isinstance(src, int) else set(src)
     out = onnx.ModelProto()
     out.CopyFrom(model)
 
     def fix_vi(vi: onnx.ValueInfoProto) -> None:
-        if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type == src:
+        if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type in srcs:
             vi.type.tensor_type.elem_type = dst
 
     def fix_tensor(t: onnx.TensorProto) -> onnx.TensorProto:
-        if t.data_type != src:
+        if t.data_type not in srcs:
             return t
         arr = numpy_helper.to_array(t).astype(np_dtype(dst))
         return numpy_helper.from_array(arr, name=t.name)
@@ -225,7 +227,7 @@ def convert_model_dtype(model: onnx.ModelProto, src: int, dst: int) -> onnx.Mode
 
     def fix_nodes(nodes: Sequence[onnx.NodeProto]) -> None:
         for n in nodes:
-            if n.op_type == "Constant" and src == TensorProto.FLOAT:
+            if n.op_type == "Constant" and TensorProto.FLOAT in srcs:
                 for a in list(n.attribute):
                     if a.name in ("value_float", "value_floats"):
                         value = np.asarray(a.f if a.name == "value_float" else list(a.floats))
@@ -240,7 +242,7 @@ def convert_model_dtype(model: onnx.ModelProto, src: int, dst: int) -> onnx.Mode
                     a.t.CopyFrom(fix_tensor(a.t))
                 elif a.type == onnx.AttributeProto.GRAPH:
                     fix_graph(a.g)
-                elif (a.name, n.op_type) in _DTYPE_ATTRS and a.i == src:
+                elif (a.name, n.op_type) in _DTYPE_ATTRS and a.i in srcs:
                     a.i = dst
 
     fix_graph(out.graph)

@@ -20,6 +20,7 @@ import time
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import onnx
@@ -129,43 +130,72 @@ def extrapolated(
     return est, rough
 
 
+class SourceModels:
+    """The source with the selected initializers lifted to runtime inputs, and its float64
+    copy, made on first use and shared by every runner of one reference (the copy of a large
+    network costs seconds and its size again in memory)."""
+
+    def __init__(self, source: onnx.ModelProto, lift: Sequence[str]) -> None:
+        self.lifted = lift_initializers(source, lift)
+        wanted = set(lift)
+        self.defaults = {
+            t.name: numpy_helper.to_array(t).astype(np.float64)
+            for t in source.graph.initializer
+            if t.name in wanted
+        }
+        self._double: onnx.ModelProto | None = None
+
+    @property
+    def double(self) -> onnx.ModelProto:
+        if self._double is None:
+            floats = (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16)
+            self._double = convert_model_dtype(self.lifted, floats, TensorProto.DOUBLE)
+        return self._double
+
+    def get(self, precision: str) -> onnx.ModelProto:
+        return self.double if precision == "float64" else self.lifted
+
+
 class SourceFn:
     """The source model as a function of float64 feeds; picks float64 when it runs."""
 
     def __init__(
-        self, source: onnx.ModelProto, lift: Sequence[str], backend: str | None, prefer_ort: bool = False
+        self,
+        source: onnx.ModelProto,
+        lift: Sequence[str],
+        backend: str | None,
+        prefer_ort: bool = False,
+        models: SourceModels | None = None,
     ) -> None:
         """``prefer_ort``: ONNX Runtime in the source's precision before the reference evaluator
-        in float64 (fast forward passes; differences need float64)."""
-        lifted = lift_initializers(source, lift)
-        inits = {t.name: numpy_helper.to_array(t) for t in source.graph.initializer}
-        self.defaults = {n: inits[n].astype(np.float64) for n in lift if n in inits}
+        in float64 (fast forward passes; differences need float64). ``models``: the lifted
+        source (and its float64 copy) shared with another runner."""
+        self._models = models or SourceModels(source, lift)
+        self.defaults = self._models.defaults
         self.outputs = [o.name for o in source.graph.output]
         self.note = ""
         self.precision = "float64"
         self.backend = ""
         self.errors: list[str] = []  # why a candidate (precision, runtime) was not taken
         self.log: list[str] = []  # the runtimes' own log lines, captured
-        double = lifted
-        for t in (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16):
-            double = convert_model_dtype(double, t, TensorProto.DOUBLE)
-        self._candidates = [(double, "float64"), (lifted, "source precision")]
         self._prefer_ort = prefer_ort
         self._backend = backend
         self._session: Session | None = None
         self._input_dtypes: dict[str, np.dtype] = {}
-        self.input_names = [v.name for v in runtime_inputs(lifted)]
+        self.input_names = [v.name for v in runtime_inputs(self._models.lifted)]
 
     def _open(self, feeds: Feeds) -> None:
         errors = []
+        # (the float64 copy keeps the source's opsets: the same runtime choice)
         tries = [
-            (model, precision, backend)
-            for model, precision in self._candidates
-            for backend in dict.fromkeys([choose_backend(model, self._backend), "ref"])
+            (precision, backend)
+            for precision in ("float64", "source precision")
+            for backend in dict.fromkeys([choose_backend(self._models.lifted, self._backend), "ref"])
         ]
         if self._prefer_ort:
-            tries.sort(key=lambda t: t[2] != "ort")
-        for model, precision, backend in tries:
+            tries.sort(key=lambda t: t[1] != "ort")
+        for precision, backend in tries:
+            model = self._models.get(precision)
             try:
                 with runtime_log(self.log):
                     sess = Session(model, backend)
@@ -380,6 +410,8 @@ class Reference:
     exact_missing: list[str] = field(default_factory=list)
     exact_note: str = ""
     budget: Budget = field(default_factory=lambda: Budget(None))
+    # (feeds, job): the exact reference already computing on those feeds (``start_exact``)
+    started: tuple[Feeds, Any] | None = None
 
     @property
     def eps(self) -> float:
@@ -472,23 +504,27 @@ def build_reference(
     src_inits = {t.name for t in source.graph.initializer}
     lift = sorted({n for s in chain for n in s.inputs if n in src_inits})
     order = sum(1 for s in chain if s.transform in DERIVATIVES)
-    src = SourceFn(source, lift, backend)
+    models = SourceModels(source, lift)
+    src = SourceFn(source, lift, backend, models=models)
     # Extrapolated central differences: error ~h^4 (truncation) + 1e-16/h (float64 rounding);
     # h = 1e-3 balances them, and an outer level differencing inner float64 derivatives
     # (error ~1e-12) keeps the same small step (never a large one, which straddles kinks).
     differences = Differences(src, order)
     primal_only = Differences(None, order, enabled=False)
-    fast = SourceFn(source, lift, backend, prefer_ort=True)
+    fast = SourceFn(source, lift, backend, prefer_ort=True, models=models)
     fn: Fn = src
     pfn: Fn = fast
     fd: set[str] = set()
     levels: list[Level] = []
     jax_level = None
+    pending_vmaps: list[tuple[Step, list[str]]] = []  # vmap steps not yet applied to jax_level
+    applied: list[str] = []  # the steps applied to jax_level (its cache key)
     exact_note = ""
     missing: list[str] = []
     batched: set[str] = set()
     weights: dict[str, np.ndarray] = {}
-    if exact:
+    # (a chain without derivatives is checked against the source run as is: no JAX needed)
+    if exact and order:
         from onnax.testing._exact import jax_available
 
         if not jax_available():
@@ -526,10 +562,9 @@ def build_reference(
             levels.append(Level(step, list(inputs), list(outputs), [], [], pfn))
             fn, pfn = _vmap(fn, step, list(outputs)), _vmap(pfn, step, list(outputs))
             batched |= {n for n, a in step.in_axes.items() if a is not None}
-            if jax_level is not None:
-                from onnax.testing._exact import vmap_level
-
-                jax_level = vmap_level(jax_level, step, list(outputs))
+            # (applied by jax.vmap when a later step transforms it; an outermost vmap is a
+            # loop over the examples, each through one compiled function)
+            pending_vmaps.append((step, list(outputs)))
             continue
         known = set(inputs) | set(lift)
         missing_sel = [n for n in step.inputs if n not in known] + [
@@ -540,6 +575,13 @@ def build_reference(
                 f"step {k} ({step.transform}) selects {missing_sel}, which the model at that step lacks "
                 f"(inputs {inputs}, outputs {outputs}). Fix: pass the SOURCE model this chain started from"
             )
+        if jax_level is not None:
+            from onnax.testing._exact import vmap_level
+
+            for vstep, vouts in pending_vmaps:
+                jax_level = vmap_level(jax_level, vstep, vouts)
+                applied.append(repr(vstep))
+        pending_vmaps.clear()
         later_derivative = any(s.transform in DERIVATIVES for s in chain[k + 1 :])
         # Sampling coordinates is only sound at the outermost derivative: an outer finite
         # difference over a partly computed gradient would difference the unsampled zeros.
@@ -554,6 +596,7 @@ def build_reference(
                 from onnax.testing._exact import jvp_level
 
                 jax_level = jvp_level(jax_level, step, added, results)
+                applied.append(repr((step, added, results)))
         else:
             n_cot = len(step.outputs) if step.transform == "vjp" else 0
             added = take(gen_inputs, len(inputs), n_cot, "cotangent inputs")
@@ -565,6 +608,7 @@ def build_reference(
                 from onnax.testing._exact import reverse_level
 
                 jax_level = reverse_level(jax_level, step, added, results)
+                applied.append(repr((step, added, results)))
         inputs = inputs + added  # (new lists: closures hold the earlier ones)
         outputs = outputs + results
         fd |= set(results)
@@ -575,11 +619,14 @@ def build_reference(
             f"generated model has inputs {gen_inputs} and outputs {gen_outputs}. Fix: pass the SOURCE model "
             "this chain started from (and a generated model onnax wrote unchanged)"
         )
-    exact_fn = None
+    exact_fn: Callable[[Feeds], dict[str, np.ndarray]] | None = None
     if jax_level is not None:
-        from onnax.testing._exact import ExactFn
+        from onnax.testing._exact import ExactFn, LoopFn, source_digest
 
-        exact_fn = ExactFn(jax_level, batched, weights)
+        key = source_digest(source) + "\n".join(applied).encode()
+        exact_fn = ExactFn(jax_level, batched, weights, key=key)
+        for vstep, vouts in pending_vmaps:
+            exact_fn = LoopFn(exact_fn, vstep, vouts)
     return Reference(
         fn,
         pfn,
