@@ -28,7 +28,7 @@ report (versions, opsets, the transform call, op counts, worst error and where):
   max-pool ties) are skipped and counted. A mismatch is called an onnax bug only when a
   second reference (finite differences) confirms it. The source runs first: if it does not
   run on the inputs, the report blames the source or the inputs, not onnax.
-Exit 0 when all pass, 1 naming the failed step, 2 for usage errors.
+Exit 0 when all pass, 1 naming the failed step (or INCOMPLETE: --max-seconds), 2 for usage errors.
 
 options:
   --inputs FILE.npz   values by generated-model input name (others: seeded random)
@@ -37,8 +37,9 @@ options:
   --rtol R, --atol A  tolerances (default: by dtype, looser for finite differences)
   --backend ort|ref   force ONNX Runtime or the ONNX reference evaluator
   --max-coords N      finite differences, reverse mode: coordinates per input (default 64; 0 = all)
-  --max-seconds S     stop the finite-difference reference after S seconds and check what
-                      was computed by then (the report says so)
+  --max-seconds S     bound the reference: finite differences check what they computed by
+                      then; the exact reference is awaited until then, else only the
+                      primal outputs are compared and the report is INCOMPLETE (exit 1)
   --reference auto|fd auto: exact (JAX) when available; fd: finite differences only
   --json PATH         also write the report as JSON
   --web               also run the generated model on onnxruntime-web (WASM, Node.js)
@@ -64,7 +65,8 @@ options:
   --intra-op-threads N  ONNX Runtime intra-op threads (default 1; 0 = ORT's default)
   --seed N            seed of the random inputs (default 0)
   --no-reference      skip the reference (no error column): latency only, fast
-  --max-seconds S     bound on each model's finite-difference reference
+  --max-seconds S     bound on each model's reference (differences stop; the exact one is
+                      awaited until then, else only primal errors, with a note saying so)
   --output PATH       write the JSON report there (default: print it after the table)
   --quiet             no progress lines or notices on stderr
 """
