@@ -14,6 +14,7 @@
 #include "transforms/prepare.h"
 #include "transforms/provenance.h"
 #include "transforms/subgraph.h"
+#include "transforms/tidy.h"
 
 namespace onnax {
 namespace {
@@ -572,6 +573,7 @@ onnx::ModelProto train_step(const onnx::ModelProto& loss_model, const TrainStepO
     if (!c.output.empty()) training::add_output(g, c.output, c.facts);
 
   if (o.dp_sgd) prune(g);  // (the per-example gradients that outer products replaced)
+  tidy(result);
   training::erase_metadata(result, provenance::kDerivativeOutputsKey);
   training::erase_metadata(result, provenance::kTransformsKey);
   std::vector<std::string> quoted;

@@ -18,6 +18,7 @@
 #include "transforms/prepare.h"
 #include "transforms/provenance.h"
 #include "transforms/subgraph.h"
+#include "transforms/tidy.h"
 
 namespace onnax {
 namespace {
@@ -578,6 +579,7 @@ void differentiate_graph(Prepared& p, Mode mode, const Selection& sel) {
     if (b.facts(v).dtype && !b.dropped(v)) *out.add_value_info() = value_info_like(std::string(b.name(v)), b.facts(v));
   onnx::ModelProto& result = *p.model;
   *result.mutable_graph() = std::move(out);
+  tidy(result);
 
   std::vector<std::string> qi, qo;
   for (const auto& n : r.inputs) qi.push_back(provenance::quote(n));

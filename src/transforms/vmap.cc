@@ -19,6 +19,7 @@
 #include "rules/batching.h"
 #include "transforms/prepare.h"
 #include "transforms/provenance.h"
+#include "transforms/tidy.h"
 
 namespace onnax {
 namespace {
@@ -549,6 +550,7 @@ void vmap_prepared(Prepared& p, const VmapOptions& opt) {
         ") batched by a per-example Scan (or Loop): no vectorized rule covers this case; results are exact, run time "
         "grows with the batch size");
   *p.model->mutable_graph() = std::move(out_graph);
+  tidy(*p.model);
   provenance::record_step(*p.model, step);
 }
 
