@@ -1,7 +1,9 @@
 #include "check/node_check.h"
 
 #include <algorithm>
+#include <cctype>
 #include <limits>
+#include <set>
 #include <vector>
 
 namespace onnax {
@@ -131,14 +133,119 @@ std::string axis_in_range(const std::string& op, const onnx::NodeProto& node, in
   return "";
 }
 
+// A required attribute the node leaves out (Einsum's equation, Cast's `to`, ...).
+std::string required_attributes(const onnx::OpSchema& schema, const onnx::NodeProto& node) {
+  for (const auto& [name, attr] : schema.attributes()) {
+    if (!attr.required) continue;
+    bool present = false;
+    for (const auto& a : node.attribute()) present = present || a.name() == name;
+    if (!present) return "lacks its required attribute '" + name + "'" + kCheckerFix;
+  }
+  return "";
+}
+
+// Einsum's equation as ONNX defines it: comma-separated terms of letters (and at most one
+// "..." each), one per input, optionally "->" and an output term; spaces allowed. (ONNX's own
+// inference loops forever on some malformed ones, e.g. a '>' without '-'.)
+std::string einsum_equation(const onnx::NodeProto& node) {
+  std::string eq;
+  for (const auto& a : node.attribute())
+    if (a.name() == "equation") eq = a.s();
+  std::string compact;
+  for (char ch : eq)
+    if (ch != ' ') compact.push_back(ch);
+  const size_t arrow = compact.find("->");
+  const std::string lhs = compact.substr(0, arrow);
+  const std::string rhs = arrow == std::string::npos ? std::string() : compact.substr(arrow + 2);
+  auto bad = [&](const std::string& why) { return "has equation '" + eq + "', which " + why + kCheckerFix; };
+  if (rhs.find("->") != std::string::npos) return bad("has more than one '->'");
+  int terms = 1;
+  auto check_term = [&](const std::string& term) -> std::string {
+    const size_t dots = term.find("...");
+    if (dots != std::string::npos && term.find("...", dots + 3) != std::string::npos)
+      return "has a term with two ellipses";
+    for (size_t i = 0; i < term.size(); ++i) {
+      const char ch = term[i];
+      if (std::isalpha(static_cast<unsigned char>(ch))) continue;
+      if (ch == '.' && dots != std::string::npos && i >= dots && i < dots + 3) continue;
+      return std::string("has the character '") + ch + "' where only letters and one '...' per term may stand";
+    }
+    return "";
+  };
+  size_t start = 0;
+  for (size_t i = 0; i <= lhs.size(); ++i) {
+    if (i < lhs.size() && lhs[i] != ',') continue;
+    if (std::string why = check_term(lhs.substr(start, i - start)); !why.empty()) return bad(why);
+    if (i < lhs.size()) ++terms;
+    start = i + 1;
+  }
+  if (std::string why = check_term(rhs); !why.empty()) return bad(why);
+  if (terms != node.input_size())
+    return bad("has " + std::to_string(terms) + " input term(s) for " + std::to_string(node.input_size()) +
+               " input(s)");
+  return "";
+}
+
+// Convolutions and pools read N x C x D1 ... Dk inputs and per-axis attribute lists: each list
+// must have one entry per spatial axis (pads two), as kernel_shape or the input's rank gives.
+std::string spatial_attributes(const std::string& op, const onnx::NodeProto& node, int64_t rank) {
+  const int64_t min_rank = op == "LRN" ? 2 : 3;
+  if (rank >= 0 && rank < min_rank)
+    return "reads an input of rank " + std::to_string(rank) + "; " + op + " needs N x C" +
+           (min_rank == 3 ? " x D1 ... (rank 3 or more)" : " ... (rank 2 or more)") + kCheckerFix;
+  if (op == "LRN") return "";
+  int64_t spatial = rank >= 0 ? rank - 2 : -1;
+  for (const auto& a : node.attribute())
+    if (a.name() == "kernel_shape") {
+      if (spatial >= 0 && a.ints_size() != spatial)
+        return "has kernel_shape of " + std::to_string(a.ints_size()) + " entries for " + std::to_string(spatial) +
+               " spatial axes" + kCheckerFix;
+      spatial = a.ints_size();
+    }
+  if (spatial < 0) return "";
+  for (const auto& a : node.attribute()) {
+    const bool per_axis = a.name() == "strides" || a.name() == "dilations" || a.name() == "output_padding";
+    const int64_t want = a.name() == "pads" ? 2 * spatial : spatial;
+    if ((per_axis || a.name() == "pads") && a.ints_size() != want)
+      return "has " + a.name() + " of " + std::to_string(a.ints_size()) + " entries; expected " + std::to_string(want) +
+             " (" + (a.name() == "pads" ? "two per spatial axis" : "one per spatial axis") + ")" + kCheckerFix;
+  }
+  return "";
+}
+
+// Subgraph inputs and outputs must be named: the enclosing node's values map to them by name.
+std::string subgraph_names(const onnx::NodeProto& node) {
+  for (const auto& a : node.attribute()) {
+    std::vector<const onnx::GraphProto*> graphs;
+    if (a.has_g()) graphs.push_back(&a.g());
+    for (const auto& g : a.graphs()) graphs.push_back(&g);
+    for (const auto* g : graphs) {
+      for (const auto& vi : g->output())
+        if (vi.name().empty()) return "has a subgraph ('" + a.name() + "') with an unnamed output" + kCheckerFix;
+      for (const auto& vi : g->input())
+        if (vi.name().empty()) return "has a subgraph ('" + a.name() + "') with an unnamed input" + kCheckerFix;
+    }
+  }
+  return "";
+}
+
 }  // namespace
 
 std::string node_defect(const onnx::OpSchema& schema, const onnx::NodeProto& node, const int32_t* input_ids,
                         const NodeInputFacts& inputs) {
   if (std::string why = required_inputs(schema, node, input_ids); !why.empty()) return why;
   if (std::string why = required_outputs(schema, node, input_ids + node.input_size()); !why.empty()) return why;
+  if (std::string why = required_attributes(schema, node); !why.empty()) return why;
+  if (std::string why = subgraph_names(node); !why.empty()) return why;
   if (!schema.domain().empty()) return "";
   const std::string& op = schema.Name();
+  if (op == "Einsum") return einsum_equation(node);
+  static const std::set<std::string, std::less<>> spatial{
+      "Conv",         "ConvTranspose", "ConvInteger", "QLinearConv",          "AveragePool",
+      "MaxPool",      "LpPool",        "MaxUnpool",   "GlobalAveragePool",    "GlobalMaxPool",
+      "GlobalLpPool", "LRN",           "DeformConv",  "InstanceNormalization"};
+  if (spatial.count(op))
+    if (std::string why = spatial_attributes(op, node, inputs.rank(0)); !why.empty()) return why;
   if (op == "Transpose") return transpose_perm(node, inputs.rank(0));
   if (op == "GatherND") return gathernd_batch_dims(node, inputs.rank(0), inputs.rank(1));
   if (op.rfind("Reduce", 0) == 0) return reduced_axes(node, inputs);

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <functional>
 #include <iostream>
+#include <new>
 #include <optional>
 
 #include "cli/args.h"
@@ -284,6 +285,10 @@ int run(const std::vector<std::string>& args) {
     return 2;
   } catch (const Error& e) {
     std::cerr << "onnax: error: " << e.what() << "\n";
+    return 1;
+  } catch (const std::bad_alloc&) {
+    std::cerr << "onnax: error: out of memory while transforming the model. Fix: check the model's declared sizes "
+                 "(a dimension of billions of elements?), or run with more memory\n";
     return 1;
   } catch (const std::exception& e) {
     std::cerr << "onnax: internal error: " << e.what() << "\nPlease report this with the model that caused it.\n";

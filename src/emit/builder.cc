@@ -8,6 +8,7 @@
 #include <cstring>
 #include <deque>
 #include <limits>
+#include <new>
 #include <stdexcept>
 
 #include "diagnostics/error.h"
@@ -172,12 +173,15 @@ void Builder::infer(onnx::NodeProto& node, const Vs& inputs, const Vs& outputs) 
     const onnx::ShapeInferenceOptions options(false, 0, true);
     onnx::shape_inference::InferenceContextImpl ctx(target, inf.types, inf.data, inf.sparse, options, &inf.generated);
     schema->GetTypeAndShapeInferenceFunction()(ctx);
-    if (schema->has_data_propagation_function()) {
+    if (schema->has_data_propagation_function() &&
+        data_propagation_is_bounded(inf.in_facts.data(), inf.in_facts.size())) {
       // (Data propagation covers 1-D shapes only: its failure, on an Add of 2-D int64 constants
       // say, must not discard the types just inferred.)
       try {
         onnx::shape_inference::DataPropagationContextImpl dctx(target, inf.types, inf.data, inf.generated);
         schema->GetDataPropagationFunction()(dctx);
+      } catch (const std::bad_alloc&) {
+        throw;
       } catch (const std::exception&) {
       }
     }
@@ -187,6 +191,8 @@ void Builder::infer(onnx::NodeProto& node, const Vs& inputs, const Vs& outputs) 
       if (!t || t->value_case() == onnx::TypeProto::VALUE_NOT_SET) continue;
       set_facts(outputs[i], facts_from_type(*t));
     }
+  } catch (const std::bad_alloc&) {
+    throw;  // (out of memory is an error, not an unknown type)
   } catch (const std::exception&) {
     // Facts stay unknown; rules that need them report it.
   }

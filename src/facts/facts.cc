@@ -187,4 +187,12 @@ bool refine_with(Facts& have, const Facts& known) {
   return gained;
 }
 
+bool data_propagation_is_bounded(const Facts* const* inputs, size_t count) {
+  for (size_t i = 0; i < count; ++i) {
+    const Facts* f = inputs[i];
+    if (f && f->rank() == 1 && f->dims[0].known() && f->dims[0].value() > kMaxPropagatedElements) return false;
+  }
+  return true;
+}
+
 }  // namespace onnax

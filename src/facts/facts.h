@@ -127,6 +127,13 @@ struct NodeValueIds {
 using LoopInference = std::function<std::vector<Facts>(const onnx::NodeProto&, const std::vector<const Facts*>&, Dim,
                                                        const std::function<const Facts*(std::string_view)>&)>;
 
+// Whether ONNX's data propagation may run on a node with these input facts: it materializes
+// 1-D values element by element (one dim per element), so an input declared [2^40] would
+// allocate without bound; shape values are short. False when an input is 1-D with more than
+// kMaxPropagatedElements static elements (nullptr entries are unknown inputs).
+inline constexpr int64_t kMaxPropagatedElements = 4096;
+bool data_propagation_is_bounded(const Facts* const* inputs, size_t count);
+
 // Refines `have` with what `known` says of the same value: the whole shape when `have` has none,
 // else each dim `known` knows (or names) where `have` does not. False when nothing was gained
 // (or the ranks disagree).

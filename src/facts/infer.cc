@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <deque>
+#include <new>
 #include <optional>
 #include <set>
 
@@ -286,10 +287,12 @@ void infer_facts(const onnx::GraphProto& g, const std::unordered_map<std::string
           else
             non_tensor[static_cast<size_t>(i)] = *t;
         }
-        if (schema->has_data_propagation_function()) {
+        if (schema->has_data_propagation_function() && data_propagation_is_bounded(in_facts.data(), in_facts.size())) {
           onnx::shape_inference::DataPropagationContextImpl dctx(node, types, data, generated);
           schema->GetDataPropagationFunction()(dctx);
         }
+      } catch (const std::bad_alloc&) {
+        throw;  // (out of memory is an error, not an unknown type)
       } catch (const std::exception&) {
         // Inference is best effort here: declared types (below) and the rules' own
         // diagnostics cover values it cannot type.

@@ -55,17 +55,15 @@ BatchResult unary_rule(BatchCtx& c) {
   return r;
 }
 
+// One Dropout over the batch: in inference mode the identity; in training mode it draws an
+// independent mask per element, so per example, as separate runs would (a `seed` attribute then
+// gives one draw for the whole batch, not the per-example draws of separate seeded runs).
 BatchResult dropout_rule(BatchCtx& c) {
-  // Inference only: training_mode must be absent or a known false constant.
-  if (c.has(2)) {
-    const auto* k = c.known_i64(2);
-    bool known_false = k && k->size() == 1 && (*k)[0] == 0;
-    if (!known_false)
-      c.unsupported("training_mode is set or not a constant; only inference-mode Dropout is supported",
-                    "export the model in inference mode (training_mode absent or false)");
-  }
   if (c.has(1) && c.batched[1])
     c.unsupported(c.describe_input(1) + " (ratio) is batched", "pass None for the ratio's source in in_axes");
+  if (c.has(2) && c.batched[2])
+    c.unsupported(c.describe_input(2) + " (training_mode) is batched",
+                  "pass None for the training flag's source in in_axes");
   return all_batched(c.b.clone(c.node, c.in));
 }
 
@@ -319,8 +317,10 @@ void register_elementwise_derivatives(DerivativeRules& r) {
   // input carries no tangent (only tensors are differentiated).
   rr.jvp("OptionalGetElement", identity);
   rr.jvp("Dropout", [](D& c) -> Vs {
-    // Inference (training_mode absent or a known false): the identity. Training: the
-    // tangent passes through the node's own mask, scaled like the data.
+    // Inference (training_mode absent or a known false): the identity. Training: the tangent
+    // passes through the node's own mask (prepare names it: transforms/dropout_masks.h),
+    // scaled like the data: by 1 / (1 - ratio) when the run trains, by 1 when a run-time
+    // flag says it does not (the mask is then all true).
     const auto* k = c.has(2) ? c.b.known_i64(c.x(2)) : nullptr;
     const bool inference = !c.has(2) || (k && k->size() == 1 && (*k)[0] == 0);
     if (inference || !c.t(0).valid()) return {c.t(0), V{}};
@@ -329,6 +329,8 @@ void register_elementwise_derivatives(DerivativeRules& r) {
                     "add the mask output to the Dropout node (its second output), or run in inference mode");
     V ratio = c.has(1) ? c.b.op1("CastLike", {c.x(1), c.x(0)}) : c.scalar(0.5);
     V scale = c.b.op1("Div", {c.scalar(1.0), c.b.op1("Sub", {c.scalar(1.0), ratio})});
+    const bool training = k && k->size() == 1 && (*k)[0] != 0;
+    if (!training) scale = c.b.op1("Where", {c.x(2), scale, c.scalar(1.0)});
     V mask = c.b.op1("Mul", {c.b.op1("Cast", {c.y(1)}, {Attr::i("to", c.dtype(0))}), scale});
     return {c.b.mul(c.t(0), mask), V{}};
   });

@@ -13,6 +13,8 @@
 #include "check/node_check.h"
 #include "diagnostics/error.h"
 #include "notice.h"
+#include "transforms/contrib_ops.h"
+#include "transforms/dropout_masks.h"
 #include "transforms/subgraph.h"
 
 namespace onnax {
@@ -416,40 +418,53 @@ Prepared prepare_in_place(onnx::ModelProto& model, const std::string& mode) {
 
 namespace {
 
-// ONNX's version converter trusts the nodes it adapts (one crashes on a Reduce node with two
-// `axes` attributes): each default-domain node, subgraphs included, must first pass its
-// schema's own check, as onnx.checker runs it.
-void verify_before_conversion(const onnx::GraphProto& g, int opset, const std::string& mode) {
+// Every default-domain node, subgraphs included, must pass what the transforms check without
+// shapes (node_defect: required inputs and attributes, named subgraph outputs, Einsum
+// equations, per-axis attribute lengths, ...) and its schema's own check, as onnx.checker runs
+// it, before ONNX's inference or version converter sees it: both trust the nodes they read (the
+// converter crashes on a Reduce node with two `axes` attributes, inference on an Einsum with no
+// equation, and loops forever on some malformed ones).
+void verify_nodes(const onnx::GraphProto& g, int opset, const std::string& mode, bool converting,
+                  std::unordered_map<std::string, int64_t> declared_ranks = {}) {
+  // (Ranks as declared, for the checks that need one: the graph's and enclosing graphs'.)
+  auto declare = [&](const onnx::ValueInfoProto& vi) {
+    if (vi.type().has_tensor_type() && vi.type().tensor_type().has_shape())
+      declared_ranks[vi.name()] = vi.type().tensor_type().shape().dim_size();
+  };
+  for (const auto& vi : g.input()) declare(vi);
+  for (const auto& vi : g.value_info()) declare(vi);
+  for (const auto& t : g.initializer()) declared_ranks[t.name()] = t.dims_size();
   for (const auto& n : g.node()) {
     if (n.domain().empty() || n.domain() == "ai.onnx")
       if (const onnx::OpSchema* schema = onnx::OpSchemaRegistry::Schema(n.op_type(), opset, "")) {
+        std::vector<int32_t> ids;  // (as the index has them: inputs, then outputs)
+        for (const auto& in : n.input()) ids.push_back(in.empty() ? -1 : 0);
+        for (const auto& out : n.output()) ids.push_back(out.empty() ? -1 : 0);
+        const NodeInputFactsOf declared(
+            [&](int i) {
+              const auto it = i < n.input_size() ? declared_ranks.find(n.input(i)) : declared_ranks.end();
+              return it == declared_ranks.end() ? int64_t{-1} : it->second;
+            },
+            [](int) -> const std::vector<int64_t>* { return nullptr; });
+        if (const std::string defect = node_defect(*schema, n, ids.data(), declared); !defect.empty())
+          diag::fail(Error::Kind::kInvalidModel, mode + ": invalid model: " + diag::op_at(n, opset) + " " + defect);
         try {
           schema->Verify(n);
-          // (and what the transforms check, as far as it shows without shapes: ONNX's own
-          // inference, which the converter runs, crashes on a GatherND batch_dims of -9)
-          std::vector<int32_t> ids;  // (as the index has them: inputs, then outputs)
-          for (const auto& in : n.input()) ids.push_back(in.empty() ? -1 : 0);
-          for (const auto& out : n.output()) ids.push_back(out.empty() ? -1 : 0);
-          const NodeInputFactsOf unknown([](int) { return int64_t{-1}; },
-                                         [](int) -> const std::vector<int64_t>* { return nullptr; });
-          if (const std::string defect = node_defect(*schema, n, ids.data(), unknown); !defect.empty())
-            diag::fail(Error::Kind::kInvalidModel, mode + ": invalid model: " + diag::op_at(n, opset) + " " + defect);
-        } catch (const Error&) {
-          throw;
         } catch (const std::exception& e) {
           std::string why = e.what();
           why = why.substr(0, why.find('\n'));  // (the rest is the checker's context lines)
           while (!why.empty() && (why.back() == '.' || why.back() == ' ')) why.pop_back();
           diag::fail(Error::Kind::kInvalidModel,
                      mode + ": invalid model: " + diag::op_at(n, opset) + ": " + why +
-                         ". Fix: repair the node (onnx.checker.check_model reports it); onnax upgrades models below "
-                         "opset " +
-                         std::to_string(kMinOpset) + " with ONNX's version converter, which needs valid nodes");
+                         ". Fix: repair the node (onnx.checker.check_model reports it)" +
+                         (converting ? "; onnax upgrades models below opset " + std::to_string(kMinOpset) +
+                                           " with ONNX's version converter, which needs valid nodes"
+                                     : std::string()));
         }
       }
     for (const auto& a : n.attribute()) {
-      if (a.has_g()) verify_before_conversion(a.g(), opset, mode);
-      for (const auto& sub : a.graphs()) verify_before_conversion(sub, opset, mode);
+      if (a.has_g()) verify_nodes(a.g(), opset, mode, converting, declared_ranks);
+      for (const auto& sub : a.graphs()) verify_nodes(sub, opset, mode, converting, declared_ranks);
     }
   }
 }
@@ -568,6 +583,25 @@ void fold_zero_dropouts(Prepared& p) {
   nodes->DeleteSubrange(kept, nodes->size() - kept);
 }
 
+// Orders and indexes p's graph, collects its names and infers the facts of its values.
+void index_and_infer(Prepared& p) {
+  if (!index_graph(*p.graph, p.value_names, p.node_ids, p.node_names, p.nodes_with_subgraphs)) {
+    sort_nodes(mutable_graph(p));
+    index_graph(*p.graph, p.value_names, p.node_ids, p.node_names, p.nodes_with_subgraphs);
+  }
+  const auto& g = *p.graph;
+  collect_names(g, p, false);
+  for (const auto& t : g.initializer()) p.initializer_names.insert(t.name());
+  for (const auto& s : g.sparse_initializer()) p.initializer_names.insert(s.values().name());
+
+  // Facts: ONNX's per-node inference over the sorted graph plus the model's annotations.
+  infer_facts(g, model_opsets(p), p.value_names, p.node_ids, p.facts,
+              [opsets = model_opsets(p)](const onnx::NodeProto& loop, const std::vector<const Facts*>& in, Dim trips,
+                                         const std::function<const Facts*(std::string_view)>& outer) {
+                return loop_output_facts(loop, in, trips, opsets, outer);
+              });
+}
+
 void prepare_graph(Prepared& p, const std::string& mode) {
   int64_t opset = default_opset(*p.model);
   const std::string interval = "supported: " + std::to_string(kMinOpset) + "-" + std::to_string(kMaxOpset) + " (" +
@@ -610,8 +644,8 @@ void prepare_graph(Prepared& p, const std::string& mode) {
                    " and it has a Scan, whose opset-8 form (a batch axis and sequence_lens) the ONNX version "
                    "converter does not upgrade correctly. Fix: re-export the model at opset 9 or newer (" +
                    std::to_string(kMinOpset) + " or newer avoids any conversion)");
+  verify_nodes(*p.graph, static_cast<int>(opset), mode, opset < kMinOpset);
   if (opset < kMinOpset) {
-    verify_before_conversion(*p.graph, static_cast<int>(opset), mode);
     try {
       mutable_graph(p);
       *p.model = onnx::version_conversion::ConvertVersion(*p.model, static_cast<int>(kMinOpset));
@@ -627,21 +661,17 @@ void prepare_graph(Prepared& p, const std::string& mode) {
     opset = kMinOpset;
   }
   p.opset = opset;
-  if (!index_graph(*p.graph, p.value_names, p.node_ids, p.node_names, p.nodes_with_subgraphs)) {
-    sort_nodes(mutable_graph(p));
-    index_graph(*p.graph, p.value_names, p.node_ids, p.node_names, p.nodes_with_subgraphs);
+  index_and_infer(p);
+  const bool expanded = expand_contrib_ops(p, mode);
+  if (name_dropout_masks(p, mode) || expanded) {
+    // The rewritten graph is indexed and inferred from scratch.
+    p.value_names = NameScope();
+    p.node_names = NameScope();
+    p.facts = FactTable();
+    p.nodes_with_subgraphs.clear();
+    p.initializer_names.clear();
+    index_and_infer(p);
   }
-  const auto& g = *p.graph;
-  collect_names(g, p, false);
-  for (const auto& t : g.initializer()) p.initializer_names.insert(t.name());
-  for (const auto& s : g.sparse_initializer()) p.initializer_names.insert(s.values().name());
-
-  // Facts: ONNX's per-node inference over the sorted graph plus the model's annotations.
-  infer_facts(g, model_opsets(p), p.value_names, p.node_ids, p.facts,
-              [opsets = model_opsets(p)](const onnx::NodeProto& loop, const std::vector<const Facts*>& in, Dim trips,
-                                         const std::function<const Facts*(std::string_view)>& outer) {
-                return loop_output_facts(loop, in, trips, opsets, outer);
-              });
   collect_runtime_inputs(p);
 }
 

@@ -259,14 +259,7 @@ def check(case: Case, kind: str, model: onnx.ModelProto) -> float:
 # Where onnax refuses a transform today: (model, transform) -> (op, the reason in its message).
 # The test asserts the refusal is an onnax.OnnaxError naming both; a case that starts to work
 # fails the test until it is removed from here (and is then checked numerically).
-# jax2onnx's ViT: Dropout(ratio 0.1, training_mode = Not(deterministic)), deterministic a run-time
-# input (as the example's test case exports it).
-_VIT_DROPOUT_VMAP = ("ai.onnx::Dropout", "training_mode is set or not a constant")
-_VIT_DROPOUT_AD = ("ai.onnx::Dropout", "training-mode Dropout draws its mask at random")
-REFUSED: dict[tuple[str, str], tuple[str, str]] = {
-    ("jax2onnx_vit", "vmap"): _VIT_DROPOUT_VMAP,
-    **{("jax2onnx_vit", k): _VIT_DROPOUT_AD for k in ("grad", "jvp", "vjp", "vmap_grad", "jvp_grad")},
-}
+REFUSED: dict[tuple[str, str], tuple[str, str]] = {}
 
 
 @dataclass

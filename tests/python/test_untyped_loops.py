@@ -67,7 +67,7 @@ def untyped_loop_model(rng: np.random.Generator) -> tuple[onnx.ModelProto, np.nd
 
 
 def reference(w: np.ndarray, x: jnp.ndarray) -> tuple[jnp.ndarray, jnp.ndarray]:
-    h, total = x, 0.0
+    h, total = x, jnp.zeros(())
     for _ in range(TRIPS):
         h = jnp.tanh(0.9 * (h @ w))
         total = total + jnp.sum(jnp.sum(h, axis=1) ** 2)

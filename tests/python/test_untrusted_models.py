@@ -1,0 +1,212 @@
+"""Models crafted to crash, hang or exhaust a tool (from a fuzzing probe of onnax): each gets a
+clear diagnostic and exit code 1 from the command line (an OnnaxError in Python), never a
+segfault, an "internal error", a hang or a silently accepted invalid node. Valid neighbours of
+the same ops still transform, and their results run in ONNX Runtime."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+onnax = pytest.importorskip("onnax")
+
+F = TensorProto.FLOAT
+
+
+def model(
+    nodes: list[onnx.NodeProto], inputs: list[onnx.ValueInfoProto], outputs: list[onnx.ValueInfoProto]
+) -> onnx.ModelProto:
+    return helper.make_model(
+        helper.make_graph(nodes, "g", inputs, outputs),
+        opset_imports=[helper.make_opsetid("", 18)],
+        ir_version=10,
+    )
+
+
+def body_with_unnamed_output() -> onnx.GraphProto:
+    return helper.make_graph(
+        [helper.make_node("Identity", ["c"], ["co"]), helper.make_node("Identity", ["s"], ["so"])],
+        "body",
+        [
+            helper.make_tensor_value_info("i", TensorProto.INT64, []),
+            helper.make_tensor_value_info("c", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("s", F, [2]),
+        ],
+        [
+            helper.make_tensor_value_info("co", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("", F, [2]),
+        ],
+    )
+
+
+def branch_with_unnamed_output() -> onnx.GraphProto:
+    return helper.make_graph(
+        [helper.make_node("Identity", ["x"], ["z"])],
+        "branch",
+        [],
+        [helper.make_tensor_value_info("", F, [2])],
+    )
+
+
+x2 = helper.make_tensor_value_info("x", F, [2, 2])
+CASES = {
+    # (model, transform, words the diagnostic must contain)
+    "einsum_without_equation": (
+        model(
+            [helper.make_node("Einsum", ["x"], ["y"])], [x2], [helper.make_tensor_value_info("y", F, None)]
+        ),
+        "vmap",
+        ["Einsum", "required attribute 'equation'"],
+    ),
+    "einsum_arrow_without_dash": (
+        model(
+            [helper.make_node("Einsum", ["x"], ["y"], equation="ij>ji")],
+            [x2],
+            [helper.make_tensor_value_info("y", F, None)],
+        ),
+        "jvp",
+        ["Einsum", "ij>ji", "character '>'"],
+    ),
+    "loop_body_output_unnamed": (
+        model(
+            [
+                helper.make_node("Constant", [], ["n"], value=numpy_helper.from_array(np.array(2, np.int64))),
+                helper.make_node("Loop", ["n", "", "x"], ["y"], body=body_with_unnamed_output()),
+            ],
+            [helper.make_tensor_value_info("x", F, [2])],
+            [helper.make_tensor_value_info("y", F, [2])],
+        ),
+        "vjp",
+        ["Loop", "unnamed output"],
+    ),
+    "if_branch_output_unnamed": (
+        model(
+            [
+                helper.make_node(
+                    "If",
+                    ["c"],
+                    ["y"],
+                    then_branch=branch_with_unnamed_output(),
+                    else_branch=branch_with_unnamed_output(),
+                )
+            ],
+            [
+                helper.make_tensor_value_info("c", TensorProto.BOOL, []),
+                helper.make_tensor_value_info("x", F, [2]),
+            ],
+            [helper.make_tensor_value_info("y", F, [2])],
+        ),
+        "jvp",
+        ["If", "unnamed output"],
+    ),
+    "lrn_on_rank_1": (
+        model(
+            [helper.make_node("LRN", ["x"], ["y"], size=3)],
+            [helper.make_tensor_value_info("x", F, [5])],
+            [helper.make_tensor_value_info("y", F, [5])],
+        ),
+        "vjp",
+        ["LRN", "rank 1"],
+    ),
+    "conv_on_rank_1": (
+        model(
+            [helper.make_node("Conv", ["x", "w"], ["y"])],
+            [helper.make_tensor_value_info("x", F, [3]), helper.make_tensor_value_info("w", F, [3])],
+            [helper.make_tensor_value_info("y", F, None)],
+        ),
+        "vjp",
+        ["Conv", "rank 1"],
+    ),
+    "average_pool_strides_shorter_than_kernel": (
+        model(
+            [helper.make_node("AveragePool", ["x"], ["y"], kernel_shape=[2, 2], strides=[1])],
+            [helper.make_tensor_value_info("x", F, [1, 1, 4, 4])],
+            [helper.make_tensor_value_info("y", F, None)],
+        ),
+        "vjp",
+        ["AveragePool", "strides of 1 entries; expected 2"],
+    ),
+    "max_pool_pads_not_two_per_axis": (
+        model(
+            [helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[2, 2], pads=[1, 1])],
+            [helper.make_tensor_value_info("x", F, [1, 1, 4, 4])],
+            [helper.make_tensor_value_info("y", F, None)],
+        ),
+        "grad",
+        ["MaxPool", "pads of 2 entries; expected 4"],
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_crafted_model_gets_a_diagnostic_and_exit_code_1(name: str, tmp_path: Path) -> None:
+    m, transform, words = CASES[name]
+    path = tmp_path / f"{name}.onnx"
+    onnx.save(m, path)
+    args = [transform, str(path), "-o", str(tmp_path / "out.onnx")]
+    if transform == "grad":
+        args = ["vjp", str(path), "-o", str(tmp_path / "out.onnx")]
+    proc = subprocess.run(
+        [sys.executable, "-m", "onnax", *args], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert proc.returncode == 1, proc.stderr
+    assert "invalid model" in proc.stderr and "Fix:" in proc.stderr
+    for w in words:
+        assert w in proc.stderr, proc.stderr
+    assert not (tmp_path / "out.onnx").exists()
+    with pytest.raises(onnax.OnnaxError, match="invalid model"):
+        {"vmap": onnax.vmap, "jvp": onnax.jvp, "vjp": onnax.vjp, "grad": onnax.vjp}[transform](m)
+
+
+def test_a_dimension_of_2_to_the_40_is_not_materialized(tmp_path: Path) -> None:
+    """An int64 input declared [2^40] feeding Cast made ONNX's data propagation allocate one dim
+    per element. The transform now finishes (in a subprocess with a timeout, so a regression
+    fails instead of hanging the suite) and declares the batched shape."""
+    m = model(
+        [helper.make_node("Cast", ["x"], ["y"], to=F)],
+        [helper.make_tensor_value_info("x", TensorProto.INT64, [2**40])],
+        [helper.make_tensor_value_info("y", F, None)],
+    )
+    path = tmp_path / "bomb.onnx"
+    onnx.save(m, path)
+    out = tmp_path / "out.onnx"
+    proc = subprocess.run(
+        [sys.executable, "-m", "onnax", "vmap", str(path), "-o", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    result = onnx.load(out)
+    onnx.checker.check_model(result)
+    dims = [
+        d.dim_value if d.HasField("dim_value") else d.dim_param
+        for d in result.graph.input[0].type.tensor_type.shape.dim
+    ]
+    assert dims[1:] == [2**40]
+
+
+def test_valid_pools_with_full_attribute_lists_still_transform_exactly() -> None:
+    m = model(
+        [
+            helper.make_node(
+                "AveragePool", ["x"], ["y"], kernel_shape=[2, 2], strides=[1, 2], pads=[0, 1, 1, 0]
+            )
+        ],
+        [helper.make_tensor_value_info("x", F, [1, 1, 4, 4])],
+        [helper.make_tensor_value_info("y", F, None)],
+    )
+    xs = np.random.default_rng(0).standard_normal((3, 1, 1, 4, 4)).astype(np.float32)
+    batched = ort.InferenceSession(onnax.vmap(m).SerializeToString(), providers=["CPUExecutionProvider"])
+    single = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    got = batched.run(None, {"x": xs})[0]
+    for b in range(3):
+        np.testing.assert_allclose(got[b], single.run(None, {"x": xs[b]})[0], rtol=1e-6)
