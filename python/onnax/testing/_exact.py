@@ -40,11 +40,12 @@ def _jax() -> Any:
 ARGUMENT_SIZE = 64
 
 
-def source_level(source: onnx.ModelProto) -> tuple[Level, dict[str, np.ndarray]]:
-    """The interpreted source as a level, and its large float initializers (float64)."""
+def source_level(source: onnx.ModelProto, widen: bool = True) -> tuple[Level, dict[str, np.ndarray]]:
+    """The interpreted source as a level, and its large float initializers (float64; in the
+    source's own precision when not ``widen``)."""
     from onnax.testing._jax_reference import interpret
 
-    f = interpret(source, widen=True)
+    f = interpret(source, widen=widen)
     names = [o.name for o in source.graph.output]
     stored: Mapping[str, np.ndarray] = getattr(f, "stored", {})  # (widened once, shared)
     weights = {
@@ -205,3 +206,24 @@ class LoopFn:
             for o, axis in zip(self._outputs, out_axes, strict=True)
             if o in results[0]
         }
+
+
+def compose(
+    source: onnx.ModelProto,
+    ops: Sequence[tuple[str, tuple[Any, ...]]],
+    outer_vmaps: Sequence[tuple[Step, list[str]]],
+    batched: set[str],
+    widen: bool,
+) -> Callable[[Feeds], dict[str, np.ndarray]]:
+    """The exact reference from the recorded level applications (``("vmap" | "jvp" |
+    "reverse", args)``, innermost first) and the outermost vmaps (loops); ``widen=False``
+    interprets the source in its own precision (the same chain, rounded as a float32 model)."""
+    level, weights = source_level(source, widen)
+    makers: dict[str, Callable[..., Level]] = {"vmap": vmap_level, "jvp": jvp_level, "reverse": reverse_level}
+    for kind, args in ops:
+        level = makers[kind](level, *args)
+    key = source_digest(source) + repr([(kind, args) for kind, args in ops]).encode() + repr(widen).encode()
+    fn: Callable[[Feeds], dict[str, np.ndarray]] = ExactFn(level, batched, weights, key=key)
+    for step, outputs in outer_vmaps:
+        fn = LoopFn(fn, step, outputs)
+    return fn

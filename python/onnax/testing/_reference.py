@@ -407,6 +407,9 @@ class Reference:
     levels: list[Level]
     source_inputs: list[str]
     exact: Callable[[Feeds], dict[str, np.ndarray]] | None = None
+    # the same chain on the source interpreted in its own precision (float32): how much an
+    # independent implementation at the generated model's precision is off (conditioning)
+    exact_low: Callable[[], Callable[[Feeds], dict[str, np.ndarray]]] | None = None
     exact_missing: list[str] = field(default_factory=list)
     exact_note: str = ""
     budget: Budget = field(default_factory=lambda: Budget(None))
@@ -516,13 +519,12 @@ def build_reference(
     pfn: Fn = fast
     fd: set[str] = set()
     levels: list[Level] = []
-    jax_level = None
-    pending_vmaps: list[tuple[Step, list[str]]] = []  # vmap steps not yet applied to jax_level
-    applied: list[str] = []  # the steps applied to jax_level (its cache key)
+    jax_ok = False
+    pending_vmaps: list[tuple[Step, list[str]]] = []  # vmap steps not yet applied as jax.vmap
+    jax_ops: list[tuple[str, tuple[Any, ...]]] = []  # the levels applied to the interpreted source
     exact_note = ""
     missing: list[str] = []
     batched: set[str] = set()
-    weights: dict[str, np.ndarray] = {}
     # (a chain without derivatives is checked against the source run as is: no JAX needed)
     if exact and order:
         from onnax.testing._exact import jax_available
@@ -534,12 +536,7 @@ def build_reference(
 
             missing = missing_ops(source)
             if not missing:
-                from onnax.testing._exact import source_level
-
-                try:
-                    jax_level, weights = source_level(source)
-                except NotImplementedError as err:
-                    exact_note = f"JAX interpreter: {err}"
+                jax_ok = True
     for k, step in enumerate(chain):
 
         def take(
@@ -575,12 +572,7 @@ def build_reference(
                 f"step {k} ({step.transform}) selects {missing_sel}, which the model at that step lacks "
                 f"(inputs {inputs}, outputs {outputs}). Fix: pass the SOURCE model this chain started from"
             )
-        if jax_level is not None:
-            from onnax.testing._exact import vmap_level
-
-            for vstep, vouts in pending_vmaps:
-                jax_level = vmap_level(jax_level, vstep, vouts)
-                applied.append(repr(vstep))
+        jax_ops.extend(("vmap", (vstep, vouts)) for vstep, vouts in pending_vmaps)
         pending_vmaps.clear()
         later_derivative = any(s.transform in DERIVATIVES for s in chain[k + 1 :])
         # Sampling coordinates is only sound at the outermost derivative: an outer finite
@@ -592,11 +584,7 @@ def build_reference(
             levels.append(Level(step, list(inputs), list(outputs), added, results, pfn))
             fn = _jvp(fn, step, added, results, differences)
             pfn = _jvp(pfn, step, added, results, primal_only)
-            if jax_level is not None:
-                from onnax.testing._exact import jvp_level
-
-                jax_level = jvp_level(jax_level, step, added, results)
-                applied.append(repr((step, added, results)))
+            jax_ops.append(("jvp", (step, added, results)))
         else:
             n_cot = len(step.outputs) if step.transform == "vjp" else 0
             added = take(gen_inputs, len(inputs), n_cot, "cotangent inputs")
@@ -604,11 +592,7 @@ def build_reference(
             levels.append(Level(step, list(inputs), list(outputs), added, results, pfn))
             fn = _reverse(fn, step, added, results, differences, coords, seed, budget)
             pfn = _reverse(pfn, step, added, results, primal_only, coords, seed, budget)
-            if jax_level is not None:
-                from onnax.testing._exact import reverse_level
-
-                jax_level = reverse_level(jax_level, step, added, results)
-                applied.append(repr((step, added, results)))
+            jax_ops.append(("reverse", (step, added, results)))
         inputs = inputs + added  # (new lists: closures hold the earlier ones)
         outputs = outputs + results
         fd |= set(results)
@@ -620,13 +604,18 @@ def build_reference(
             "this chain started from (and a generated model onnax wrote unchanged)"
         )
     exact_fn: Callable[[Feeds], dict[str, np.ndarray]] | None = None
-    if jax_level is not None:
-        from onnax.testing._exact import ExactFn, LoopFn, source_digest
+    exact_low: Callable[[], Callable[[Feeds], dict[str, np.ndarray]]] | None = None
+    if jax_ok:
+        from onnax.testing._exact import compose
 
-        key = source_digest(source) + "\n".join(applied).encode()
-        exact_fn = ExactFn(jax_level, batched, weights, key=key)
-        for vstep, vouts in pending_vmaps:
-            exact_fn = LoopFn(exact_fn, vstep, vouts)
+        try:
+            exact_fn = compose(source, jax_ops, pending_vmaps, batched, widen=True)
+        except NotImplementedError as err:
+            exact_note = f"JAX interpreter: {err}"
+
+        def exact_low() -> Callable[[Feeds], dict[str, np.ndarray]]:
+            return compose(source, jax_ops, pending_vmaps, batched, widen=False)
+
     return Reference(
         fn,
         pfn,
@@ -638,6 +627,7 @@ def build_reference(
         levels,
         src_inputs,
         exact=exact_fn,
+        exact_low=exact_low if exact_fn is not None else None,
         exact_missing=missing,
         exact_note=exact_note,
         budget=budget,
