@@ -137,7 +137,9 @@ int transform_file(const std::string& mode, const std::string& in, const std::st
   // The model and its result on one arena: no node is allocated or freed one by one.
   google::protobuf::Arena arena(model_arena_options());
   onnx::ModelProto& model = *google::protobuf::Arena::CreateMessage<onnx::ModelProto>(&arena);
-  load_model_into(in, model);
+  std::vector<std::string> data_files;
+  load_model_into(in, model, &data_files);
+  check_output_paths(in, data_files, out);
   transform_in_place(model);
   save_model(model, out, external);
   std::cerr << "onnax: wrote " << out << "\n";

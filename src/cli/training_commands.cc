@@ -9,6 +9,7 @@
 
 #include "cli/args.h"
 #include "diagnostics/error.h"
+#include "io/model_io.h"
 #include "training/training_parts.h"
 
 namespace onnax::cli {
@@ -135,7 +136,11 @@ int cmd_loss(const std::vector<std::string>& args) {
     throw UsageError{
         "loss needs --kind (mse, l1, huber, softmax_cross_entropy, "
         "binary_cross_entropy_with_logits, nll)"};
-  save_model(add_loss(load_model(f.in), opt), f.out, external);
+  onnx::ModelProto model;
+  std::vector<std::string> data_files;
+  load_model_into(f.in, model, &data_files);
+  check_output_paths(f.in, data_files, f.out);
+  save_model(add_loss(model, opt), f.out, external);
   std::cerr << "onnax: wrote " << f.out << "\n";
   return 0;
 }
@@ -201,7 +206,11 @@ int cmd_train_step(const std::vector<std::string>& args) {
   if (forms > 1) throw UsageError{"--accumulate and --apply write two different models; run train-step once with each"};
   if (dp_clip != dp_noise)
     throw UsageError{"DP-SGD needs both --dp-clip C and --noise-multiplier SIGMA (--noise-multiplier 0 for none)"};
-  onnx::ModelProto model = load_model(f.in);
+  onnx::ModelProto model;
+  std::vector<std::string> data_files;
+  load_model_into(f.in, model, &data_files);
+  check_output_paths(f.in, data_files, f.out);
+  if (!init.empty()) check_output_paths(f.in, data_files, init);
   selected_params(model, params);  // (promotes Constant weights and marks stop_gradient values)
   opt.params = params.spec;
   const onnx::ModelProto step = train_step(model, opt);

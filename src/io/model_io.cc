@@ -5,7 +5,9 @@
 #include <google/protobuf/io/zero_copy_stream_impl.h>
 #include <google/protobuf/unknown_field_set.h>
 #include <onnax/onnax.h>
+#include <unistd.h>
 
+#include <atomic>
 #include <charconv>
 #include <climits>
 #include <cstdint>
@@ -113,7 +115,21 @@ std::optional<int64_t> parse_size(const std::string& s) {
   return v;
 }
 
-void load_external(onnx::TensorProto& t, const fs::path& base) {
+// A fresh name next to `target` for writing before renaming onto it.
+fs::path temporary_next_to(const fs::path& target) {
+  static std::atomic<unsigned> counter{0};
+  // (Appended piece by piece: GCC 12 warns falsely on "literal" + std::string temporaries.)
+  std::string name = ".";
+  name += target.filename().string();
+  name += ".onnax-";
+  name += std::to_string(::getpid());
+  name += "-";
+  name += std::to_string(counter++);
+  name += ".tmp";
+  return target.parent_path() / name;
+}
+
+void load_external(onnx::TensorProto& t, const fs::path& base, std::vector<std::string>* data_files) {
   if (t.data_location() != onnx::TensorProto::EXTERNAL) return;
   const std::string who = "tensor '" + t.name() + "'";
   std::string location;
@@ -143,6 +159,18 @@ void load_external(onnx::TensorProto& t, const fs::path& base) {
                    "the model with a relative location");
   const fs::path file = base / rel;
   std::error_code ec;
+  // No symbolic link on the way (as onnx.load refuses them): a link would let a model read any
+  // file the user can (a credentials file, say) into the result.
+  fs::path walked = base;
+  for (const auto& part : rel) {
+    walked /= part;
+    if (fs::is_symlink(fs::symlink_status(walked, ec)))
+      diag::fail(Error::Kind::kInvalidModel,
+                 who + ": its external data location '" + location + "' goes through the symbolic link '" +
+                     walked.string() +
+                     "'; onnax (like onnx.load) reads external data only from regular files inside the model's "
+                     "directory. Fix: copy the data file itself next to the model");
+  }
   const auto status = fs::status(file, ec);
   if (!fs::exists(status))
     diag::fail(Error::Kind::kIo, who + ": its external data file '" + file.string() +
@@ -152,6 +180,7 @@ void load_external(onnx::TensorProto& t, const fs::path& base) {
   if (!fs::is_regular_file(status))
     diag::fail(Error::Kind::kInvalidModel, who + ": its external data location '" + location + "' (" + file.string() +
                                                ") is not a regular file. Fix: point the location at the data file");
+  if (data_files) data_files->push_back(file.string());
   const uintmax_t file_size = fs::file_size(file, ec);
   std::ifstream in(file, std::ios::binary);
   if (ec || !in)
@@ -326,13 +355,17 @@ onnx::ModelProto load_model(const std::string& path) {
   return m;
 }
 
-void load_model_into(const std::string& path, onnx::ModelProto& m) {
+void load_model_into(const std::string& path, onnx::ModelProto& m, std::vector<std::string>* data_files) {
   std::error_code ec;
   const auto status = fs::status(path, ec);
   if (!fs::exists(status))
     diag::fail(Error::Kind::kIo, "the model file '" + path + "' does not exist. Fix: check the path");
   if (fs::is_directory(status))
     diag::fail(Error::Kind::kIo, "'" + path + "' is a directory, not a model file. Fix: pass the path of a .onnx file");
+  if (!fs::is_regular_file(status))  // (a FIFO or device would block or never end)
+    diag::fail(Error::Kind::kIo, "'" + path +
+                                     "' is not a regular file (a pipe, socket or device). Fix: save the model to a "
+                                     "file and pass its path");
   std::ifstream in(path, std::ios::binary);
   if (!in) diag::fail(Error::Kind::kIo, "cannot open '" + path + "' for reading. Fix: check the file's permissions");
   if (fs::is_regular_file(status) && fs::file_size(path, ec) == 0 && !ec)
@@ -342,7 +375,21 @@ void load_model_into(const std::string& path, onnx::ModelProto& m) {
   google::protobuf::io::IstreamInputStream stream(&in);
   parse_or_fail(m, stream, "'" + path + "'");
   const fs::path base = fs::absolute(fs::path(path)).parent_path();
-  for_each_tensor(m, [&](onnx::TensorProto& t) { load_external(t, base); });
+  for_each_tensor(m, [&](onnx::TensorProto& t) { load_external(t, base, data_files); });
+}
+
+void check_output_paths(const std::string& in, const std::vector<std::string>& data_files, const std::string& out) {
+  std::error_code ec;
+  const std::string out_data = out + ".data";
+  for (const std::string& read : data_files)
+    for (const std::string& written : {out, out_data})
+      if (fs::equivalent(read, written, ec))
+        diag::fail(Error::Kind::kIo, "writing '" + written + "' would overwrite '" + read +
+                                         "', external data the input model '" + in +
+                                         "' reads. Fix: write the result to another file name or folder");
+  if (fs::equivalent(in, out_data, ec))
+    diag::fail(Error::Kind::kIo, "the result's external data file '" + out_data +
+                                     "' would overwrite the input model '" + in + "'. Fix: choose another output path");
 }
 
 void save_model(const onnx::ModelProto& model, const std::string& path, bool external_data) {
@@ -351,12 +398,14 @@ void save_model(const onnx::ModelProto& model, const std::string& path, bool ext
   if (out_path.has_parent_path()) fs::create_directories(out_path.parent_path(), ec);
   const onnx::ModelProto* to_write = &model;
   onnx::ModelProto copy;
+  fs::path data_path, data_tmp;
   if (external_data || model.ByteSizeLong() > kMaxInlineBytes) {
     LargeRaw large;
     copy_without_large_raw(model, copy, large);
     const std::string data_name = out_path.filename().string() + ".data";
-    const fs::path data_path = out_path.parent_path() / data_name;
-    std::ofstream data(data_path, std::ios::binary | std::ios::trunc);
+    data_path = out_path.parent_path() / data_name;
+    data_tmp = temporary_next_to(data_path);
+    std::ofstream data(data_tmp, std::ios::binary | std::ios::trunc);
     if (!data) diag::fail(Error::Kind::kIo, "cannot write '" + data_path.string() + "'. Fix: check permissions");
     int64_t offset = 0;
     for_each_tensor(copy, [&](onnx::TensorProto& t) {
@@ -381,13 +430,32 @@ void save_model(const onnx::ModelProto& model, const std::string& path, bool ext
       t.set_data_location(onnx::TensorProto::EXTERNAL);
     });
     for (auto& [t, raw] : large) t->set_raw_data(*raw);  // a tensor outside for_each_tensor's reach stays inline
-    if (!data) diag::fail(Error::Kind::kIo, "writing '" + data_path.string() + "' failed. Fix: check free disk space");
+    if (!data.flush()) {
+      fs::remove(data_tmp, ec);
+      diag::fail(Error::Kind::kIo, "writing '" + data_path.string() + "' failed. Fix: check free disk space");
+    }
     to_write = &copy;
   }
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  if (!out) diag::fail(Error::Kind::kIo, "cannot open '" + path + "' for writing. Fix: check the path and permissions");
-  if (!to_write->SerializeToOstream(&out) || !out.flush())
-    diag::fail(Error::Kind::kIo, "writing '" + path + "' failed. Fix: check free disk space");
+  // Written to a temporary file next to the target, then renamed over it: a full disk, a file
+  // size limit or a kill leaves the earlier result (or nothing) in place, never a truncated file.
+  const fs::path tmp = temporary_next_to(out_path);
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    if (!out)
+      diag::fail(Error::Kind::kIo, "cannot open '" + path + "' for writing. Fix: check the path and permissions");
+    if (!to_write->SerializeToOstream(&out) || !out.flush()) {
+      out.close();
+      fs::remove(tmp, ec);
+      if (!data_tmp.empty()) fs::remove(data_tmp, ec);
+      diag::fail(Error::Kind::kIo, "writing '" + path + "' failed. Fix: check free disk space");
+    }
+  }
+  if (!data_tmp.empty()) fs::rename(data_tmp, data_path, ec);
+  if (!ec) fs::rename(tmp, out_path, ec);
+  if (ec) {
+    fs::remove(tmp, ec);
+    diag::fail(Error::Kind::kIo, "cannot replace '" + path + "' with the result. Fix: check the folder's permissions");
+  }
 }
 
 }  // namespace onnax

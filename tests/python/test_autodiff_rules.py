@@ -1990,13 +1990,14 @@ def _raises(fn: Any, *args: Any, **kwargs: Any) -> str:
 def test_reverse_mode_names_itself_in_jvp_rule_errors() -> None:
     # Reverse mode runs the JVP rules; an error one raises names the transform called.
     m = build(
-        [node("Dropout", ["x", "ratio", "training"], ["y"])],
-        [In("x", (3, 4), F)],
-        inits={"ratio": np.asarray(0.3, np.float32), "training": np.asarray(True)},
+        [node("DeformConv", ["x", "w", "offset"], ["y"], kernel_shape=[3])],
+        [In("x", (1, 1, 5), F)],
+        inits={"w": np.ones((1, 1, 3), np.float32), "offset": np.zeros((1, 3, 3), np.float32)},
+        opset=19,
     )
     rest = (
-        "cannot differentiate ai.onnx::Dropout (opset 18) at node 'dropout_node': training-mode Dropout "
-        "draws its mask at random and the node does not output it. Fix: add the mask output"
+        "cannot differentiate ai.onnx::DeformConv (opset 19) at node 'deformconv_node': X has rank 3; the "
+        "expansion covers 2-D convolutions. Fix: use a 2-D DeformConv"
     )
     assert _raises(onnax.jvp, m).startswith("jvp: " + rest)
     assert _raises(onnax.vjp, m).startswith("vjp: " + rest)
