@@ -5,6 +5,7 @@ Python; every other command is the C++ core's, shared with the standalone binary
 from __future__ import annotations
 
 import sys
+import warnings
 
 from onnax import _core
 
@@ -22,7 +23,13 @@ commands implemented in Python (this command only, not the standalone C++ binary
 """
 
 
+def _one_line(message: Warning | str, *_: object, **__: object) -> str:
+    return f"{message}\n"
+
+
 def main() -> int:
+    # Notices print as the standalone binary prints them: one line, no Python source location.
+    warnings.formatwarning = _one_line  # type: ignore[assignment]
     args = sys.argv[1:]
     if args and args[0] in ("validate", "bench"):
         from onnax.testing._cli import main as python_main

@@ -380,6 +380,9 @@ void load_model_into(const std::string& path, onnx::ModelProto& m, std::vector<s
 
 void check_output_paths(const std::string& in, const std::vector<std::string>& data_files, const std::string& out) {
   std::error_code ec;
+  if (fs::is_directory(out, ec))
+    diag::fail(Error::Kind::kIo, "the output path '" + out + "' is a directory. Fix: name a file in it, such as '" +
+                                     (fs::path(out) / "model.onnx").string() + "'");
   const std::string out_data = out + ".data";
   for (const std::string& read : data_files)
     for (const std::string& written : {out, out_data})

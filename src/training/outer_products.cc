@@ -15,6 +15,15 @@ namespace {
 // through Shape/Concat/Reshape chains). Empty when inference fails: no form is used then.
 std::unordered_map<std::string, std::vector<int64_t>> inferred_dims(const onnx::ModelProto& model,
                                                                     const std::vector<Param>& params) {
+  // (ONNX's data propagation materializes 1-D integer values element by element: a model
+  // declaring a long one gets no outer-product forms rather than an unbounded allocation.)
+  for (const auto* list : {&model.graph().input(), &model.graph().value_info()})
+    for (const auto& vi : *list) {
+      const auto& t = vi.type().tensor_type();
+      if (t.has_shape() && t.shape().dim_size() == 1 && t.shape().dim(0).dim_value() > kMaxPropagatedElements &&
+          t.elem_type() == onnx::TensorProto::INT64)
+        return {};
+    }
   onnx::ModelProto copy = model;
   for (const auto& p : params) add_input(*copy.mutable_graph(), p.name, p.facts);
   try {

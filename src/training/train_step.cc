@@ -353,15 +353,18 @@ void private_gradients(StepWriter& sw, const DpSgdOptions& dp, std::vector<Param
       summed = sw.op("MatMul", {f, rows}, {}, {}, p.name + "_clipped_sum");
       if (!flat) summed = sw.op("Reshape", {summed, sw.i64s(dims)}, {}, {}, p.name + "_clipped_sum");
     }
-    const std::string normal =
-        dp.noise_seed
-            ? sw.op("RandomNormalLike", {summed},
-                    {attr_i("dtype", dt), attr_f("seed", static_cast<float>(*dp.noise_seed + static_cast<int64_t>(i)))},
-                    {}, p.name + "_normal")
-            : noise[i];
-    const std::string scaled =
-        sw.op("Mul", {normal, sw.constant(dt, dp.noise_multiplier * c)}, {}, {}, p.name + "_noise");
-    const std::string noised = sw.op("Add", {summed, scaled}, {}, {}, p.name + "_noised");
+    std::string noised = summed;
+    if (dp.noise_multiplier > 0.0) {
+      const std::string normal =
+          dp.noise_seed ? sw.op("RandomNormalLike", {summed},
+                                {attr_i("dtype", dt),
+                                 attr_f("seed", static_cast<float>(*dp.noise_seed + static_cast<int64_t>(i)))},
+                                {}, p.name + "_normal")
+                        : noise[i];
+      const std::string scaled =
+          sw.op("Mul", {normal, sw.constant(dt, dp.noise_multiplier * c)}, {}, {}, p.name + "_noise");
+      noised = sw.op("Add", {summed, scaled}, {}, {}, p.name + "_noised");
+    }
     p.grad = sw.op("Div", {noised, as_dtype(sw, batch, dtype, dt)}, {}, {}, p.name + "_private_grad");
   }
   sw.op("ReduceMean", {per_example_loss}, {attr_i("keepdims", 0)}, loss);
@@ -412,7 +415,8 @@ onnx::ModelProto train_step(const onnx::ModelProto& loss_model, const TrainStepO
              .input;
   }
   std::vector<std::string> noise;  // the noise inputs (none when the graph draws the noise)
-  if (o.dp_sgd && !o.dp_sgd->noise_seed)
+  // (Noise multiplier 0: no noise at all, so no inputs for it.)
+  if (o.dp_sgd && !o.dp_sgd->noise_seed && o.dp_sgd->noise_multiplier > 0.0)
     for (const auto& p : params) noise.push_back(w.fresh(p.name + "_noise"));
   std::vector<std::string> p_new;
   for (const auto& p : params) p_new.push_back(updating ? w.fresh(p.name + "_new") : std::string());

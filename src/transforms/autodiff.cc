@@ -15,6 +15,7 @@
 #include "emit/builder.h"
 #include "facts/schemas.h"
 #include "rules/derivative.h"
+#include "transforms/contrib_ops.h"
 #include "transforms/prepare.h"
 #include "transforms/provenance.h"
 #include "transforms/subgraph.h"
@@ -384,6 +385,8 @@ void differentiate_graph(Prepared& p, Mode mode, const Selection& sel) {
     };
     auto label = [&] { return diag::op_at(node, opset()); };
     if (!rule) {
+      if (const std::string advice = unexpanded_contrib_op_advice(node); !advice.empty())
+        diag::fail(Error::Kind::kUnsupported, m + ": cannot differentiate " + label() + ": " + advice);
       std::string why = node.op_type().rfind("Random", 0) == 0 || node.op_type() == "Bernoulli"
                             ? "random operators have no derivative"
                         : subgraphs ? "no derivative rule for this operator (with subgraphs) yet"

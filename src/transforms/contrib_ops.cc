@@ -300,6 +300,22 @@ bool is_expanded_contrib_op(const std::string& domain, const std::string& op) {
   return covered_in(domain, op);
 }
 
+std::string unexpanded_contrib_op_advice(const onnx::NodeProto& node) {
+  if (node.domain() != kDomain) return "";
+  std::string covered;
+  for (const auto& [op, expand] : expansions()) covered += (covered.empty() ? "" : ", ") + op;
+  std::string advice = "it is an ONNX Runtime contrib op that onnax does not expand into standard ops (it expands " +
+                       covered + ", and the default-domain SimplifiedLayerNormalization). Fix: ";
+  if (node.op_type() == "Attention" || node.op_type() == "MultiHeadAttention")
+    advice +=
+        "run ONNX Runtime's transformer optimizer without attention fusion "
+        "(FusionOptions.enable_attention = False, passed as optimization_options), or transform the model "
+        "before optimizing it";
+  else
+    advice += "transform the model before ONNX Runtime's optimizer fuses it, or optimize with fewer fusions";
+  return advice;
+}
+
 bool expand_contrib_ops(Prepared& p, const std::string& mode) {
   if (!any_covered(*p.graph)) return false;
   onnx::GraphProto& g = mutable_graph(p);

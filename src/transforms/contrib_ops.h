@@ -22,4 +22,8 @@ bool expand_contrib_ops(Prepared& p, const std::string& mode);
 // Whether `domain`::`op` is a contrib op expand_contrib_ops covers.
 bool is_expanded_contrib_op(const std::string& domain, const std::string& op);
 
+// For a com.microsoft op onnax does not expand (Attention, MultiHeadAttention, ...): the reason
+// and fix a refusal should give ("" for other domains).
+std::string unexpanded_contrib_op_advice(const onnx::NodeProto& node);
+
 }  // namespace onnax

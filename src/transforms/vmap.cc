@@ -17,6 +17,7 @@
 #include "facts/schemas.h"
 #include "notice.h"
 #include "rules/batching.h"
+#include "transforms/contrib_ops.h"
 #include "transforms/prepare.h"
 #include "transforms/provenance.h"
 #include "transforms/tidy.h"
@@ -368,6 +369,8 @@ void vmap_prepared(Prepared& p, const VmapOptions& opt) {
     auto op_label = [&] { return diag::op_at(node, opset); };
     const onnx::OpSchema* schema = schemas.find(node.op_type(), domain, opset);
     if (!schema) {
+      if (const std::string advice = unexpanded_contrib_op_advice(node); !advice.empty())
+        diag::fail(Error::Kind::kUnsupported, "vmap: cannot batch " + op_label() + ": " + advice);
       std::string batched_inputs;
       for (int i = 0; i < node.input_size(); ++i)
         if (const std::string& in = node.input(i);

@@ -284,3 +284,29 @@ def test_fused_matmul_of_operands_of_unknown_rank_is_exact() -> None:
     np.testing.assert_allclose(out["y"], run(model, {"a": a, "b": b})["y"], rtol=1e-6)
     np.testing.assert_allclose(out["y"], 2 * at @ b, rtol=1e-5)
     np.testing.assert_allclose(out["y_tangent"], 2 * (tat @ b + at @ tb), rtol=1e-5)
+
+
+@pytest.mark.parametrize("transform", ["vmap", "grad"])
+def test_an_unexpanded_contrib_op_is_refused_with_the_fusion_to_turn_off(transform: str) -> None:
+    """com.microsoft Attention (ORT's BERT fusion) is not expanded: the refusal says it is an ORT
+    contrib op and which optimizer option avoids it, not "unknown op" with an internal value."""
+    node = helper.make_node("Attention", ["x", "w", "b"], ["y"], domain=MS, num_heads=2)
+    graph = helper.make_graph(
+        [node, helper.make_node("ReduceSum", ["y"], ["loss"], keepdims=0)],
+        "attention",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", S, H])],
+        [helper.make_tensor_value_info("loss", TensorProto.FLOAT, [])],
+        [
+            helper.make_tensor("w", TensorProto.FLOAT, [H, 3 * H], np.zeros(3 * H * H).tolist()),
+            helper.make_tensor("b", TensorProto.FLOAT, [3 * H], np.zeros(3 * H).tolist()),
+        ],
+    )
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid(MS, 1)], ir_version=10
+    )
+    with pytest.raises(onnax.OnnaxError) as err:
+        onnax.vmap(model) if transform == "vmap" else onnax.grad(model, inputs=["x"], output="loss")
+    message = str(err.value)
+    assert "com.microsoft::Attention" in message and "ONNX Runtime contrib op" in message
+    assert "enable_attention = False" in message and "Fix:" in message
+    assert "FusedMatMul" in message  # the ops it does expand are listed

@@ -111,3 +111,11 @@ def test_a_fifo_input_is_refused_without_blocking(tmp_path: Path) -> None:
     proc = onnax_cli("vmap", str(fifo), "-o", str(tmp_path / "out.onnx"))
     assert proc.returncode == 1
     assert "not a regular file" in proc.stderr
+
+
+def test_an_output_path_that_is_a_directory_is_refused(tmp_path: Path) -> None:
+    save_with_external_data(tmp_path, "m.onnx", "m.onnx.data")
+    (tmp_path / "sub").mkdir()
+    proc = onnax_cli("vmap", str(tmp_path / "m.onnx"), "-o", str(tmp_path / "sub"))
+    assert proc.returncode == 1
+    assert "is a directory" in proc.stderr and "model.onnx" in proc.stderr

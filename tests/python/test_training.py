@@ -662,6 +662,7 @@ def test_dp_sgd_step_keeps_the_model_outputs_per_example() -> None:
     model, values, x = classifier(rng)
     loss_model = onnax.add_loss(model, "mse")
     step = onnax.train_step(loss_model, optimizer="sgd", dp_clip_norm=1.0, noise_multiplier=0.0)
+    assert not [i.name for i in step.graph.input if i.name.endswith("_noise")]  # no noise, no inputs
     names = [o.name for o in step.graph.output]
     assert names[:3] == ["loss", "y", "per_example_grad_norm"]
     dims = [d.dim_param or d.dim_value for d in step.graph.output[2].type.tensor_type.shape.dim]
