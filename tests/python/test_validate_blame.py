@@ -286,3 +286,28 @@ def test_coordinate_on_a_relu_kink_is_skipped_and_counted(exact: bool) -> None:
     assert broken.failed_step == "numerical parity"
     bad = next(c for c in broken.outputs if c.name == "x_grad")
     assert bad.max_abs_error == pytest.approx(4.0)  # 2 * |d loss / d x[1]| = 2 * 2.0
+
+
+def test_an_output_with_every_coordinate_at_a_kink_is_incomplete_not_passed() -> None:
+    """grad of sum(relu(x)) at x = 0: every coordinate is a kink, so nothing of x_grad can be
+    checked; validate says INCOMPLETE. At inputs away from 0 the same model passes, with x_grad
+    checked against the exact reference (relu' = 1 or 0)."""
+    import onnax
+    from onnax.testing import validate
+
+    graph = onnx.helper.make_graph(
+        [
+            onnx.helper.make_node("Relu", ["x"], ["r"]),
+            onnx.helper.make_node("ReduceSum", ["r"], ["loss"], keepdims=0),
+        ],
+        "g",
+        [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [4])],
+        [onnx.helper.make_tensor_value_info("loss", onnx.TensorProto.FLOAT, [])],
+    )
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 18)], ir_version=10)
+    generated = onnax.grad(model, inputs=["x"], output="loss")
+    at_kinks = validate(model, generated, inputs={"x": np.zeros(4, np.float32)})
+    assert at_kinks.format().startswith("onnax validate: INCOMPLETE (every coordinate of ['x_grad']")
+    away = validate(model, generated, inputs={"x": np.array([1.0, -2.0, 3.0, -4.0], np.float32)})
+    assert away.format().startswith("onnax validate: PASSED")
+    assert "x_grad: float32[4] vs exact" in away.format() and "4 of 4" not in away.format()

@@ -325,6 +325,13 @@ def evaluate(
         else:
             why = "their one-sided differences disagree: a kink such as ReLU at 0 or a max-pool tie"
         notes.append(f"{skipped} non-smooth coordinates skipped ({why})")
+        # An output whose every coordinate was skipped is unchecked, not passed.
+        unchecked_rough = sorted(c.name for c in comparisons if c.total and not c.checked and c.skipped_rough)
+        if unchecked_rough and not incomplete:
+            incomplete = (
+                f"every coordinate of {unchecked_rough} is at a non-smooth point of the source, so none was "
+                "checked; validate at other inputs (--seed N, or --inputs)"
+            )
     result = Parity(comparisons, "exact" if exact else "finite differences", description, notes)
     result.incomplete = incomplete
     failures = [c for c in comparisons if not c.ok]
