@@ -27,15 +27,20 @@ void collect(const onnx::GraphProto& g, std::unordered_set<std::string>& read, s
   }
 }
 
-void drop_value_info(onnx::GraphProto& g, const std::unordered_set<std::string>& defined) {
-  auto* infos = g.mutable_value_info();
+// Keeps the elements of `field` for which `keep` holds, in order.
+template <typename T, typename Keep>
+void keep_if(google::protobuf::RepeatedPtrField<T>& field, Keep keep) {
   int kept = 0;
-  for (int i = 0; i < infos->size(); ++i) {
-    if (!defined.count(infos->Get(i).name())) continue;
-    if (kept != i) infos->SwapElements(kept, i);
+  for (int i = 0; i < field.size(); ++i) {
+    if (!keep(field.Get(i))) continue;
+    if (kept != i) field.SwapElements(kept, i);
     ++kept;
   }
-  infos->DeleteSubrange(kept, infos->size() - kept);
+  field.DeleteSubrange(kept, field.size() - kept);
+}
+
+void drop_value_info(onnx::GraphProto& g, const std::unordered_set<std::string>& defined) {
+  keep_if(*g.mutable_value_info(), [&](const onnx::ValueInfoProto& vi) { return defined.count(vi.name()) > 0; });
   for (auto& n : *g.mutable_node())
     for (auto& a : *n.mutable_attribute()) {
       if (a.has_g()) drop_value_info(*a.mutable_g(), defined);
@@ -54,24 +59,9 @@ void tidy(onnx::ModelProto& model) {
   for (const auto& vi : g.input()) inputs.insert(vi.name());
 
   // (An initializer that is also a graph input is an input with a default: part of the interface.)
-  auto* inits = g.mutable_initializer();
-  int kept = 0;
-  for (int i = 0; i < inits->size(); ++i) {
-    const std::string& name = inits->Get(i).name();
-    if (!read.count(name) && !inputs.count(name)) continue;
-    if (kept != i) inits->SwapElements(kept, i);
-    ++kept;
-  }
-  inits->DeleteSubrange(kept, inits->size() - kept);
-  auto* sparse = g.mutable_sparse_initializer();
-  kept = 0;
-  for (int i = 0; i < sparse->size(); ++i) {
-    const std::string& name = sparse->Get(i).values().name();
-    if (!read.count(name) && !inputs.count(name)) continue;
-    if (kept != i) sparse->SwapElements(kept, i);
-    ++kept;
-  }
-  sparse->DeleteSubrange(kept, sparse->size() - kept);
+  auto used = [&](const std::string& name) { return read.count(name) > 0 || inputs.count(name) > 0; };
+  keep_if(*g.mutable_initializer(), [&](const onnx::TensorProto& t) { return used(t.name()); });
+  keep_if(*g.mutable_sparse_initializer(), [&](const onnx::SparseTensorProto& t) { return used(t.values().name()); });
 
   defined.clear();
   std::unordered_set<std::string> unused_reads;
@@ -107,23 +97,11 @@ void tidy(onnx::ModelProto& model) {
       grew = true;
     }
   }
-  auto* functions = model.mutable_functions();
-  kept = 0;
-  for (int i = 0; i < functions->size(); ++i) {
-    if (!called.count(functions->Get(i).domain() + "\n" + functions->Get(i).name())) continue;
-    if (kept != i) functions->SwapElements(kept, i);
-    ++kept;
-  }
-  functions->DeleteSubrange(kept, functions->size() - kept);
-  auto* opsets = model.mutable_opset_import();
-  kept = 0;
-  for (int i = 0; i < opsets->size(); ++i) {
-    const std::string& d = opsets->Get(i).domain();
-    if (!(d.empty() || d == "ai.onnx" || domains.count(d))) continue;
-    if (kept != i) opsets->SwapElements(kept, i);
-    ++kept;
-  }
-  opsets->DeleteSubrange(kept, opsets->size() - kept);
+  keep_if(*model.mutable_functions(),
+          [&](const onnx::FunctionProto& f) { return called.count(f.domain() + "\n" + f.name()) > 0; });
+  keep_if(*model.mutable_opset_import(), [&](const onnx::OperatorSetIdProto& o) {
+    return o.domain().empty() || o.domain() == "ai.onnx" || domains.count(o.domain()) > 0;
+  });
 }
 
 }  // namespace onnax
