@@ -18,30 +18,11 @@ import numpy as np
 import onnx
 import pytest
 from onnax import testing
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
+from test_validate_blame import _model
 
 F = TensorProto.FLOAT
 W0 = np.asarray([[0.3, -0.5], [0.8, 0.1], [-0.2, 0.7]], np.float32)
-
-
-def _model(
-    nodes: list[onnx.NodeProto],
-    inputs: list[onnx.ValueInfoProto],
-    outputs: list[str],
-    inits: dict[str, np.ndarray],
-) -> onnx.ModelProto:
-    graph = helper.make_graph(
-        nodes,
-        "g",
-        inputs,
-        [helper.make_value_info(o, onnx.TypeProto()) for o in outputs],
-        initializer=[numpy_helper.from_array(v, name=k) for k, v in inits.items()],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
-    inferred = onnx.shape_inference.infer_shapes(model)
-    del model.graph.output[:]
-    model.graph.output.extend(inferred.graph.output)
-    return model
 
 
 def tanh_loss() -> onnx.ModelProto:
