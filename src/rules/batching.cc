@@ -94,6 +94,15 @@ V BatchCtx::shifted_axes(int i) {
   return b.op1("Add", {in[i], b.op1("Cast", {ge}, {Attr::i("to", dtype(i))})});
 }
 
+namespace {
+onnx::TensorProto bool_true() {
+  onnx::TensorProto yes;
+  yes.set_data_type(onnx::TensorProto::BOOL);
+  yes.add_int32_data(1);
+  return yes;
+}
+}  // namespace
+
 BatchResult scan_fallback(BatchCtx& c) {
   c.used_scan = true;
   // Scan over axis 0 of every batched value is exactly a per-example map: each iteration
@@ -187,11 +196,9 @@ BatchResult scan_fallback(BatchCtx& c) {
   Vs stacked;
   if (use_loop) {
     // An explicit true condition: some runtimes read an absent one as false.
-    onnx::TensorProto yes;
-    yes.set_data_type(onnx::TensorProto::BOOL);
-    yes.add_int32_data(1);
     V trip = c.b.op1("Squeeze", {c.batch_size(), c.b.i64s({0})});
-    stacked = c.b.op("Loop", {trip, c.b.tensor_const(yes)}, {Attr{body_attr}}, static_cast<int>(present.size()));
+    stacked =
+        c.b.op("Loop", {trip, c.b.tensor_const(bool_true())}, {Attr{body_attr}}, static_cast<int>(present.size()));
   } else {
     stacked = c.b.op("Scan", scan_inputs,
                      {Attr{body_attr}, Attr::i("num_scan_inputs", static_cast<int64_t>(scan_inputs.size()))},
@@ -200,6 +207,28 @@ BatchResult scan_fallback(BatchCtx& c) {
   Vs result(outs.size());
   for (size_t k = 0; k < present.size(); ++k) result[present[k]] = stacked[k];
   return all_batched(result);
+}
+
+void require_shared(BatchCtx& c, int i, const char* role) {
+  if (c.has(i) && c.batched[i])
+    c.unsupported(c.describe_input(i) + " (" + role +
+                      ") is batched; it must be the same for every example (different per-example values would "
+                      "give ragged outputs)",
+                  "pass None in in_axes for the inputs that compute '" + c.node.input(i) + "'");
+}
+
+V common_length(Builder& b, V lengths) {
+  // The largest and smallest length (0 and the largest join in, so an empty batch needs no
+  // reduction over nothing); a tensor of the largest length reshaped to the smallest fails
+  // unless they are equal.
+  const V largest = b.op1("ReduceMax", {b.concat({b.i64s({0}), lengths}, 0)}, {Attr::i("keepdims", 1)});
+  const V smallest = b.op1("ReduceMin", {b.concat({lengths, largest}, 0)}, {Attr::i("keepdims", 1)});
+  const V probe = b.expand(b.tensor_const(bool_true()), largest);
+  const std::string origin = b.origin();
+  b.set_origin("examples_must_agree_on_this_length");
+  const V checked = b.op1("Reshape", {probe, smallest});
+  b.set_origin(origin);
+  return b.op1("Squeeze", {b.op1("Shape", {checked}), b.i64s({0})});
 }
 
 void refuse_ragged(BatchCtx& c) {
@@ -270,6 +299,7 @@ const BatchRules& BatchRules::instance() {
     register_reduce_rules(r);
     register_matmul_rules(r);
     register_shape_rules(r);
+    register_slice_rules(r);
     register_index_rules(r);
     register_nn_rules(r);
     register_attention_rules(r);

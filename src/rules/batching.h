@@ -109,6 +109,7 @@ void register_elementwise_rules(BatchRules& r);
 void register_reduce_rules(BatchRules& r);
 void register_matmul_rules(BatchRules& r);
 void register_shape_rules(BatchRules& r);
+void register_slice_rules(BatchRules& r);  // Slice and Range, also with per-example bounds
 void register_index_rules(BatchRules& r);
 void register_nn_rules(BatchRules& r);
 void register_attention_rules(BatchRules& r);
@@ -120,6 +121,20 @@ void register_control_flow_rules(BatchRules& r);
 // Refusals with the diagnostic contract's message, for ops no batch can represent.
 [[noreturn]] void refuse_ragged(BatchCtx& c);
 [[noreturn]] void refuse_random(BatchCtx& c);
+// Fails with a diagnostic when input i is batched: `role` says what the node uses it for.
+void require_shared(BatchCtx& c, int i, const char* role);
+
+// The one length every example computed (`lengths`: 1-D int64, one entry per example) as an
+// int64 scalar. Examples that disagree would give ragged results, which a batch cannot hold,
+// and which lengths they compute is known only at run time: the graph then fails when run, at
+// a Reshape whose name says so, instead of returning wrong numbers.
+V common_length(Builder& b, V lengths);
+
+// Gather along per-example axis `axis` (non-negative) when data, indices or both are batched
+// (per-example ranks `data_rank` and `index_rank`): each example indexes its own data with its
+// own indices. The result is batched when either is.
+V gather_per_example(Builder& b, V data, bool data_batched, int64_t data_rank, V index, bool index_batched,
+                     int64_t index_rank, int64_t axis);
 
 // Axis helpers shared by rules.
 // A per-example axis attribute a (valid for a rank-r tensor) as an axis of the batched tensor.

@@ -22,28 +22,7 @@ BatchResult gather_rule(BatchCtx& c) {
   int64_t axis = c.attr_i("axis", 0);
   if (axis < 0) axis += r;
   if (c.batched[0] && !c.batched[1]) return all_batched(c.b.clone(c.node, c.in, {Attr::i("axis", axis + 1)}));
-  if (!c.batched[0]) {
-    // Output dims: data[:axis] + indices(B, ...) + data[axis+1:]; move B to the front.
-    V y = c.b.clone(c.node, c.in)[0];
-    if (axis == 0) return all_batched({y});
-    const int64_t out_rank = r - 1 + c.rank(1) + 1;
-    return all_batched({c.b.transpose(y, move_perm(axis, 0, out_rank))});
-  }
-  // Both batched: GatherND with batch_dims=1 on data whose gathered axis sits right after
-  // the batch axis.
-  V data = c.in[0];
-  if (axis != 0) data = c.b.transpose(data, move_perm(axis + 1, 1, r + 1));
-  V idx = c.b.unsqueeze(c.in[1], {-1});
-  if (c.dtype(1) != onnx::TensorProto::INT64) idx = c.b.op1("Cast", {idx}, {Attr::i("to", onnx::TensorProto::INT64)});
-  V y = c.b.op1("GatherND", {data, idx}, {Attr::i("batch_dims", 1)});
-  if (axis == 0) return all_batched({y});
-  // y: (B, idx..., data dims except axis, in moved order: d[:axis] then d[axis+1:]).
-  const int64_t ri = c.rank(1);
-  std::vector<int64_t> perm{0};
-  for (int64_t k = 0; k < axis; ++k) perm.push_back(1 + ri + k);
-  for (int64_t k = 0; k < ri; ++k) perm.push_back(1 + k);
-  for (int64_t k = axis; k < r - 1; ++k) perm.push_back(1 + ri + k);
-  return all_batched({c.b.transpose(y, perm)});
+  return all_batched({gather_per_example(c.b, c.in[0], c.batched[0], r, c.in[1], c.batched[1], c.rank(1), axis)});
 }
 
 // Element-indexed ops: every operand shares the element grid, so all are batched alike and
@@ -79,6 +58,33 @@ BatchResult scatternd_rule(BatchCtx& c) {
 }
 
 }  // namespace
+
+V gather_per_example(Builder& b, V data, bool data_batched, int64_t data_rank, V index, bool index_batched,
+                     int64_t index_rank, int64_t axis) {
+  const int64_t r = data_rank;
+  if (!index_batched) return b.op1("Gather", {data, index}, {Attr::i("axis", data_batched ? axis + 1 : axis)});
+  if (!data_batched) {
+    // Output dims: data[:axis] + index(B, ...) + data[axis+1:]; move B to the front.
+    const V y = b.op1("Gather", {data, index}, {Attr::i("axis", axis)});
+    if (axis == 0) return y;
+    const int64_t out_rank = r - 1 + index_rank + 1;
+    return b.transpose(y, move_perm(axis, 0, out_rank));
+  }
+  // Both batched: GatherND with batch_dims=1 on data whose gathered axis sits right after
+  // the batch axis.
+  if (axis != 0) data = b.transpose(data, move_perm(axis + 1, 1, r + 1));
+  V idx = b.unsqueeze(index, {-1});
+  if (b.facts(index).dtype != onnx::TensorProto::INT64)
+    idx = b.op1("Cast", {idx}, {Attr::i("to", onnx::TensorProto::INT64)});
+  const V y = b.op1("GatherND", {data, idx}, {Attr::i("batch_dims", 1)});
+  if (axis == 0) return y;
+  // y: (B, idx..., data dims except axis, in moved order: d[:axis] then d[axis+1:]).
+  std::vector<int64_t> perm{0};
+  for (int64_t k = 0; k < axis; ++k) perm.push_back(1 + index_rank + k);
+  for (int64_t k = 0; k < index_rank; ++k) perm.push_back(1 + k);
+  for (int64_t k = axis; k < r - 1; ++k) perm.push_back(1 + index_rank + k);
+  return b.transpose(y, perm);
+}
 
 void register_index_rules(BatchRules& r) {
   r.add("", "Gather", 13, gather_rule);

@@ -10,14 +10,6 @@
 namespace onnax {
 namespace {
 
-void require_shared(BatchCtx& c, int i, const char* role) {
-  if (c.has(i) && c.batched[i])
-    c.unsupported(c.describe_input(i) + " (" + role +
-                      ") is batched; it must be the same for every example (different per-example values would "
-                      "give ragged outputs)",
-                  "pass None in in_axes for the inputs that compute '" + c.node.input(i) + "'");
-}
-
 // A per-example shape/repeats vector with one leading entry for the batch axis.
 V prepend(BatchCtx& c, V lead, int i) {
   return c.b.concat({lead, c.in[i]}, 0);
@@ -94,25 +86,6 @@ BatchResult concat_rule(BatchCtx& c) {
 BatchResult split_rule(BatchCtx& c) {
   require_shared(c, 1, "split");
   return all_batched(c.b.clone(c.node, c.in, {Attr::i("axis", shift_axis(c.attr_i("axis", 0)))}));
-}
-
-BatchResult slice_rule(BatchCtx& c) {
-  for (int i = 1; i < c.num_inputs(); ++i) require_shared(c, i, "starts/ends/axes/steps");
-  Vs ins = c.in;
-  ins.resize(std::max(4, c.num_inputs()));
-  if (c.has(3)) {
-    ins[3] = c.shifted_axes(3);
-  } else {
-    const Facts* sf = c.facts[1];
-    if (!sf || !sf->has_shape || sf->rank() != 1 || !sf->dims[0].known())
-      c.unsupported("Slice without axes needs the length of 'starts' statically", "give Slice an explicit axes input");
-    std::vector<int64_t> axes;
-    for (int64_t k = 1; k <= sf->dims[0].value(); ++k) axes.push_back(k);
-    V a = c.b.i64s(axes);
-    if (c.dtype(1) != onnx::TensorProto::INT64) a = c.b.op1("Cast", {a}, {Attr::i("to", c.dtype(1))});
-    ins[3] = a;
-  }
-  return all_batched(c.b.clone(c.node, ins));
 }
 
 BatchResult tile_rule(BatchCtx& c) {
@@ -226,13 +199,11 @@ void register_shape_rules(BatchRules& r) {
   r.add("", "Expand", 13, expand_rule);
   r.add("", "Concat", 13, concat_rule);
   r.add("", "Split", 13, split_rule);
-  r.add("", "Slice", 13, slice_rule);
   r.add("", "Tile", 13, tile_rule);
   r.add("", "Pad", 18, pad_rule);
   r.add("", "Shape", 15, shape_rule);
   r.add("", "Size", 13, size_rule);
   r.add("", "ConstantOfShape", 9, shared_only_rule);
-  r.add("", "Range", 11, shared_only_rule);
   r.add("", "Trilu", 14, trilu_rule);
   r.add("", "Compress", 11, compress_rule);
   r.add("", "OneHot", 11, onehot_rule);
