@@ -10,6 +10,7 @@
 
 #include <functional>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 #include "emit/builder.h"
@@ -117,6 +118,13 @@ void register_recurrent_rules(BatchRules& r);  // RNN, GRU, LSTM, ReverseSequenc
 void register_refusals(BatchRules& r);
 // Loop and If with a shared trip count and condition: their bodies batched by vmap itself.
 void register_control_flow_rules(BatchRules& r);
+
+// The Loop body's outputs that depend on batched values, given which loop-carried states are
+// batched on entry (`state_batched`, one per state; widened to those the body makes depend on a
+// batched value) and which outer values it reads are batched. Entry 0 is the condition: when it
+// depends on one, examples end at different iterations.
+std::vector<char> loop_batched_state(const onnx::GraphProto& body, std::vector<char>& state_batched,
+                                     const std::unordered_set<std::string>& batched_reads);
 
 // Refusals with the diagnostic contract's message, for ops no batch can represent.
 [[noreturn]] void refuse_ragged(BatchCtx& c);

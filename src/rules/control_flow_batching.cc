@@ -93,23 +93,9 @@ BatchResult loop_batch(BatchCtx& c) {
     return scan_fallback(c);
   if ((c.has(0) && c.batched[0]) || (c.has(1) && c.batched[1])) return scan_fallback(c);
   const BodyReads reads = body_reads(c, *body);
-  // Batched state: batched at entry, or made to depend on a batched value by the body (a
-  // fixed point). A condition that depends on one ends examples at different iterations.
   std::vector<char> bat(static_cast<size_t>(n), 0);
   for (int k = 0; k < n; ++k) bat[static_cast<size_t>(k)] = c.batched[static_cast<size_t>(2 + k)];
-  std::vector<char> dep;
-  for (bool changed = true; changed;) {
-    changed = false;
-    std::unordered_set<std::string> live = reads.batched;
-    for (int k = 0; k < n; ++k)
-      if (bat[static_cast<size_t>(k)]) live.insert(body->input(2 + k).name());
-    dep = outputs_depending_on(*body, live);
-    for (int k = 0; k < n; ++k)
-      if (!bat[static_cast<size_t>(k)] && dep[static_cast<size_t>(1 + k)]) {
-        bat[static_cast<size_t>(k)] = 1;
-        changed = true;
-      }
-  }
+  const std::vector<char> dep = loop_batched_state(*body, bat, reads.batched);
   if (dep[0]) return scan_fallback(c);
   for (int j = 0; j < k_scan; ++j)
     if (dep[static_cast<size_t>(1 + n + j)] && !c.node.output(n + j).empty() && c.out_facts[n + j]->rank() < 0)
@@ -308,6 +294,27 @@ BatchResult if_batch(BatchCtx& c) {
 }
 
 }  // namespace
+
+std::vector<char> loop_batched_state(const onnx::GraphProto& body, std::vector<char>& state_batched,
+                                     const std::unordered_set<std::string>& batched_reads) {
+  // Batched state: batched at entry, or made to depend on a batched value by the body (a
+  // fixed point).
+  const int n = static_cast<int>(state_batched.size());
+  std::vector<char> dep;
+  for (bool changed = true; changed;) {
+    changed = false;
+    std::unordered_set<std::string> live = batched_reads;
+    for (int k = 0; k < n; ++k)
+      if (state_batched[static_cast<size_t>(k)]) live.insert(body.input(2 + k).name());
+    dep = outputs_depending_on(body, live);
+    for (int k = 0; k < n; ++k)
+      if (!state_batched[static_cast<size_t>(k)] && dep[static_cast<size_t>(1 + k)]) {
+        state_batched[static_cast<size_t>(k)] = 1;
+        changed = true;
+      }
+  }
+  return dep;
+}
 
 void register_control_flow_rules(BatchRules& r) {
   r.add("", "Loop", 16, loop_batch);

@@ -7,6 +7,7 @@
 #include <unordered_set>
 
 #include "rules/derivative.h"
+#include "rules/loop_residuals.h"
 #include "transforms/subgraph.h"
 
 namespace onnax {
@@ -122,6 +123,7 @@ std::vector<LoopProduct> hoist_loop_products(onnx::GraphProto& g, const std::vec
   auto rank = [&](const std::string& v) { return facts.fact(v).rank(); };
   auto dim = [&](const std::string& v, size_t d) { return facts.fact(v).dims[d]; };
   const Uses uses(g);
+  const IterationShapes shapes(g, facts);
 
   std::vector<std::pair<std::string, std::string>> factors;  // appended after the loop
   for (size_t i = 0; i < accumulated.size(); ++i) {
@@ -138,6 +140,7 @@ std::vector<LoopProduct> hoist_loop_products(onnx::GraphProto& g, const std::vec
       const std::string& a = mm->input(0);
       const std::string& bv = mm->input(1);
       if (rank(a) != 2 || rank(bv) != 2 || rank(t.value) != 2) continue;
+      if (!shapes.same_every_iteration(facts.fact(a)) || !shapes.same_every_iteration(facts.fact(bv))) continue;
       if (!dep_known) {
         dep = values_depending_on(g, {excluded[i]});
         dep_known = true;
@@ -174,6 +177,7 @@ std::vector<LoopSum> hoist_loop_sums(onnx::GraphProto& g, const std::vector<int>
                                      NameScope& scope) {
   std::vector<LoopSum> hoisted;
   const Uses uses(g);
+  const IterationShapes shapes(g, facts);
   std::vector<std::string> stacked;
   for (size_t i = 0; i < accumulated.size(); ++i) {
     const int out = accumulated[i];
@@ -184,7 +188,7 @@ std::vector<LoopSum> hoist_loop_sums(onnx::GraphProto& g, const std::vector<int>
       // (A term read elsewhere too is still computed per iteration; stacking it drops the Add.)
       if (t.add < 0 || rewritten.count(t.add) || dep.count(t.value)) continue;
       const Facts& f = facts.fact(t.value);
-      if (!f.has_shape || !differentiable_dtype(f.dtype)) continue;
+      if (!shapes.same_every_iteration(f) || !differentiable_dtype(f.dtype)) continue;
       LoopSum sum;
       sum.output = out;
       std::string value = t.value;
@@ -192,7 +196,7 @@ std::vector<LoopSum> hoist_loop_sums(onnx::GraphProto& g, const std::vector<int>
       // else reads it too (then it is computed per iteration anyway).
       const onnx::NodeProto* r = uses.count(t.value) == 1 ? uses.made_by(g, t.value) : nullptr;
       if (r && r->op_type() == "ReduceSum" && is_default_domain(*r) && r->input_size() == 2 &&
-          !dep.count(r->input(0)) && facts.fact(r->input(0)).has_shape)
+          !dep.count(r->input(0)) && shapes.same_every_iteration(facts.fact(r->input(0))))
         if (const auto axes = reduce_sum_axes(g, uses, *r, facts.fact(r->input(0)).rank())) {
           sum.reduce = true;
           sum.axes = axes->first;

@@ -8,6 +8,19 @@
 
 namespace onnax {
 
+IterationShapes::IterationShapes(const onnx::GraphProto& g, const Prepared& facts) {
+  for (const auto& in : g.input())
+    for (const Dim& d : facts.fact(in.name()).dims)
+      if (d.internal()) invariant_.insert(d.param());
+}
+
+bool IterationShapes::same_every_iteration(const Facts& f) const {
+  if (!f.has_shape) return false;
+  for (const Dim& d : f.dims)
+    if (!d.known() && !(d.symbolic() && (!d.internal() || invariant_.count(d.param())))) return false;
+  return true;
+}
+
 std::vector<LoopResidual> take_loop_residuals(onnx::GraphProto& g, const std::unordered_set<std::string>& primal_inputs,
                                               const std::unordered_set<std::string>& forward_defined,
                                               const Prepared& facts) {
@@ -36,6 +49,7 @@ std::vector<LoopResidual> take_loop_residuals(onnx::GraphProto& g, const std::un
     for (const auto& in : n.input()) read.insert(in);
   for (const auto& o : g.output()) read.insert(o.name());
   std::unordered_set<std::string> taken;
+  const IterationShapes shapes(g, facts);
   for (int i = 0; i < g.node_size(); ++i) {
     const onnx::NodeProto& n = g.node(i);
     if (!primal_node[static_cast<size_t>(i)] || n.op_type() == "Constant" || n.input_size() == 0) continue;
@@ -44,8 +58,8 @@ std::vector<LoopResidual> take_loop_residuals(onnx::GraphProto& g, const std::un
     for (const auto& o : n.output()) {
       if (o.empty() || !read.count(o)) continue;
       const Facts& f = facts.fact(o);
-      const bool takeable =
-          forward_defined.count(o) && !primal_inputs.count(o) && differentiable_dtype(f.dtype) && f.has_shape;
+      const bool takeable = forward_defined.count(o) && !primal_inputs.count(o) && differentiable_dtype(f.dtype) &&
+                            shapes.same_every_iteration(f);
       all = all && takeable;
       any = any || wanted.count(o) > 0;
     }

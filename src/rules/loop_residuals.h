@@ -8,6 +8,7 @@
 #include <onnx/onnx_pb.h>
 
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
@@ -16,6 +17,21 @@
 #include "transforms/prepare.h"
 
 namespace onnax {
+
+// Which values a loop body computes can be stacked over iterations: stacking needs one shape for
+// every iteration. A dim that inference could not compute, and the body's inputs do not carry
+// (onnax's own symbol for an unknown size, made inside the body: an inner loop's trip count, a
+// Range, a computed Reshape), comes from the data and may differ between iterations; such a
+// value stays per iteration (the reverse body recomputes or accumulates it).
+class IterationShapes {
+ public:
+  // `g` a body, `facts` it prepared as a model of its own.
+  IterationShapes(const onnx::GraphProto& g, const Prepared& facts);
+  bool same_every_iteration(const Facts& f) const;
+
+ private:
+  std::unordered_set<std::string_view> invariant_;  // onnax's symbols on the body's inputs
+};
 
 struct LoopResidual {
   std::string name;  // in the reverse body, and in the forward body that computes it

@@ -89,11 +89,56 @@ V channel_param(BatchCtx& c, int i, int64_t r) {
   return p;
 }
 
+// Parameter i of a normalization, per channel and aligned with x (channel_param) in x's element type.
+V channel_param_as_x(BatchCtx& c, int i, int64_t r) {
+  const V p = channel_param(c, i, r);
+  return c.dtype(i) == c.dtype(0) ? p : c.b.op1("Cast", {p}, {Attr::i("to", c.dtype(0))});
+}
+
+// BatchNormalization in training mode: each example is a batch of its own, so it normalises with
+// the mean and (population) variance of its own N and spatial positions per channel, and updates
+// its own running statistics: running = input * momentum + current * (1 - momentum).
+BatchResult batchnorm_training_rule(BatchCtx& c) {
+  auto& b = c.b;
+  const int64_t r = c.rank(0);
+  const bool xb = c.batched[0];
+  const int64_t shift = xb ? 1 : 0;
+  std::vector<int64_t> axes{shift};  // N and the spatial axes
+  for (int64_t k = 2; k < r; ++k) axes.push_back(k + shift);
+  const V ax = b.i64s(axes);
+  const int32_t dt = c.dtype(0);
+  const V mean = b.op1("ReduceMean", {c.in[0], ax}, {Attr::i("keepdims", 1)});
+  const V centered = b.op1("Sub", {c.in[0], mean});
+  const V var = b.op1("ReduceMean", {b.op1("Mul", {centered, centered}), ax}, {Attr::i("keepdims", 1)});
+  const float eps = c.attr("epsilon") ? c.attr("epsilon")->f() : 1e-5f;
+  const V inv_std = b.op1("Reciprocal", {b.op1("Sqrt", {b.op1("Add", {var, b.scalar(eps, dt)})})});
+  const V y = b.op1("Add", {b.op1("Mul", {b.op1("Mul", {centered, inv_std}), channel_param_as_x(c, 1, r)}),
+                            channel_param_as_x(c, 2, r)});
+  BatchResult res;
+  res.out.push_back(y);
+  res.batched.push_back(xb || c.batched[1] || c.batched[2]);
+  if (c.node.output_size() < 2) return res;
+  const float momentum = c.attr("momentum") ? c.attr("momentum")->f() : 0.9f;
+  // (B, 1, C, 1, ...) or (1, C, 1, ...) -> (B, C) or (C).
+  auto per_example = [&](V stat, int running) {
+    V v = b.op1("Squeeze", {stat, ax});
+    const int32_t st = c.dtype(running);
+    if (st != dt) v = b.op1("Cast", {v}, {Attr::i("to", st)});
+    return b.op1("Add", {b.op1("Mul", {c.in[static_cast<size_t>(running)], b.scalar(momentum, st)}),
+                         b.op1("Mul", {v, b.scalar(1.0 - momentum, st)})});
+  };
+  res.out.push_back(per_example(mean, 3));
+  res.batched.push_back(xb || c.batched[3]);
+  if (c.node.output_size() < 3) return res;
+  res.out.push_back(per_example(var, 4));
+  res.batched.push_back(xb || c.batched[4]);
+  return res;
+}
+
 // BatchNormalization in inference mode; batched statistics or affine parameters are
 // applied elementwise: (x - mean) / sqrt(var + eps) * scale + bias.
 BatchResult batchnorm_rule(BatchCtx& c) {
-  if (c.attr_i("training_mode", 0))
-    c.unsupported("training_mode=1 (batch statistics) is not supported", "export the model in inference mode");
+  if (c.attr_i("training_mode", 0)) return batchnorm_training_rule(c);
   bool params = false;
   for (int i = 1; i < c.num_inputs(); ++i) params = params || (c.has(i) && c.batched[i]);
   if (!params) return merge_rule(c);

@@ -666,17 +666,22 @@ void prepare_graph(Prepared& p, const std::string& mode) {
   index_and_infer(p);
   const bool expanded = expand_contrib_ops(p, mode);
   if (name_dropout_masks(p, mode) || expanded) {
-    // The rewritten graph is indexed and inferred from scratch.
-    p.value_names = NameScope();
-    p.node_names = NameScope();
-    p.facts = FactTable();
-    p.nodes_with_subgraphs.clear();
-    p.initializer_names.clear();
-    index_and_infer(p);
+    reindex(p);
+    return;
   }
   collect_runtime_inputs(p);
 }
 
 }  // namespace
+
+void reindex(Prepared& p) {
+  p.value_names = NameScope();
+  p.node_names = NameScope();
+  p.facts = FactTable();
+  p.nodes_with_subgraphs.clear();
+  p.initializer_names.clear();
+  index_and_infer(p);
+  collect_runtime_inputs(p);
+}
 
 }  // namespace onnax

@@ -57,6 +57,9 @@ Prepared prepare_in_place(onnx::ModelProto& model, const std::string& mode);
 std::string transform_serialized(const std::string& model, const std::string& mode,
                                  const std::function<void(Prepared&)>& transform);
 
+// After a transform rewrote p's (private) graph: its names, node indices and facts from scratch.
+void reindex(Prepared& p);
+
 // The graph, made private to `p` first when it is still the source's (copy on write).
 // Invalidates pointers into the previous graph (runtime_inputs are recomputed).
 onnx::GraphProto& mutable_graph(Prepared& p);

@@ -20,6 +20,7 @@
 #include "transforms/contrib_ops.h"
 #include "transforms/prepare.h"
 #include "transforms/provenance.h"
+#include "transforms/ragged_loops.h"
 #include "transforms/tidy.h"
 
 namespace onnax {
@@ -149,6 +150,13 @@ namespace {
 // Leaves the result in *p.model.
 void vmap_prepared(Prepared& p, const VmapOptions& opt) {
   const std::vector<Axis> in_axes = resolve_in_axes(p, opt);
+  std::unordered_set<std::string> per_example_nodes;  // run whole by the per-example map
+  {
+    std::unordered_set<std::string> batched_inputs;
+    for (size_t i = 0; i < in_axes.size(); ++i)
+      if (in_axes[i]) batched_inputs.insert(p.runtime_inputs[i]->name());
+    per_example_nodes = wrap_ragged_loops(p, batched_inputs);
+  }
   const std::string axis_name = pick_axis_name(p, opt);
   const Dim batch_dim = Dim::named(axis_name);
 
@@ -405,7 +413,7 @@ void vmap_prepared(Prepared& p, const VmapOptions& opt) {
       if (added) cached->second = rules.find(domain, node.op_type(), schema->since_version());
       rule = cached->second;
     }
-    if (!rule) rule = &fallback;
+    if (!rule || (!per_example_nodes.empty() && per_example_nodes.count(node.name()))) rule = &fallback;
     BatchCtx ctx{b,
                  node,
                  p.opset,
