@@ -106,6 +106,15 @@ PYBIND11_MODULE(_core, m) {
       },
       py::arg("model"), py::arg("values"));
 
+  m.def(
+      "convert_opset",
+      [](const py::bytes& model, int64_t target) {
+        onnx::ModelProto converted = onnax::parse_model(std::string(model));
+        onnax::convert_opset_in_place(converted, target);
+        return py::bytes(converted.SerializeAsString());
+      },
+      py::arg("model"), py::arg("target"));
+
   // Training: losses, parameter selection, training steps (onnax/training.h).
   m.def(
       "add_loss",

@@ -96,6 +96,14 @@ onnx::ModelProto grad(onnx::ModelProto&& model, const std::optional<std::vector<
 // metadata_props["onnax.stop_gradient"], so they hold through later transforms of the result.
 onnx::ModelProto stop_gradient(const onnx::ModelProto& model, const std::vector<std::string>& values);
 
+// The model at ai.onnx opset `target`: older ones by moving inputs back to attributes where
+// that opset wants them (Reduce* axes, Squeeze/Unsqueeze axes, Split sizes, Shape's start/end)
+// and checking every node against that opset's schema; newer ones by ONNX's version converter.
+// Transforms already return a model below opset 18 at its own opset when they can; this is
+// for another target. Fails (Error::Kind::kVersion) naming the first node that has no form at
+// `target`; the model is unchanged then.
+void convert_opset_in_place(onnx::ModelProto& model, int64_t target);
+
 // Serialized model in, serialized result out: the same transforms (with the same errors) for
 // callers that would serialize the result anyway, such as the Python package. The model is
 // parsed onto one protobuf arena shared by the transform and its result, so no node is

@@ -19,7 +19,7 @@ from onnax.training import (
     select_params,
     train_step,
 )
-from onnax.transforms import grad, jvp, stop_gradient, vjp, vmap
+from onnax.transforms import convert_opset, grad, jvp, stop_gradient, vjp, vmap
 
 __all__ = [
     "OnnaxError",
@@ -27,6 +27,7 @@ __all__ = [
     "add_loss",
     "apply_params",
     "constants_to_initializers",
+    "convert_opset",
     "feedback",
     "grad",
     "initial_state",

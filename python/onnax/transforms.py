@@ -134,3 +134,20 @@ def stop_gradient(model: ModelT, values: Sequence[str]) -> ModelT:
     ``metadata_props["onnax.stop_gradient"]`` and hold through later transforms."""
     names = _names(values, "values") or []
     return transform(model, lambda data: _core.stop_gradient(data, names))
+
+
+def convert_opset(model: ModelT, target: int) -> ModelT:
+    """``model`` at ai.onnx opset ``target`` (for runtimes that support only older opsets).
+
+    Transforms of a model below opset 18 already return it at its own opset when every node
+    they wrote has a form there (else at 18, with a notice); this converts to another opset.
+    Older targets move inputs back to the attributes that opset wants (Reduce* axes,
+    Squeeze/Unsqueeze axes, Split sizes, Shape's start/end) and check every node against that
+    opset's schema; newer ones use ONNX's version converter.
+
+    Raises:
+        OnnaxError: naming the first node that has no form at ``target``.
+    """
+    if isinstance(target, bool) or not isinstance(target, int):
+        raise TypeError(f"target must be an int opset version, got {target!r}")
+    return transform(model, lambda data: _core.convert_opset(data, target))

@@ -96,6 +96,10 @@ parameter options (grad, jvp, vjp: selected after --inputs; train-step):
 common options (vmap, grad, jvp, vjp, loss, train-step):
   -o PATH                where to write the result (required; vmap also takes --output)
   --external-data        write tensors to PATH.data (automatic above 2 GB)
+  --target-opset N       write the result at ai.onnx opset N (vmap, grad, jvp, vjp; default:
+                         the model's own when it is older than 18 and every node has a form
+                         there, else 18 with a notice); exit 1 naming the first node that has
+                         no form at N
   -h, --help             show this help
 )";
 
@@ -127,6 +131,7 @@ Axis parse_axis(const std::string& s, const std::string& option) {
 
 // Loads `in`, applies `fn`, writes `out` (never over the input).
 int transform_file(const std::string& mode, const std::string& in, const std::string& out, bool external,
+                   std::optional<int64_t> target_opset,
                    const std::function<void(onnx::ModelProto&)>& transform_in_place) {
   if (in.empty()) throw UsageError{mode + " needs an input model"};
   if (out.empty()) throw UsageError{mode + " needs -o OUT.onnx"};
@@ -141,6 +146,7 @@ int transform_file(const std::string& mode, const std::string& in, const std::st
   load_model_into(in, model, &data_files);
   check_output_paths(in, data_files, out);
   transform_in_place(model);
+  if (target_opset) convert_opset_in_place(model, *target_opset);
   save_model(model, out, external);
   std::cerr << "onnax: wrote " << out << "\n";
   return 0;
@@ -149,6 +155,7 @@ int transform_file(const std::string& mode, const std::string& in, const std::st
 int cmd_vmap(const std::vector<std::string>& args) {
   std::string in, out;
   bool external = false;
+  std::optional<int64_t> target_opset;
   VmapOptions opt;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
@@ -194,6 +201,8 @@ int cmd_vmap(const std::vector<std::string>& args) {
       opt.axis_name = value();
     else if (a == "--external-data")
       external = true;
+    else if (a == "--target-opset")
+      target_opset = parse_int(value(), a);
     else if (!a.empty() && a[0] == '-')
       throw UsageError{"unknown option '" + a + "'"};
     else if (in.empty())
@@ -201,13 +210,14 @@ int cmd_vmap(const std::vector<std::string>& args) {
     else
       throw UsageError{"unexpected argument '" + a + "'"};
   }
-  return transform_file("vmap", in, out, external, [&](onnx::ModelProto& m) { vmap_in_place(m, opt); });
+  return transform_file("vmap", in, out, external, target_opset, [&](onnx::ModelProto& m) { vmap_in_place(m, opt); });
 }
 
 // jvp / vjp / grad: selections by graph name.
 int cmd_derivative(const std::string& mode, const std::vector<std::string>& args) {
   std::string in, out;
   bool external = false;
+  std::optional<int64_t> target_opset;
   std::optional<std::vector<std::string>> inputs, outputs;
   ParamArgs params;
   for (size_t i = 0; i < args.size(); ++i) {
@@ -231,6 +241,8 @@ int cmd_derivative(const std::string& mode, const std::vector<std::string>& args
       outputs = std::vector<std::string>{value()};
     else if (a == "--external-data")
       external = true;
+    else if (a == "--target-opset")
+      target_opset = parse_int(value(), a);
     else if (take_param_option(args, i, params))
       continue;
     else if (!a.empty() && a[0] == '-')
@@ -240,7 +252,7 @@ int cmd_derivative(const std::string& mode, const std::vector<std::string>& args
     else
       throw UsageError{"unexpected argument '" + a + "'"};
   }
-  return transform_file(mode, in, out, external, [&](onnx::ModelProto& m) {
+  return transform_file(mode, in, out, external, target_opset, [&](onnx::ModelProto& m) {
     const std::vector<std::string> chosen = selected_params(m, params);
     if (!chosen.empty()) {
       if (!inputs) inputs.emplace();

@@ -11,6 +11,7 @@
 #include "training/outer_products.h"
 #include "training/step_writer.h"
 #include "training/training_parts.h"
+#include "transforms/lower_opset.h"
 #include "transforms/prepare.h"
 #include "transforms/provenance.h"
 #include "transforms/subgraph.h"
@@ -378,7 +379,11 @@ int64_t default_opset(const onnx::ModelProto& m) {
 
 }  // namespace
 
-onnx::ModelProto train_step(const onnx::ModelProto& loss_model, const TrainStepOptions& o) {
+namespace {
+
+// The step of a loss model at opset 18 or newer (train_step upgrades older ones first: the
+// gradient and the optimizer are written in opset-18 forms, the result lowered at the end).
+onnx::ModelProto step_of(const onnx::ModelProto& loss_model, const TrainStepOptions& o) {
   using Form = TrainStepOptions::Form;
   check_options(o);
   std::vector<Param> params = chosen_params(loss_model, o);
@@ -587,6 +592,20 @@ onnx::ModelProto train_step(const onnx::ModelProto& loss_model, const TrainStepO
                                        (loss.empty() ? std::string() : ", \"loss\": " + provenance::quote(loss)));
   training::set_metadata(result, "onnax.train_step", record);
   training::set_metadata(result, kStateKey, state_json(carried));
+  return result;
+}
+
+}  // namespace
+
+onnx::ModelProto train_step(const onnx::ModelProto& loss_model, const TrainStepOptions& o) {
+  const int64_t source = default_opset(loss_model);
+  if (source >= kMinOpset) return step_of(loss_model, o);
+  onnx::ModelProto upgraded = loss_model;
+  convert_opset_in_place(upgraded, kMinOpset);
+  notice(kMode + ": upgraded the model from ai.onnx opset " + std::to_string(source) + " to " +
+         std::to_string(kMinOpset) + " with the ONNX version converter");
+  onnx::ModelProto result = step_of(upgraded, o);
+  return_to_source_opset(result, source, kMode);
   return result;
 }
 

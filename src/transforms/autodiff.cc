@@ -16,6 +16,7 @@
 #include "facts/schemas.h"
 #include "rules/derivative.h"
 #include "transforms/contrib_ops.h"
+#include "transforms/lower_opset.h"
 #include "transforms/prepare.h"
 #include "transforms/provenance.h"
 #include "transforms/subgraph.h"
@@ -583,6 +584,7 @@ void differentiate_graph(Prepared& p, Mode mode, const Selection& sel) {
   onnx::ModelProto& result = *p.model;
   *result.mutable_graph() = std::move(out);
   tidy(result);
+  return_to_source_opset(result, p.source_opset, m);
 
   std::vector<std::string> qi, qo;
   for (const auto& n : r.inputs) qi.push_back(provenance::quote(n));

@@ -606,6 +606,7 @@ void index_and_infer(Prepared& p) {
 
 void prepare_graph(Prepared& p, const std::string& mode) {
   int64_t opset = default_opset(*p.model);
+  p.source_opset = opset;
   const std::string interval = "supported: " + std::to_string(kMinOpset) + "-" + std::to_string(kMaxOpset) + " (" +
                                std::to_string(kMinConvertibleOpset) + "-" + std::to_string(kMinOpset - 1) +
                                " are upgraded to " + std::to_string(kMinOpset) + " automatically)";

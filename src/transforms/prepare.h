@@ -31,6 +31,7 @@ struct Prepared {
   std::unique_ptr<onnx::ModelProto> owned_model;
   const onnx::GraphProto* graph = nullptr;  // the graph to transform; nodes in topological order
   int64_t opset = 0;                        // default-domain opset
+  int64_t source_opset = 0;                 // the model's own, before any upgrade
   NameScope value_names;                    // every value name in the model and its subgraphs; ids index `facts`
   FactTable facts;
   NodeValueIds node_ids;  // ids of each node's inputs and outputs (of `graph`)

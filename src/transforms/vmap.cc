@@ -18,6 +18,7 @@
 #include "notice.h"
 #include "rules/batching.h"
 #include "transforms/contrib_ops.h"
+#include "transforms/lower_opset.h"
 #include "transforms/prepare.h"
 #include "transforms/provenance.h"
 #include "transforms/ragged_loops.h"
@@ -562,6 +563,7 @@ void vmap_prepared(Prepared& p, const VmapOptions& opt) {
         "grows with the batch size");
   *p.model->mutable_graph() = std::move(out_graph);
   tidy(*p.model);
+  return_to_source_opset(*p.model, p.source_opset, "vmap");
   provenance::record_step(*p.model, step);
 }
 
