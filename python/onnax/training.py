@@ -40,7 +40,16 @@ def _entries(spec: Spec, what: str) -> list[str]:
 
 def add_loss(
     model: ModelT,
-    kind: Literal["mse", "l1", "huber", "softmax_cross_entropy", "binary_cross_entropy_with_logits", "nll"],
+    kind: Literal[
+        "mse",
+        "l1",
+        "huber",
+        "softmax_cross_entropy",
+        "binary_cross_entropy_with_logits",
+        "cross_entropy",
+        "binary_cross_entropy",
+        "nll",
+    ],
     output: str | None = None,
     *,
     reduction: Literal["mean", "sum"] = "mean",

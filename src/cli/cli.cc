@@ -13,6 +13,7 @@
 #include "cli/check_command.h"
 #include "cli/training_commands.h"
 #include "io/model_io.h"
+#include "transforms/prepare.h"
 
 namespace onnax::cli {
 namespace {
@@ -124,6 +125,14 @@ std::string command_help(const std::string& cmd) {
   return help;
 }
 
+int64_t parse_target_opset(const std::string& s) {
+  const int64_t v = parse_int(s, "--target-opset");
+  if (v < kMinConvertibleOpset || v > kMaxOpset)
+    throw UsageError{"--target-opset " + s + " is outside the supported " + std::to_string(kMinConvertibleOpset) + "-" +
+                     std::to_string(kMaxOpset)};
+  return v;
+}
+
 Axis parse_axis(const std::string& s, const std::string& option) {
   if (s == "none" || s == "None" || s == "null") return std::nullopt;
   return parse_int(s, option);
@@ -202,7 +211,7 @@ int cmd_vmap(const std::vector<std::string>& args) {
     else if (a == "--external-data")
       external = true;
     else if (a == "--target-opset")
-      target_opset = parse_int(value(), a);
+      target_opset = parse_target_opset(value());
     else if (!a.empty() && a[0] == '-')
       throw UsageError{"unknown option '" + a + "'"};
     else if (in.empty())
@@ -242,7 +251,7 @@ int cmd_derivative(const std::string& mode, const std::vector<std::string>& args
     else if (a == "--external-data")
       external = true;
     else if (a == "--target-opset")
-      target_opset = parse_int(value(), a);
+      target_opset = parse_target_opset(value());
     else if (take_param_option(args, i, params))
       continue;
     else if (!a.empty() && a[0] == '-')

@@ -345,7 +345,7 @@ V tangent_shape(TransposeCtx& c, V t) {
   return c.b.i64s(*dims);
 }
 
-Vs selection_transpose(TransposeCtx& c, int i) {
+Vs selection_transpose(TransposeCtx& c, int i, bool each_once) {
   auto& b = c.b;
   V shape = tangent_shape(c, c.in(i));
   V size = b.op1("ReduceProd", {shape}, {Attr::i("keepdims", 1)});
@@ -358,7 +358,9 @@ Vs selection_transpose(TransposeCtx& c, int i) {
   V zeros = b.expand(b.scalar(0.0, dt), size);
   V flat_pos = b.reshape(positions, b.i64s({-1}));
   V flat_ct = b.reshape(c.ct(), b.i64s({-1}));
-  V summed = b.op1("ScatterElements", {zeros, flat_pos, flat_ct}, {Attr::i("axis", 0), Attr::s("reduction", "add")});
+  V summed = each_once ? b.op1("ScatterElements", {zeros, flat_pos, flat_ct}, {Attr::i("axis", 0)})
+                       : b.op1("ScatterElements", {zeros, flat_pos, flat_ct},
+                               {Attr::i("axis", 0), Attr::s("reduction", "add")});
   Vs out(c.ins.size());
   out[i] = b.reshape(summed, shape);
   return out;

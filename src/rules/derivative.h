@@ -126,8 +126,10 @@ Vs linear_in_first_jvp(JvpCtx& c);
 V tangent_shape(TransposeCtx& c, V t);
 // Transpose of any linear op that copies elements of its single tangent input `i` (Gather,
 // Slice, Tile, Pad, ...): apply the op to an index tensor to learn where each output element
-// came from, then scatter-add the cotangent there.
-Vs selection_transpose(TransposeCtx& c, int i = 0);
+// came from, then scatter-add the cotangent there. When the op copies each element at most once
+// (Slice, Compress, ReverseSequence: `each_once`), a plain scatter does (no reduction: the form
+// older opsets have, and no accumulation).
+Vs selection_transpose(TransposeCtx& c, int i = 0, bool each_once = false);
 
 class DerivativeRules {
  public:

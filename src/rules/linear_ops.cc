@@ -287,7 +287,7 @@ void register_linear_op_derivatives(DerivativeRules& r) {
   for (const char* op : {"DFT", "Col2Im", "AffineGrid", "ReverseSequence", "MaxUnpool"}) r.jvp(op, linear_in_first_jvp);
   r.jvp("STFT", stft_jvp);
   r.jvp("TensorScatter", linear_in_first_two);
-  r.transpose("ReverseSequence", [](TransposeCtx& c) { return selection_transpose(c, 0); });
+  r.transpose("ReverseSequence", [](TransposeCtx& c) { return selection_transpose(c, 0, /*each_once=*/true); });
   r.transpose("MaxUnpool", max_unpool_transpose);
 }
 

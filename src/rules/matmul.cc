@@ -213,7 +213,9 @@ Vs matmul_transpose(TransposeCtx& c) {
     return out;
   }
   if (lin == 1 && ra == 2 && rb == 1) {
-    out[1] = b.op1("MatMul", {swap_last(b, a), ct});  // a^T [K, M] @ ct [M]
+    // ct [M] @ a [M, K] = a^T ct. (Not MatMul(Transpose(a), ct): ONNX Runtime 1.31's
+    // MatmulTransposeFusion computes a transposed matrix times a 1-D vector wrongly.)
+    out[1] = b.op1("MatMul", {ct, a});
     return out;
   }
   // Treat 1-D operands as matrices, as MatMul does, and restore the cotangent's axes.

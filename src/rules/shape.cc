@@ -372,8 +372,9 @@ void register_shape_derivatives(DerivativeRules& r) {
   for (const char* op : {"Reshape", "Flatten", "Squeeze", "Unsqueeze"}) r.transpose(op, reshape_back);
   r.transpose("Transpose", transpose_transpose);
   r.transpose("Expand", [](TransposeCtx& c) -> Vs { return {unbroadcast_to(c.b, c.ct(), c.in(0)), V{}}; });
-  for (const char* op : {"Slice", "Tile", "Compress"})
-    r.transpose(op, [](TransposeCtx& c) { return selection_transpose(c, 0); });
+  for (const char* op : {"Slice", "Compress"})
+    r.transpose(op, [](TransposeCtx& c) { return selection_transpose(c, 0, /*each_once=*/true); });
+  r.transpose("Tile", [](TransposeCtx& c) { return selection_transpose(c, 0); });
   // DepthToSpace and SpaceToDepth permute elements: each transposes to its inverse, in the
   // data's own dtype (a gather of positions would run them on int64 indices, which ONNX
   // Runtime has no kernel for).

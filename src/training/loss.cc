@@ -9,6 +9,7 @@
 #include "emit/graph_writer.h"
 #include "notice.h"
 #include "training/training_parts.h"
+#include "transforms/lower_opset.h"
 #include "transforms/prepare.h"
 #include "transforms/provenance.h"
 
@@ -270,6 +271,7 @@ onnx::ModelProto add_loss(const onnx::ModelProto& model, const LossOptions& o) {
   training::insert_output(g, 0, o.loss_name, Facts::of(yf.dtype, {}));
 
   onnx::ModelProto result = std::move(*p.model);
+  return_to_source_opset(result, p.source_opset, m);
   std::string record = "{\"kind\": " + provenance::quote(std::string(kind_name(o.kind))) +
                        ", \"output\": " + provenance::quote(y) + ", \"label\": " + provenance::quote(o.label_name) +
                        ", \"reduction\": " + provenance::quote(o.reduction == Reduction::kMean ? "mean" : "sum") +

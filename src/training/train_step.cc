@@ -603,7 +603,8 @@ onnx::ModelProto train_step(const onnx::ModelProto& loss_model, const TrainStepO
   onnx::ModelProto upgraded = loss_model;
   convert_opset_in_place(upgraded, kMinOpset);
   notice(kMode + ": upgraded the model from ai.onnx opset " + std::to_string(source) + " to " +
-         std::to_string(kMinOpset) + " with the ONNX version converter");
+         std::to_string(kMinOpset) + " with the ONNX version converter to transform it (the result returns to " +
+         std::to_string(source) + " where every node has a form there)");
   onnx::ModelProto result = step_of(upgraded, o);
   return_to_source_opset(result, source, kMode);
   return result;

@@ -3,6 +3,7 @@
 #include <onnax/onnax.h>
 #include <onnx/defs/schema.h>
 #include <onnx/defs/tensor_proto_util.h>
+#include <onnx/shape_inference/implementation.h>
 #include <onnx/version_converter/convert.h>
 
 #include <optional>
@@ -29,7 +30,18 @@ struct NoOlderForm {
 
 class Lowering {
  public:
-  Lowering(const onnx::ModelProto& model, int64_t target) : target_(target) { collect(model.graph()); }
+  Lowering(const onnx::ModelProto& model, int64_t target) : target_(target) {
+    collect(model.graph());
+    // Ranks, for the forms that spell out every axis (Pad without axes).
+    onnx::ModelProto inferred = model;
+    try {
+      onnx::shape_inference::InferShapes(inferred, onnx::OpSchemaRegistry::Instance(),
+                                         onnx::ShapeInferenceOptions(/*check_type=*/false, /*strict_mode=*/0));
+    } catch (const std::exception&) {
+      // (then no rank is known: those forms are not lowered)
+    }
+    collect_ranks(inferred.graph());
+  }
 
   // Drops the constants whose reads moved into attributes, when nothing else reads them.
   void drop_unread_constants(onnx::GraphProto& g) {
@@ -68,6 +80,18 @@ class Lowering {
     }
     for (const auto* list : {&g.input(), &g.output()})
       for (const auto& vi : *list) names_.insert(vi.name());
+  }
+
+  void collect_ranks(const onnx::GraphProto& g) {
+    for (const auto* list : {&g.input(), &g.output(), &g.value_info()})
+      for (const auto& vi : *list)
+        if (vi.type().has_tensor_type() && vi.type().tensor_type().has_shape())
+          ranks_[vi.name()] = vi.type().tensor_type().shape().dim_size();
+    for (const auto& n : g.node())
+      for (const auto& a : n.attribute()) {
+        if (a.has_g()) collect_ranks(a.g());
+        for (const auto& sub : a.graphs()) collect_ranks(sub);
+      }
   }
 
   [[noreturn]] void fail(const onnx::NodeProto& n, const std::string& what) const {
@@ -118,11 +142,22 @@ class Lowering {
     names_.insert(name);
     return name;
   }
+  // A node of `type` with one output named fresh from `base` (and the node after it).
+  onnx::NodeProto new_node(const char* type, const std::string& base) {
+    onnx::NodeProto m;
+    m.set_op_type(type);
+    m.add_output(fresh(base));
+    m.set_name(m.output(0));
+    return m;
+  }
+  static void set_int(onnx::NodeProto& n, const std::string& name, int64_t v) {
+    auto* a = n.add_attribute();
+    a->set_name(name);
+    a->set_type(onnx::AttributeProto::INT);
+    a->set_i(v);
+  }
   onnx::NodeProto int64_constant(const std::string& base, const std::vector<int64_t>& values) {
-    onnx::NodeProto c;
-    c.set_op_type("Constant");
-    c.add_output(fresh(base));
-    c.set_name(c.output(0));
+    onnx::NodeProto c = new_node("Constant", base);
     auto* a = c.add_attribute();
     a->set_name("value");
     a->set_type(onnx::AttributeProto::TENSOR);
@@ -168,11 +203,9 @@ class Lowering {
       const std::string sliced = n.output(0);
       const std::string whole = fresh(sliced + "_whole");
       const int64_t from = s ? s->i() : 0, to = e ? e->i() : INT64_MAX;
-      onnx::NodeProto slice;
-      slice.set_op_type("Slice");
-      slice.set_name(fresh(sliced + "_slice"));
+      onnx::NodeProto slice = new_node("Slice", sliced + "_slice");
       slice.add_input(whole);
-      slice.add_output(sliced);
+      slice.set_output(0, sliced);
       if (target_ < 10) {  // (bounds as attributes)
         set_ints(slice, "starts", {from});
         set_ints(slice, "ends", {to});
@@ -192,6 +225,19 @@ class Lowering {
       *before.Add() = std::move(n);
       n = std::move(slice);
       return;
+    } else if (op == "Pad" && target_ < 18 && n.input_size() > 3 && !n.input(3).empty()) {
+      pads_for_every_axis(n, before);
+    } else if (op == "Reshape" && target_ < 14 && find(n, "allowzero") && find(n, "allowzero")->i() != 0) {
+      erase(n, "allowzero");
+      if (auto it = constants_.find(n.input(1)); it != constants_.end()) {
+        for (int64_t d : constant_ints(n, 1, "shape"))
+          if (d == 0)
+            fail(n,
+                 "has an empty dim in its shape (allowzero=1), which opset " + std::to_string(target_) + " cannot say");
+      } else {
+        reshape_allowing_zero(n, before);
+        return;
+      }
     } else if ((op == "Softmax" || op == "LogSoftmax" || op == "Hardmax") && target_ < 13) {
       // Before 13 these flatten to 2-D at `axis` (default 1): the same as normalising over one
       // axis only when it is the last.
@@ -200,12 +246,98 @@ class Lowering {
         fail(n, "normalises over axis " + std::to_string(axis->i()) + ", which opset " + std::to_string(target_) +
                     " reads as the flattened trailing axes");
       erase(n, "axis");
-      auto* a = n.add_attribute();
-      a->set_name("axis");
-      a->set_type(onnx::AttributeProto::INT);
-      a->set_i(-1);
+      set_int(n, "axis", -1);
     }
     check(n);
+  }
+
+  // Pad with an axes input (18+): its pads spelled out for every axis, 0 for the others.
+  void pads_for_every_axis(onnx::NodeProto& n, google::protobuf::RepeatedPtrField<onnx::NodeProto>& before) {
+    const std::vector<int64_t> axes = constant_ints(n, 3, "axes");
+    const auto rank_it = ranks_.find(n.input(0));
+    if (rank_it == ranks_.end()) fail(n, "pads some axes by an axes input, and the rank of its input is not known");
+    const int64_t rank = rank_it->second;
+    std::vector<int64_t> slot(static_cast<size_t>(rank), -1);  // axis -> its entry in pads
+    for (size_t j = 0; j < axes.size(); ++j) {
+      const int64_t a = axes[j] < 0 ? axes[j] + rank : axes[j];
+      if (a < 0 || a >= rank) fail(n, "has axis " + std::to_string(axes[j]) + " out of range");
+      slot[static_cast<size_t>(a)] = static_cast<int64_t>(j);
+    }
+    const std::string base = n.output(0) + "_pads";
+    const int64_t count = static_cast<int64_t>(axes.size());
+    onnx::NodeProto full = new_node("Concat", base);
+    set_int(full, "axis", 0);
+    std::string zero;
+    for (int side = 0; side < 2; ++side)
+      for (int64_t k = 0; k < rank; ++k) {
+        const int64_t j = slot[static_cast<size_t>(k)];
+        if (j < 0) {
+          if (zero.empty()) {
+            onnx::NodeProto c = int64_constant(base + "_zero", {0});
+            zero = c.output(0);
+            *before.Add() = std::move(c);
+          }
+          full.add_input(zero);
+          continue;
+        }
+        const int64_t at = j + side * count;
+        onnx::NodeProto from = int64_constant(base + "_from", {at});
+        onnx::NodeProto to = int64_constant(base + "_to", {at + 1});
+        onnx::NodeProto entry = new_node("Slice", base + "_entry");
+        entry.add_input(n.input(1));
+        entry.add_input(from.output(0));
+        entry.add_input(to.output(0));
+        check(entry);
+        full.add_input(entry.output(0));
+        *before.Add() = std::move(from);
+        *before.Add() = std::move(to);
+        *before.Add() = std::move(entry);
+      }
+    check(full);
+    n.set_input(1, full.output(0));
+    *before.Add() = std::move(full);
+    dropped_.insert(n.input(3));
+    n.mutable_input()->DeleteSubrange(3, n.input_size() - 3);
+    while (n.input_size() > 2 && n.input(n.input_size() - 1).empty()) n.mutable_input()->RemoveLast();
+  }
+
+  // Reshape(x, s) with allowzero=1 and a run-time s, where a 0 in s is an empty dim (opset 14+),
+  // in older ops: x flattened, padded with zeros to the size of s with its 0s read as 1s (it
+  // needs that padding only when x is empty), reshaped to that, then sliced to s. For a
+  // non-empty x this is Reshape(x, s).
+  void reshape_allowing_zero(onnx::NodeProto& n, google::protobuf::RepeatedPtrField<onnx::NodeProto>& before) {
+    if (target_ < 11) fail(n, "reshapes with allowzero=1 to a run-time shape, which needs Pad's opset-11 form");
+    const std::string base = n.output(0);
+    auto emit = [&](const char* type, std::vector<std::string> inputs, const std::string& suffix) {
+      onnx::NodeProto m = new_node(type, base + suffix);
+      for (auto& in : inputs) m.add_input(std::move(in));
+      return m;
+    };
+    auto add = [&](onnx::NodeProto m) {
+      check(m);
+      const std::string out = m.output(0);
+      *before.Add() = std::move(m);
+      return out;
+    };
+    const std::string x = n.input(0), shape = n.input(1);
+    const std::string minus_one = add(int64_constant(base + "_flat_shape", {-1}));
+    const std::string zero = add(int64_constant(base + "_zero", {0}));
+    const std::string one = add(int64_constant(base + "_one", {1}));
+    const std::string flat = add(emit("Reshape", {x, minus_one}, "_flat"));
+    const std::string empty_dims = add(emit("Equal", {shape, zero}, "_empty_dims"));
+    const std::string nonzero = add(emit("Where", {empty_dims, one, shape}, "_nonzero_shape"));
+    const std::string size = add(emit("ReduceProd", {nonzero}, "_padded_size"));
+    const std::string have = add(emit("Reshape", {add(emit("Size", {x}, "_size")), one}, "_size_1d"));
+    onnx::NodeProto join = emit("Concat", {zero, add(emit("Sub", {size, have}, "_missing"))}, "_pads");
+    set_int(join, "axis", 0);
+    const std::string pads = add(std::move(join));
+    const std::string padded = add(emit("Pad", {flat, pads}, "_padded"));
+    const std::string full = add(emit("Reshape", {padded, nonzero}, "_full"));
+    const std::string starts = add(emit("Mul", {shape, zero}, "_starts"));
+    onnx::NodeProto slice = emit("Slice", {full, starts, shape}, "_slice");
+    slice.set_output(0, base);
+    check(slice);
+    n = std::move(slice);
   }
 
   void check(const onnx::NodeProto& n) const {
@@ -252,6 +384,7 @@ class Lowering {
 
   int64_t target_;
   std::unordered_set<std::string> dropped_;  // inputs that became attributes
+  std::unordered_map<std::string, int64_t> ranks_;
   std::unordered_map<std::string, const onnx::TensorProto*> constants_;
   std::unordered_set<std::string> names_;
 };
@@ -281,10 +414,15 @@ void return_to_source_opset(onnx::ModelProto& result, int64_t source_opset, cons
   for (const auto& o : result.opset_import())
     if (o.domain().empty() || o.domain() == "ai.onnx") opset = o.version();
   if (source_opset <= 0 || opset <= source_opset) return;
-  if (const std::string why = lower_opset(result, source_opset); !why.empty())
-    notice(mode + ": the result stays at ai.onnx opset " + std::to_string(opset) + ", not the model's " +
-           std::to_string(source_opset) + ": " + why + ". Fix: run it where opset " + std::to_string(opset) +
-           " is supported (ONNX Runtime 1.14 or newer)");
+  const std::string why = lower_opset(result, source_opset);
+  if (why.empty()) return;
+  // Else the oldest opset after the source's where every node has a form.
+  int64_t landed = opset;
+  for (int64_t target = source_opset + 1; target < opset && landed == opset; ++target)
+    if (lower_opset(result, target).empty()) landed = target;
+  notice(mode + ": the result is at ai.onnx opset " + std::to_string(landed) + ", not the model's " +
+         std::to_string(source_opset) + ": " + why + ". Fix: run it where opset " + std::to_string(landed) +
+         " is supported");
 }
 
 void convert_opset_in_place(onnx::ModelProto& model, int64_t target) {

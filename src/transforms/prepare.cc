@@ -660,7 +660,8 @@ void prepare_graph(Prepared& p, const std::string& mode) {
                      ". Fix: re-export the model at opset " + std::to_string(kMinOpset) + " or newer");
     }
     notice(mode + ": upgraded the model from ai.onnx opset " + std::to_string(opset) + " to " +
-           std::to_string(kMinOpset) + " with the ONNX version converter");
+           std::to_string(kMinOpset) + " with the ONNX version converter to transform it (the result returns to " +
+           std::to_string(opset) + " where every node has a form there)");
     opset = kMinOpset;
   }
   p.opset = opset;
