@@ -50,11 +50,29 @@ def from_bytes(data: bytes, like: Any) -> Any:
     return _like(proto, like)
 
 
+def _guarded(call: Callable[[bytes], T], data: bytes) -> T:
+    """``call(data)``, with pybind11's argument-conversion errors cut to what they say about the
+    arguments: they would otherwise print every argument, the serialized model included."""
+    try:
+        return call(data)
+    except TypeError as e:
+        message = str(e)
+        if "incompatible function arguments" not in message:
+            raise
+        raise TypeError(message.split("\n\nInvoked with")[0]) from None
+    except RuntimeError as e:
+        if "Unable to cast Python instance" not in str(e):
+            raise
+        raise TypeError(
+            "an argument has a type or value the core cannot take (an int beyond 64 bits, say)"
+        ) from None
+
+
 def inspect(model: Any, call: Callable[[bytes], T]) -> T:
     """Runs the core's ``call`` on ``model`` serialized with its large float initializers held
     back (for calls that read names, dtypes and shapes only, and return no model)."""
     light, _ = _hold_back(model) if isinstance(model, onnx.ModelProto) else _hold_back_ir(_ir_model(model))
-    return call(to_bytes(model) if light is None else light.SerializeToString())
+    return _guarded(call, to_bytes(model) if light is None else light.SerializeToString())
 
 
 def transform(model: ModelT, call: Callable[[bytes], bytes]) -> ModelT:
@@ -63,15 +81,15 @@ def transform(model: ModelT, call: Callable[[bytes], bytes]) -> ModelT:
     model as ``model``."""
     light, held = _hold_back(model) if isinstance(model, onnx.ModelProto) else _hold_back_ir(_ir_model(model))
     if light is None:
-        return from_bytes(call(to_bytes(model)), model)  # type: ignore[no-any-return]
-    data = call(light.SerializeToString())
+        return from_bytes(_guarded(call, to_bytes(model)), model)  # type: ignore[no-any-return]
+    data = _guarded(call, light.SerializeToString())
     result = onnx.ModelProto()
     result.ParseFromString(data)
     stand_ins = _stand_ins(result, held)
     if data.count(held.prefix.encode()) != len(stand_ins):
         # The core placed a stand-in somewhere other than the result's initializers, or
         # reshaped or retyped one (none of today's transforms do): transform the whole model.
-        return from_bytes(call(to_bytes(model)), model)  # type: ignore[no-any-return]
+        return from_bytes(_guarded(call, to_bytes(model)), model)  # type: ignore[no-any-return]
     if isinstance(model, onnx.ModelProto) or any(t.name != original.name for t, original in stand_ins):
         # (onnx_ir names a tensor after the value holding it when it serializes: a shared tensor
         # under a new name would rename the source's. Renamed ones are copied.)

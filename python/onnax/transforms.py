@@ -66,13 +66,27 @@ def vmap(
     for i, axis in enumerate(outs):
         if not isinstance(axis, int) or isinstance(axis, bool):
             raise TypeError(f"out_axes[{i}] must be an int, got {axis!r}")
+        _check_int64(axis, f"out_axes[{i}]")
     name = axis_name or ""
+    _check_name(name, "axis_name")
     return transform(model, lambda data: _core.vmap(data, all_inputs, positional, by_name, outs, name))
 
 
 def _check_axis(axis: Any, what: str) -> None:
     if axis is not None and (not isinstance(axis, int) or isinstance(axis, bool)):
         raise TypeError(f"{what} must be an int or None, got {axis!r}")
+    if axis is not None:
+        _check_int64(axis, what)
+
+
+def _check_int64(value: int, what: str) -> None:
+    if not -(2**63) <= value < 2**63:
+        raise ValueError(f"{what} is {value}, beyond the 64-bit integers any axis or opset lies in")
+
+
+def _check_name(name: str, what: str) -> None:
+    if "\x00" in name:
+        raise ValueError(f"{what} {name!r} contains a NUL character, which no ONNX name does")
 
 
 Names = Sequence[str] | None
@@ -89,6 +103,7 @@ def _names(value: Names, what: str) -> list[str] | None:
     for n in names:
         if not isinstance(n, str):
             raise TypeError(f"{what} must contain graph names (str), got {n!r}")
+        _check_name(n, f"{what} entry")
     return names
 
 
@@ -123,6 +138,8 @@ def grad(model: ModelT, inputs: Names = None, output: str | None = None) -> Mode
     """
     if output is not None and not isinstance(output, str):
         raise TypeError(f"output must be a graph name (str), got {output!r}")
+    if output is not None:
+        _check_name(output, "output")
     selected = _names(inputs, "inputs")
     return transform(model, lambda data: _core.grad(data, selected, output))
 
@@ -150,4 +167,5 @@ def convert_opset(model: ModelT, target: int) -> ModelT:
     """
     if isinstance(target, bool) or not isinstance(target, int):
         raise TypeError(f"target must be an int opset version, got {target!r}")
+    _check_int64(target, "target")
     return transform(model, lambda data: _core.convert_opset(data, target))
