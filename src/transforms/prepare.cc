@@ -15,6 +15,7 @@
 #include "notice.h"
 #include "transforms/contrib_ops.h"
 #include "transforms/dropout_masks.h"
+#include "transforms/inline_size.h"
 #include "transforms/subgraph.h"
 
 namespace onnax {
@@ -620,6 +621,7 @@ void prepare_graph(Prepared& p, const std::string& mode) {
                    ". Fix: convert the model with onnx.version_converter.convert_version(model, " +
                    std::to_string(opset > kMaxOpset ? kMaxOpset : kMinOpset) + ") first");
   if (p.model->functions_size() > 0) {
+    if (const auto problem = inline_size_problem(*p.model, mode)) diag::fail(problem->first, problem->second);
     mutable_graph(p);  // inlining rewrites the graph
     reconcile_function_domains(*p.model);
     try {

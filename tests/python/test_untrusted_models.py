@@ -18,6 +18,8 @@ from onnx import TensorProto, helper, numpy_helper
 onnax = pytest.importorskip("onnax")
 
 F = TensorProto.FLOAT
+OPSET = helper.make_opsetid("", 18)
+BOMB_DOMAIN = helper.make_opsetid("bomb", 1)
 
 
 def model(
@@ -210,3 +212,60 @@ def test_valid_pools_with_full_attribute_lists_still_transform_exactly() -> None
     got = batched.run(None, {"x": xs})[0]
     for b in range(3):
         np.testing.assert_allclose(got[b], single.run(None, {"x": xs[b]})[0], rtol=1e-6)
+
+
+def _nested_functions(depth: int, recursive: bool = False) -> onnx.ModelProto:
+    """f0(x) = Relu(x); f_k(x) = f_{k-1}(f_{k-1}(x)): 2^depth Relus once inlined (a few KB)."""
+    functions = [
+        helper.make_function("bomb", "f0", ["x"], ["y"], [helper.make_node("Relu", ["x"], ["y"])], [OPSET])
+    ]
+    for k in range(1, depth + 1):
+        inner = f"f{k - 1}" if not (recursive and k == depth) else f"f{k}"
+        nodes = [
+            helper.make_node(inner, ["x"], ["h"], domain="bomb"),
+            helper.make_node(inner, ["h"], ["y"], domain="bomb"),
+        ]
+        functions.append(
+            helper.make_function(
+                "bomb", f"f{k}", ["x"], ["y"], nodes, [OPSET, helper.make_opsetid("bomb", 1)]
+            )
+        )
+    graph = helper.make_graph(
+        [helper.make_node(f"f{depth}", ["x"], ["y"], domain="bomb")],
+        "g",
+        [helper.make_tensor_value_info("x", F, [3])],
+        [helper.make_tensor_value_info("y", F, [3])],
+    )
+    model = helper.make_model(graph, opset_imports=[OPSET, BOMB_DOMAIN], functions=functions, ir_version=10)
+    return model
+
+
+BOMBS = [(30, False, "more than 16777216 nodes"), (3, True, "calls itself")]
+
+
+@pytest.mark.parametrize(("depth", "recursive", "words"), BOMBS)
+def test_function_bombs_are_measured_before_inlining(
+    depth: int, recursive: bool, words: str, tmp_path: Path
+) -> None:
+    m = _nested_functions(depth, recursive)
+    assert m.ByteSize() < 4000
+    path = tmp_path / "bomb.onnx"
+    onnx.save(m, path)
+    proc = subprocess.run(
+        [sys.executable, "-m", "onnax", "vmap", str(path), "-o", str(tmp_path / "out.onnx")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 1 and words in proc.stderr and "Fix:" in proc.stderr, proc.stderr
+    assert not (tmp_path / "out.onnx").exists()
+
+
+def test_nested_functions_below_the_limit_are_inlined_and_exact() -> None:
+    m = _nested_functions(6)  # 64 Relus
+    out = onnax.vmap(m)
+    assert sum(n.op_type == "Relu" for n in out.graph.node) == 64
+    x = np.array([[-1.0, 0.5, 2.0], [3.0, -4.0, 0.0]], np.float32)
+    sess = ort.InferenceSession(out.SerializeToString(), providers=["CPUExecutionProvider"])
+    np.testing.assert_allclose(sess.run(None, {"x": x})[0], np.maximum(x, 0))
