@@ -34,6 +34,18 @@ void notice_to_python(const std::string& message) {
       .attr("warn")(py::str("onnax: " + message), py::module_::import("builtins").attr("UserWarning"), level);
 }
 
+// Runs `work` (which returns serialized bytes) with the GIL released, so other Python threads
+// run meanwhile; the model's bytes are copied out of Python first. (Notices take the GIL back.)
+template <typename Work>
+py::bytes without_gil(Work&& work) {
+  std::string out;
+  {
+    py::gil_scoped_release release;
+    out = work();
+  }
+  return py::bytes(out);
+}
+
 // in_axes arrives as exactly one of: an int/None for every input (`all`), a list (one per
 // input) or a dict by name.
 onnax::VmapOptions vmap_options(const py::object& all, const py::object& per_input, const py::object& by_name,
@@ -72,7 +84,8 @@ PYBIND11_MODULE(_core, m) {
       [](const py::bytes& model, const py::object& in_axis, const py::object& in_axes,
          const py::object& in_axes_by_name, const std::vector<int64_t>& out_axes, const std::string& axis_name) {
         onnax::VmapOptions opt = vmap_options(in_axis, in_axes, in_axes_by_name, out_axes, axis_name);
-        return py::bytes(onnax::vmap_serialized(std::string(model), opt));
+        const std::string data(model);
+        return without_gil([&] { return onnax::vmap_serialized(data, opt); });
       },
       py::arg("model"), py::arg("in_axis"), py::arg("in_axes"), py::arg("in_axes_by_name"), py::arg("out_axes"),
       py::arg("axis_name"),
@@ -83,19 +96,22 @@ PYBIND11_MODULE(_core, m) {
   m.def(
       "jvp",
       [](const py::bytes& model, const Names& inputs, const Names& outputs) {
-        return py::bytes(onnax::jvp_serialized(std::string(model), onnax::Selection{inputs, outputs}));
+        const std::string data(model);
+        return without_gil([&] { return onnax::jvp_serialized(data, onnax::Selection{inputs, outputs}); });
       },
       py::arg("model"), py::arg("inputs"), py::arg("outputs"));
   m.def(
       "vjp",
       [](const py::bytes& model, const Names& inputs, const Names& outputs) {
-        return py::bytes(onnax::vjp_serialized(std::string(model), onnax::Selection{inputs, outputs}));
+        const std::string data(model);
+        return without_gil([&] { return onnax::vjp_serialized(data, onnax::Selection{inputs, outputs}); });
       },
       py::arg("model"), py::arg("inputs"), py::arg("outputs"));
   m.def(
       "grad",
       [](const py::bytes& model, const Names& inputs, const std::optional<std::string>& output) {
-        return py::bytes(onnax::grad_serialized(std::string(model), inputs, output));
+        const std::string data(model);
+        return without_gil([&] { return onnax::grad_serialized(data, inputs, output); });
       },
       py::arg("model"), py::arg("inputs"), py::arg("output"));
 
@@ -109,9 +125,12 @@ PYBIND11_MODULE(_core, m) {
   m.def(
       "convert_opset",
       [](const py::bytes& model, int64_t target) {
-        onnx::ModelProto converted = onnax::parse_model(std::string(model));
-        onnax::convert_opset_in_place(converted, target);
-        return py::bytes(converted.SerializeAsString());
+        const std::string data(model);
+        return without_gil([&] {
+          onnx::ModelProto converted = onnax::parse_model(data);
+          onnax::convert_opset_in_place(converted, target);
+          return converted.SerializeAsString();
+        });
       },
       py::arg("model"), py::arg("target"));
 
@@ -207,7 +226,8 @@ PYBIND11_MODULE(_core, m) {
           o.form = onnax::TrainStepOptions::Form::kApply;
         else
           throw py::value_error("form must be 'step', 'accumulate' or 'apply', got '" + form + "'");
-        return py::bytes(onnax::train_step(onnax::parse_model(std::string(model)), o).SerializeAsString());
+        const std::string data(model);
+        return without_gil([&] { return onnax::train_step(onnax::parse_model(data), o).SerializeAsString(); });
       },
       py::arg("model"), py::arg("include"), py::arg("exclude"), py::arg("min_size"), py::arg("loss"),
       py::arg("optimizer"), py::arg("learning_rate"), py::arg("momentum"), py::arg("nesterov"), py::arg("beta1"),
