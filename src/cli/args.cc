@@ -1,8 +1,12 @@
 #include "cli/args.h"
 
+#include <onnax/onnax.h>
+
 #include <cmath>
 #include <fstream>
 #include <sstream>
+
+#include "io/model_io.h"
 
 namespace onnax::cli {
 
@@ -55,6 +59,15 @@ std::vector<std::string> parse_list(const std::string& s, const std::string& opt
     }
   }
   return out;
+}
+
+void check_output_paths_usage(const std::string& in, const std::vector<std::string>& data_files,
+                              const std::string& out) {
+  try {
+    check_output_paths(in, data_files, out);
+  } catch (const Error& e) {
+    throw UsageError{e.what()};
+  }
 }
 
 }  // namespace onnax::cli

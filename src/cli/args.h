@@ -25,4 +25,9 @@ double parse_double(const std::string& s, const std::string& option);
 // (blank lines and lines starting with '#' skipped; entries there may hold commas).
 std::vector<std::string> parse_list(const std::string& s, const std::string& option);
 
+// io/model_io.h's check_output_paths, its refusals as UsageErrors: an output path that would
+// overwrite what the input reads is a choice of path, as -o naming the input is (exit 2).
+void check_output_paths_usage(const std::string& in, const std::vector<std::string>& data_files,
+                              const std::string& out);
+
 }  // namespace onnax::cli

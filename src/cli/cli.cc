@@ -153,7 +153,7 @@ int transform_file(const std::string& mode, const std::string& in, const std::st
   onnx::ModelProto& model = *google::protobuf::Arena::CreateMessage<onnx::ModelProto>(&arena);
   std::vector<std::string> data_files;
   load_model_into(in, model, &data_files);
-  check_output_paths(in, data_files, out);
+  check_output_paths_usage(in, data_files, out);
   transform_in_place(model);
   if (target_opset) convert_opset_in_place(model, *target_opset);
   save_model(model, out, external);

@@ -139,7 +139,7 @@ int cmd_loss(const std::vector<std::string>& args) {
   onnx::ModelProto model;
   std::vector<std::string> data_files;
   load_model_into(f.in, model, &data_files);
-  check_output_paths(f.in, data_files, f.out);
+  check_output_paths_usage(f.in, data_files, f.out);
   save_model(add_loss(model, opt), f.out, external);
   std::cerr << "onnax: wrote " << f.out << "\n";
   return 0;
@@ -209,8 +209,8 @@ int cmd_train_step(const std::vector<std::string>& args) {
   onnx::ModelProto model;
   std::vector<std::string> data_files;
   load_model_into(f.in, model, &data_files);
-  check_output_paths(f.in, data_files, f.out);
-  if (!init.empty()) check_output_paths(f.in, data_files, init);
+  check_output_paths_usage(f.in, data_files, f.out);
+  if (!init.empty()) check_output_paths_usage(f.in, data_files, init);
   selected_params(model, params);  // (promotes Constant weights and marks stop_gradient values)
   opt.params = params.spec;
   const onnx::ModelProto step = train_step(model, opt);

@@ -78,12 +78,14 @@ def test_output_over_the_inputs_external_data_is_refused(tmp_path: Path) -> None
     save_with_external_data(tmp_path, "a.onnx", "b.onnx.data")
     before = (tmp_path / "b.onnx.data").read_bytes()
     # -o b.onnx with --external-data would write b.onnx.data, the input's weights
+    # (An output path that collides with what the input reads is a usage error, exit 2, as -o
+    # naming the input is.)
     proc = onnax_cli("vmap", str(tmp_path / "a.onnx"), "-o", str(tmp_path / "b.onnx"), "--external-data")
-    assert proc.returncode == 1
+    assert proc.returncode == 2
     assert "would overwrite" in proc.stderr and "b.onnx.data" in proc.stderr
     # -o naming the data file itself
     proc = onnax_cli("vmap", str(tmp_path / "a.onnx"), "-o", str(tmp_path / "b.onnx.data"))
-    assert proc.returncode == 1 and "would overwrite" in proc.stderr
+    assert proc.returncode == 2 and "would overwrite" in proc.stderr
     assert (tmp_path / "b.onnx.data").read_bytes() == before
     sess = ort.InferenceSession(str(tmp_path / "a.onnx"), providers=["CPUExecutionProvider"])
     assert sess.run(None, {"x": np.ones((1, 64), np.float32)})[0].shape == (1, 64)  # the source still loads
@@ -117,5 +119,5 @@ def test_an_output_path_that_is_a_directory_is_refused(tmp_path: Path) -> None:
     save_with_external_data(tmp_path, "m.onnx", "m.onnx.data")
     (tmp_path / "sub").mkdir()
     proc = onnax_cli("vmap", str(tmp_path / "m.onnx"), "-o", str(tmp_path / "sub"))
-    assert proc.returncode == 1
+    assert proc.returncode == 2
     assert "is a directory" in proc.stderr and "model.onnx" in proc.stderr
