@@ -5,7 +5,22 @@
 namespace onnax::diag {
 
 void fail(Error::Kind kind, const std::string& message) {
-  throw Error(kind, message);
+  // Names come from the model: a control character in one (a NUL, an escape sequence) is shown
+  // escaped, so the message stays one readable line and a NUL cannot cut it short.
+  std::string shown;
+  shown.reserve(message.size());
+  for (const char c : message) {
+    const auto u = static_cast<unsigned char>(c);
+    if ((u < 0x20 && c != '\n' && c != '\t') || u == 0x7f) {
+      static constexpr char kHex[] = "0123456789abcdef";
+      shown += "\\x";
+      shown += kHex[u >> 4];
+      shown += kHex[u & 15];
+    } else {
+      shown += c;
+    }
+  }
+  throw Error(kind, shown);
 }
 
 std::string join(const std::vector<std::string>& items, std::string_view sep) {

@@ -269,3 +269,19 @@ def test_nested_functions_below_the_limit_are_inlined_and_exact() -> None:
     x = np.array([[-1.0, 0.5, 2.0], [3.0, -4.0, 0.0]], np.float32)
     sess = ort.InferenceSession(out.SerializeToString(), providers=["CPUExecutionProvider"])
     np.testing.assert_allclose(sess.run(None, {"x": x})[0], np.maximum(x, 0))
+
+
+def test_control_characters_in_model_names_are_escaped_in_messages() -> None:
+    # A NUL would cut the message short; a terminal escape would act on the user's terminal.
+    name = "x\x1b[2J\x00hidden"
+    m = model(
+        [helper.make_node("Relu", [name], ["y"])],
+        [helper.make_tensor_value_info(name, F, [3])],
+        [helper.make_tensor_value_info("y", F, [3])],
+    )
+    with pytest.raises(onnax.OnnaxError) as info:
+        onnax.vmap(m, in_axes=5)
+    message = str(info.value)
+    assert "x\\x1b[2J\\x00hidden" in message, message
+    assert "\x00" not in message and "\x1b" not in message
+    assert "Fix:" in message
