@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <unordered_map>
+#include <unordered_set>
 
 namespace onnax {
 namespace {
@@ -41,7 +42,7 @@ class InlineCount {
 
   uint64_t function(const std::string& k, const onnx::FunctionProto& f) {
     if (const auto done = size_.find(k); done != size_.end()) return done->second;
-    if (!visiting_.emplace(k, true).second) {
+    if (!visiting_.insert(k).second) {
       if (cycle.empty()) cycle = (f.domain().empty() ? "" : f.domain() + "::") + f.name();
       return kMaxInlinedNodes + 1;
     }
@@ -54,7 +55,7 @@ class InlineCount {
 
   std::unordered_map<std::string, const onnx::FunctionProto*> functions_;
   std::unordered_map<std::string, uint64_t> size_;
-  std::unordered_map<std::string, bool> visiting_;
+  std::unordered_set<std::string> visiting_;  // functions being counted (a repeat is a cycle)
 };
 
 }  // namespace
