@@ -9,8 +9,8 @@
 
 #include "check/model_check.h"
 #include "cli/cli.h"
-#include "rules/batching.h"
-#include "rules/derivative.h"
+#include "rules/op_table.h"
+#include "transforms/prepare.h"
 
 namespace py = pybind11;
 
@@ -49,7 +49,7 @@ py::bytes without_gil(Work&& work) {
 // in_axes arrives as exactly one of: an int/None for every input (`all`), a list (one per
 // input) or a dict by name.
 onnax::VmapOptions vmap_options(const py::object& all, const py::object& per_input, const py::object& by_name,
-                                const std::vector<int64_t>& out_axes, const std::string& axis_name) {
+                                const std::vector<onnax::Axis>& out_axes, const std::string& axis_name) {
   onnax::VmapOptions opt;
   if (!per_input.is_none()) {
     opt.in_axes_form = onnax::VmapOptions::InAxesForm::kPerInput;
@@ -82,7 +82,7 @@ PYBIND11_MODULE(_core, m) {
   m.def(
       "vmap",
       [](const py::bytes& model, const py::object& in_axis, const py::object& in_axes,
-         const py::object& in_axes_by_name, const std::vector<int64_t>& out_axes, const std::string& axis_name) {
+         const py::object& in_axes_by_name, const std::vector<onnax::Axis>& out_axes, const std::string& axis_name) {
         onnax::VmapOptions opt = vmap_options(in_axis, in_axes, in_axes_by_name, out_axes, axis_name);
         const std::string data(model);
         return without_gil([&] { return onnax::vmap_serialized(data, opt); });
@@ -112,6 +112,25 @@ PYBIND11_MODULE(_core, m) {
       [](const py::bytes& model, const Names& inputs, const std::optional<std::string>& output) {
         const std::string data(model);
         return without_gil([&] { return onnax::grad_serialized(data, inputs, output); });
+      },
+      py::arg("model"), py::arg("inputs"), py::arg("output"));
+  m.def(
+      "jacobian",
+      [](const py::bytes& model, const Names& inputs, const Names& outputs, bool forward) {
+        const std::string data(model);
+        return without_gil([&] {
+          const onnx::ModelProto source = onnax::parse_model(data);
+          const onnax::Selection selection{inputs, outputs};
+          return (forward ? onnax::jacfwd(source, selection) : onnax::jacrev(source, selection)).SerializeAsString();
+        });
+      },
+      py::arg("model"), py::arg("inputs"), py::arg("outputs"), py::arg("forward"));
+  m.def(
+      "hessian",
+      [](const py::bytes& model, const Names& inputs, const std::optional<std::string>& output) {
+        const std::string data(model);
+        return without_gil(
+            [&] { return onnax::hessian(onnax::parse_model(data), inputs, output).SerializeAsString(); });
       },
       py::arg("model"), py::arg("inputs"), py::arg("output"));
 
@@ -263,16 +282,31 @@ PYBIND11_MODULE(_core, m) {
 
   m.def("version", &onnax::version);
   m.def(
-      "registered_ops",
+      "op_table",
       []() {
-        py::dict d;
-        d["batch"] = onnax::BatchRules::instance().ops();
-        d["jvp"] = onnax::DerivativeRules::instance().jvp_ops();
-        d["transpose"] = onnax::DerivativeRules::instance().transpose_ops();
-        d["zero"] = onnax::DerivativeRules::instance().zero_ops();
-        return d;
+        py::list rows;
+        for (const onnax::OpRules* r : onnax::OpTable::instance().entries()) {
+          py::dict row;
+          std::vector<int> since;
+          for (const auto& [s, rule] : r->batch_rules) since.push_back(s);
+          row["domain"] = r->domain;
+          row["op"] = r->op;
+          row["batch_since"] = since;
+          row["batch_refused"] = r->batch_refused;
+          row["jvp"] = static_cast<bool>(r->jvp_rule);
+          row["jvp_from_body"] = r->jvp_from_body;
+          row["transpose"] = static_cast<bool>(r->transpose_rule);
+          row["zero"] = r->zero_derivative;
+          rows.append(row);
+        }
+        return rows;
       },
-      "The op types each rule registry covers (for closure tests).");
+      "One row per operator in the op table: its batching rules' since-versions and which "
+      "derivative rules it has (for docs/ops.md and the rule tests).");
+  m.def(
+      "opset_range", []() { return std::make_tuple(onnax::kMinConvertibleOpset, onnax::kMinOpset, onnax::kMaxOpset); },
+      "(oldest convertible, oldest transformed as is, newest) default-domain opsets: models below "
+      "the second are converted to it first.");
 
   // Benchmark probes: C++-only timings, free of Python boundary costs.
   m.def(

@@ -1,6 +1,6 @@
 #include "notice.h"
 
-#include <onnax/onnax.h>
+#include <onnax/diagnostics.h>
 
 #include <iostream>
 

@@ -4,34 +4,16 @@
 // same input always gives byte-identical output.
 #pragma once
 
+#include <onnax/diagnostics.h>
 #include <onnx/onnx_pb.h>
 
 #include <cstdint>
 #include <map>
 #include <optional>
-#include <stdexcept>
 #include <string>
 #include <vector>
 
 namespace onnax {
-
-// The one error type the library throws for user-reachable failures. Its message follows the
-// diagnostics contract: what failed, actual versus expected, and a concrete fix.
-class Error : public std::runtime_error {
- public:
-  enum class Kind {
-    kInvalidModel,  // malformed file, cycle, dangling input, failed inference
-    kSelection,     // bad in_axes/out_axes/inputs/outputs
-    kVersion,       // unsupported opset or IR version
-    kUnsupported,   // operator or construct without a rule
-    kIo,            // file system
-  };
-  Error(Kind kind, const std::string& message) : std::runtime_error(message), kind_(kind) {}
-  Kind kind() const { return kind_; }
-
- private:
-  Kind kind_;
-};
 
 // Where a batched input carries its batch axis; std::nullopt means "not batched (shared)".
 using Axis = std::optional<int64_t>;
@@ -48,14 +30,12 @@ struct VmapOptions {
   std::vector<Axis> in_axes;
   std::map<std::string, Axis> in_axes_by_name;
   // One entry per graph output, or a single entry for all; empty means 0.
-  std::vector<int64_t> out_axes;
+  // std::nullopt: the output is the same for every example and stays unbatched (vmap fails
+  // with a diagnostic if it depends on a batched input).
+  std::vector<Axis> out_axes;
   // dim_param of the new batch dimension; empty picks "batch" (made unique in the model).
   std::string axis_name;
 };
-
-// Receives notices (for example "upgraded opset 17 to 18"). Default: stderr.
-using NoticeSink = void (*)(const std::string& message);
-void set_notice_sink(NoticeSink sink);
 
 onnx::ModelProto vmap(const onnx::ModelProto& model, const VmapOptions& options);
 // The same for a model the caller gives away (see grad below).
@@ -89,6 +69,19 @@ onnx::ModelProto grad(const onnx::ModelProto& model, const std::optional<std::ve
 // models. The Python package and the onnax command use these on the models they parse.
 onnx::ModelProto grad(onnx::ModelProto&& model, const std::optional<std::vector<std::string>>& inputs,
                       const std::optional<std::string>& output);
+
+// Jacobians in JAX's layout, after all primal outputs: for each selected output y and input x
+// (outputs outer, inputs inner, as JAX nests them) an output "<y>_jacobian_<x>" of shape
+// y.shape + x.shape. Defaults select as jvp (jacfwd) and vjp (jacrev) do. jacfwd is vmap(jvp)
+// over a basis of input tangents (cost grows with the inputs' size), jacrev vmap(vjp) over a
+// basis of output cotangents (grows with the outputs' size); both are one graph.
+onnx::ModelProto jacfwd(const onnx::ModelProto& model, const Selection& selection);
+onnx::ModelProto jacrev(const onnx::ModelProto& model, const Selection& selection);
+// The Hessian of one output y (default: the only float output) with respect to the inputs,
+// jacfwd(jacrev(f)): after the primal outputs and the Jacobians "<y>_jacobian_<a>", one output
+// "<y>_hessian_<a>_<b>" of shape y.shape + a.shape + b.shape for every pair of inputs.
+onnx::ModelProto hessian(const onnx::ModelProto& model, const std::optional<std::vector<std::string>>& inputs,
+                         const std::optional<std::string>& output);
 
 // The model with `values` (names of values of its main graph: node outputs or graph inputs)
 // marked so that jvp, vjp and grad treat them as constants: their derivative is cut, as JAX's

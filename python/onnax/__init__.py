@@ -7,19 +7,56 @@ cross into it as serialized bytes, their large float weights held back (onnax._m
 
 from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from onnax._core import OnnaxError
 from onnax._core import version as _core_version
-from onnax.training import (
-    add_loss,
-    apply_params,
-    constants_to_initializers,
-    feedback,
-    initial_state,
-    parameters,
-    select_params,
-    train_step,
-)
-from onnax.transforms import convert_opset, grad, jvp, stop_gradient, vjp, vmap
+
+if TYPE_CHECKING:
+    from onnax.training import (
+        add_loss,
+        apply_params,
+        constants_to_initializers,
+        feedback,
+        initial_state,
+        parameters,
+        select_params,
+        train_step,
+    )
+    from onnax.transforms import (
+        convert_opset,
+        grad,
+        hessian,
+        jacfwd,
+        jacrev,
+        jvp,
+        stop_gradient,
+        vjp,
+        vmap,
+    )
+
+# The public functions, imported on first use: they need onnx and NumPy, which take a second
+# to import, and the `onnax` command (`onnax version`, the C++ commands) needs neither.
+_LAZY = {
+    **dict.fromkeys(
+        (
+            "add_loss",
+            "apply_params",
+            "constants_to_initializers",
+            "feedback",
+            "initial_state",
+            "parameters",
+            "select_params",
+            "train_step",
+        ),
+        "onnax.training",
+    ),
+    **dict.fromkeys(
+        ("convert_opset", "grad", "hessian", "jacfwd", "jacrev", "jvp", "stop_gradient", "vjp", "vmap"),
+        "onnax.transforms",
+    ),
+}
 
 __all__ = [
     "OnnaxError",
@@ -30,7 +67,10 @@ __all__ = [
     "convert_opset",
     "feedback",
     "grad",
+    "hessian",
     "initial_state",
+    "jacfwd",
+    "jacrev",
     "jvp",
     "parameters",
     "select_params",
@@ -41,3 +81,20 @@ __all__ = [
 ]
 
 __version__: str = _core_version()
+
+
+if not TYPE_CHECKING:  # (type checkers see the imports above)
+
+    def __getattr__(name: str) -> Any:
+        if name in ("training", "transforms", "testing"):  # submodules, as before they were lazy
+            return importlib.import_module(f"onnax.{name}")
+        module = _LAZY.get(name)
+        if module is None:
+            raise AttributeError(f"module 'onnax' has no attribute '{name}'")
+        value = getattr(importlib.import_module(module), name)
+        globals()[name] = value  # (later lookups skip this function)
+        return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 import numpy as np
@@ -99,6 +99,59 @@ def transform(model: ModelT, call: Callable[[bytes], bytes]) -> ModelT:
             t.name = name
         return _like(result, model)  # type: ignore[no-any-return]
     return _put_back_ir(_like(result, model), model, held)  # type: ignore[no-any-return]
+
+
+def store_inputs(model: ModelT, values: Mapping[str, Any]) -> ModelT:
+    """``model`` with the graph inputs named in ``values`` turned into initializers holding those
+    arrays (dtype and static dims must match the inputs' declarations)."""
+    arrays = {str(k): np.asarray(v) for k, v in values.items()}
+    if isinstance(model, onnx.ModelProto):
+        declared = {vi.name: _declared(vi) for vi in model.graph.input}
+    else:
+        ir_model = _ir_model(model)
+        declared = {
+            v.name: (v.dtype.numpy(), [d if isinstance(d, int) else None for d in v.shape])
+            for v in ir_model.graph.inputs
+        }
+    for name, array in arrays.items():
+        if name not in declared:
+            raise ValueError(
+                f"stored names {name!r}, which is not a graph input of the result "
+                f"(inputs: {sorted(declared)}). Fix: name a batched input or initializer of the source"
+            )
+        dtype, dims = declared[name]
+        if (
+            array.dtype != dtype
+            or array.ndim != len(dims)
+            or any(d is not None and d != n for d, n in zip(dims, array.shape, strict=True))
+        ):
+            shown = ["?" if d is None else d for d in dims]
+            raise ValueError(
+                f"stored[{name!r}] is {array.dtype}{list(array.shape)} but the input is declared "
+                f"{dtype}{shown}. Fix: stack one weight set per example along the batch axis, "
+                "in the stored dtype"
+            )
+    if isinstance(model, onnx.ModelProto):
+        result = onnx.ModelProto()
+        result.CopyFrom(model)
+        kept = [vi for vi in result.graph.input if vi.name not in arrays]
+        del result.graph.input[:]
+        result.graph.input.extend(kept)
+        result.graph.initializer.extend(onnx.numpy_helper.from_array(a, n) for n, a in arrays.items())
+        return result  # type: ignore[return-value]
+    import onnx_ir as ir
+
+    for value in [v for v in ir_model.graph.inputs if v.name in arrays]:
+        ir_model.graph.inputs.remove(value)
+        value.const_value = ir.tensor(arrays[value.name], name=value.name)
+        ir_model.graph.register_initializer(value)
+    return model
+
+
+def _declared(vi: onnx.ValueInfoProto) -> tuple[np.dtype, list[int | None]]:
+    tt = vi.type.tensor_type
+    dims = [d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim]
+    return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type)), dims
 
 
 def _as_proto(model: Any) -> onnx.ModelProto:

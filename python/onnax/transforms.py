@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
 from onnax import _core
-from onnax._models import transform
+from onnax._models import store_inputs, transform
 
 ModelT = TypeVar("ModelT")
 AxisSpec = int | None
@@ -15,8 +15,9 @@ AxisSpec = int | None
 def vmap(
     model: ModelT,
     in_axes: AxisSpec | Sequence[AxisSpec] | Mapping[str, AxisSpec] = 0,
-    out_axes: int | Sequence[int] = 0,
+    out_axes: AxisSpec | Sequence[AxisSpec] = 0,
     axis_name: str | None = None,
+    stored: Mapping[str, Any] | None = None,
 ) -> ModelT:
     """Map ``model`` over a new batch axis.
 
@@ -25,11 +26,16 @@ def vmap(
         in_axes: where each runtime graph input carries the batch axis. An int applies to all
             inputs; a sequence gives one entry per graph input in order; a mapping selects by
             input name (unnamed inputs are shared). ``None`` keeps an input shared by all
-            examples. Initializers are always shared.
+            examples. Initializers are shared unless the mapping gives one an axis: then it
+            becomes a batched graph input (an ensemble: one weight set per example).
         out_axes: where each output carries the batch axis: an int for all outputs or one
-            per output.
+            per output. ``None`` keeps an output that is the same for every example unbatched
+            (an error if it depends on a batched input).
         axis_name: ``dim_param`` of the new batch dimension (default ``"batch"``, made unique
             in the model).
+        stored: values (NumPy arrays, the batch axis where ``in_axes`` puts it) for batched
+            inputs to keep stored in the result as initializers instead of feeding them: an
+            ensemble's stacked weight sets.
 
     Returns:
         A new model computing ``f`` for every example; primal names are unchanged.
@@ -58,18 +64,21 @@ def vmap(
             "in_axes must be an int, None, a sequence of them (one per runtime input) or a mapping "
             f"from input names to them, got {in_axes!r}"
         )
-    if not isinstance(out_axes, int) and not (
-        isinstance(out_axes, Sequence) and not isinstance(out_axes, str)
+    if (
+        out_axes is not None
+        and not isinstance(out_axes, int)
+        and not (isinstance(out_axes, Sequence) and not isinstance(out_axes, str))
     ):
-        raise TypeError(f"out_axes must be an int or a sequence of ints (one per output), got {out_axes!r}")
-    outs = [out_axes] if isinstance(out_axes, int) else list(out_axes)
+        raise TypeError(
+            f"out_axes must be an int, None or a sequence of them (one per output), got {out_axes!r}"
+        )
+    outs: list[AxisSpec] = [out_axes] if out_axes is None or isinstance(out_axes, int) else list(out_axes)
     for i, axis in enumerate(outs):
-        if not isinstance(axis, int) or isinstance(axis, bool):
-            raise TypeError(f"out_axes[{i}] must be an int, got {axis!r}")
-        _check_int64(axis, f"out_axes[{i}]")
+        _check_axis(axis, f"out_axes[{i}]")
     name = axis_name or ""
     _check_name(name, "axis_name")
-    return transform(model, lambda data: _core.vmap(data, all_inputs, positional, by_name, outs, name))
+    result = transform(model, lambda data: _core.vmap(data, all_inputs, positional, by_name, outs, name))
+    return store_inputs(result, stored) if stored else result
 
 
 def _check_axis(axis: Any, what: str) -> None:
@@ -82,6 +91,13 @@ def _check_axis(axis: Any, what: str) -> None:
 def _check_int64(value: int, what: str) -> None:
     if not -(2**63) <= value < 2**63:
         raise ValueError(f"{what} is {value}, beyond the 64-bit integers any axis or opset lies in")
+
+
+def _check_output(output: str | None) -> None:
+    if output is not None and not isinstance(output, str):
+        raise TypeError(f"output must be a graph name (str), got {output!r}")
+    if output is not None:
+        _check_name(output, "output")
 
 
 def _check_name(name: str, what: str) -> None:
@@ -136,12 +152,45 @@ def grad(model: ModelT, inputs: Names = None, output: str | None = None) -> Mode
     Returns all primal outputs, then ``<input>_grad`` for every selected input. ``output``
     defaults to the model's only rank-0 float output.
     """
-    if output is not None and not isinstance(output, str):
-        raise TypeError(f"output must be a graph name (str), got {output!r}")
-    if output is not None:
-        _check_name(output, "output")
+    _check_output(output)
     selected = _names(inputs, "inputs")
     return transform(model, lambda data: _core.grad(data, selected, output))
+
+
+def jacfwd(model: ModelT, inputs: Names = None, outputs: Names = None) -> ModelT:
+    """Jacobians of ``model`` in forward mode, as ``jax.jacfwd`` lays them out.
+
+    Returns all primal outputs, then for each selected output ``y`` and input ``x`` (outputs
+    outer, inputs inner) an output ``<y>_jacobian_<x>`` of shape ``y.shape + x.shape``. One
+    graph: ``jvp`` vmapped over a basis of input tangents, so its cost grows with the selected
+    inputs' size (prefer ``jacrev`` for few outputs and many inputs). Selections default as
+    ``jvp``'s do.
+    """
+    selected = _names(inputs, "inputs"), _names(outputs, "outputs")
+    return transform(model, lambda data: _core.jacobian(data, *selected, True))
+
+
+def jacrev(model: ModelT, inputs: Names = None, outputs: Names = None) -> ModelT:
+    """Jacobians of ``model`` in reverse mode, as ``jax.jacrev`` lays them out.
+
+    The same outputs and numbers as ``jacfwd``: ``vjp`` vmapped over a basis of output
+    cotangents, so its cost grows with the selected outputs' size. Selections default as
+    ``vjp``'s do.
+    """
+    selected = _names(inputs, "inputs"), _names(outputs, "outputs")
+    return transform(model, lambda data: _core.jacobian(data, *selected, False))
+
+
+def hessian(model: ModelT, inputs: Names = None, output: str | None = None) -> ModelT:
+    """Hessian of one output, ``jacfwd(jacrev(f))`` as ``jax.hessian`` defines it.
+
+    Returns all primal outputs, the Jacobians ``<y>_jacobian_<a>``, then for every pair of
+    selected inputs an output ``<y>_hessian_<a>_<b>`` of shape ``y.shape + a.shape + b.shape``.
+    ``output`` defaults to the model's only float output.
+    """
+    _check_output(output)
+    selected = _names(inputs, "inputs")
+    return transform(model, lambda data: _core.hessian(data, selected, output))
 
 
 def stop_gradient(model: ModelT, values: Sequence[str]) -> ModelT:

@@ -28,8 +28,10 @@ commands:
       Map the model over a new batch axis.
       --in-axes    one entry per runtime graph input, comma-separated: an int (negative
                    allowed) or 'none' (shared input); a single entry applies to all inputs;
-                   or by name: 'x=0,w=none' (unnamed inputs are shared). Default: 0.
-      --out-axes   an int for all outputs or one per output, comma-separated. Default: 0.
+                   or by name: 'x=0,w=none' (unnamed inputs are shared; an initializer
+                   given an axis becomes a batched input: an ensemble). Default: 0.
+      --out-axes   an int for all outputs or one per output, comma-separated; none: an output the
+                   same for every example stays unbatched. Default: 0.
       --axis-name  dim_param of the new batch dimension. Default: 'batch' (made unique).
   grad IN.onnx -o OUT.onnx [--inputs weight,bias] [--params SPEC] [--output loss]
       Gradient of a rank-0 output (default: the only one) with respect to the named inputs
@@ -38,6 +40,13 @@ commands:
       Forward mode: appends <input>_tangent inputs and <output>_tangent outputs.
   vjp IN.onnx -o OUT.onnx [--inputs w] [--params SPEC] [--outputs loss]
       Reverse mode: appends <output>_cotangent inputs and <input>_cotangent outputs.
+  jacobian IN.onnx -o OUT.onnx [--inputs x] [--params SPEC] [--outputs y] [--mode rev|fwd]
+      Appends one output <y>_jacobian_<x> of shape y.shape + x.shape per selected output and
+      input (JAX's layout). --mode rev (default, jax.jacrev: cost grows with the outputs'
+      size) or fwd (jax.jacfwd: grows with the inputs' size); the same numbers.
+  hessian IN.onnx -o OUT.onnx [--inputs x] [--params SPEC] [--output loss]
+      Hessian of one output (default: the only float one): appends its Jacobians
+      <y>_jacobian_<a>, then <y>_hessian_<a>_<b> of shape y.shape + a.shape + b.shape.
   loss IN.onnx -o OUT.onnx --kind KIND [--output NAME] [--reduction mean|sum] ...
       Appends a label input and a rank-0 loss as the first output. KIND: mse, l1, huber,
       softmax_cross_entropy / binary_cross_entropy_with_logits (the output holds logits),
@@ -116,7 +125,7 @@ std::string command_help(const std::string& cmd) {
          !(usage[end + 1] == ' ' && usage[end + 2] == ' ' && usage[end + 3] != ' '))
     ++end;
   std::string help = "usage: onnax" + usage.substr(start + 2, end - start - 1);
-  if (cmd == "grad" || cmd == "jvp" || cmd == "vjp" || cmd == "train-step") {
+  if (cmd == "grad" || cmd == "jvp" || cmd == "vjp" || cmd == "jacobian" || cmd == "hessian" || cmd == "train-step") {
     const size_t from = usage.find("\nparameter options");
     help += usage.substr(from, usage.find("\ncommon options") - from);
   }
@@ -205,7 +214,7 @@ int cmd_vmap(const std::vector<std::string>& args) {
       std::string v = value();
       if (v.empty()) throw UsageError{"--out-axes needs a value such as 0 or '0,1'"};
       opt.out_axes.clear();  // a repeated --out-axes replaces the earlier one
-      for (const auto& item : split(v, ',')) opt.out_axes.push_back(parse_int(item, "--out-axes"));
+      for (const auto& item : split(v, ',')) opt.out_axes.push_back(parse_axis(item, "--out-axes"));
     } else if (a == "--axis-name")
       opt.axis_name = value();
     else if (a == "--external-data")
@@ -222,13 +231,15 @@ int cmd_vmap(const std::vector<std::string>& args) {
   return transform_file("vmap", in, out, external, target_opset, [&](onnx::ModelProto& m) { vmap_in_place(m, opt); });
 }
 
-// jvp / vjp / grad: selections by graph name.
+// jvp / vjp / grad / jacobian / hessian: selections by graph name.
 int cmd_derivative(const std::string& mode, const std::vector<std::string>& args) {
   std::string in, out;
   bool external = false;
   std::optional<int64_t> target_opset;
   std::optional<std::vector<std::string>> inputs, outputs;
   ParamArgs params;
+  bool forward = false;  // jacobian: jacfwd instead of jacrev
+  const bool one_output = mode == "grad" || mode == "hessian";
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
     auto value = [&]() -> std::string {
@@ -244,11 +255,15 @@ int cmd_derivative(const std::string& mode, const std::vector<std::string>& args
       out = value();
     else if (a == "--inputs")
       inputs = names();
-    else if (a == "--outputs" && mode != "grad")
+    else if (a == "--outputs" && !one_output)
       outputs = names();
-    else if (a == "--output" && mode == "grad")
+    else if (a == "--output" && one_output)
       outputs = std::vector<std::string>{value()};
-    else if (a == "--external-data")
+    else if (a == "--mode" && mode == "jacobian") {
+      const std::string v = value();
+      if (v != "rev" && v != "fwd") throw UsageError{"--mode is '" + v + "'; expected rev or fwd"};
+      forward = v == "fwd";
+    } else if (a == "--external-data")
       external = true;
     else if (a == "--target-opset")
       target_opset = parse_target_opset(value());
@@ -269,7 +284,16 @@ int cmd_derivative(const std::string& mode, const std::vector<std::string>& args
     }
     if (mode == "jvp") return jvp_in_place(m, Selection{inputs, outputs});
     if (mode == "vjp") return vjp_in_place(m, Selection{inputs, outputs});
-    grad_in_place(m, inputs, outputs ? std::optional<std::string>((*outputs)[0]) : std::nullopt);
+    const std::optional<std::string> output = outputs ? std::optional<std::string>((*outputs)[0]) : std::nullopt;
+    if (mode == "jacobian") {
+      m = forward ? jacfwd(m, Selection{inputs, outputs}) : jacrev(m, Selection{inputs, outputs});
+      return;
+    }
+    if (mode == "hessian") {
+      m = hessian(m, inputs, output);
+      return;
+    }
+    grad_in_place(m, inputs, output);
   });
 }
 
@@ -289,7 +313,8 @@ int run(const std::vector<std::string>& args) {
         return 0;
       }
     if (cmd == "vmap") return cmd_vmap(rest);
-    if (cmd == "jvp" || cmd == "vjp" || cmd == "grad") return cmd_derivative(cmd, rest);
+    if (cmd == "jvp" || cmd == "vjp" || cmd == "grad" || cmd == "jacobian" || cmd == "hessian")
+      return cmd_derivative(cmd, rest);
     if (cmd == "check") return cmd_check(rest);
     if (cmd == "loss") return cmd_loss(rest);
     if (cmd == "train-step") return cmd_train_step(rest);

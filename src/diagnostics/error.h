@@ -1,7 +1,7 @@
 // Helpers that build diagnostics in the contract's shape (DESIGN.md section 6).
 #pragma once
 
-#include <onnax/onnax.h>
+#include <onnax/diagnostics.h>
 
 #include <string>
 #include <string_view>

@@ -16,10 +16,10 @@
 #include <unordered_map>
 #include <vector>
 
-#include "emit/names.h"
-#include "emit/proto_ptr.h"
-#include "emit/small_vec.h"
 #include "facts/facts.h"
+#include "ir/names.h"
+#include "ir/proto_ptr.h"
+#include "ir/small_vec.h"
 
 namespace onnax {
 

@@ -10,7 +10,7 @@
 #include <string_view>
 #include <vector>
 
-#include "emit/names.h"
+#include "ir/names.h"
 
 namespace onnax {
 

@@ -12,8 +12,8 @@
 #include <unordered_map>
 #include <vector>
 
-#include "emit/names.h"
 #include "facts/dims.h"
+#include "ir/names.h"
 
 namespace onnax {
 

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "emit/names.h"
+#include "ir/names.h"
 
 namespace onnax {
 

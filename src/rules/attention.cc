@@ -12,6 +12,7 @@
 // Any other mask is made batched, padded to rank 4 after the batch axis, given its full N dim
 // (Expand) and merged like the rest, so merged row b*N+n reads example b's mask row n.
 #include "rules/batching.h"
+#include "rules/op_table.h"
 
 namespace onnax {
 namespace {
@@ -123,8 +124,8 @@ BatchResult attention_rule(BatchCtx& c) {
 
 }  // namespace
 
-void register_attention_rules(BatchRules& r) {
-  r.add("", "Attention", 23, attention_rule);
+void register_attention(OpTable& table) {
+  table.op("Attention").batch(attention_rule, 23);
 }
 
 }  // namespace onnax

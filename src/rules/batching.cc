@@ -1,6 +1,7 @@
 #include "rules/batching.h"
 
 #include "diagnostics/error.h"
+#include "rules/op_table.h"
 #include "transforms/prepare.h"
 
 namespace onnax {
@@ -247,11 +248,11 @@ void refuse_random(BatchCtx& c) {
                 "and feed them as a batched input");
 }
 
-void register_refusals(BatchRules& r) {
+void register_refusals(OpTable& table) {
   for (const char* op : {"NonZero", "Unique", "NonMaxSuppression", "StringSplit"})
-    r.add("", op, 1, [](BatchCtx& c) -> BatchResult { refuse_ragged(c); });
+    table.op(op).refuse_batch([](BatchCtx& c) -> BatchResult { refuse_ragged(c); });
   for (const char* op : {"RandomNormalLike", "RandomUniformLike", "Bernoulli", "Multinomial"})
-    r.add("", op, 1, [](BatchCtx& c) -> BatchResult { refuse_random(c); });
+    table.op(op).refuse_batch([](BatchCtx& c) -> BatchResult { refuse_random(c); });
 }
 
 BatchResult all_batched(Vs outs) {
@@ -268,47 +269,6 @@ std::vector<int64_t> shift_axes(const std::vector<int64_t>& axes) {
   out.reserve(axes.size());
   for (int64_t a : axes) out.push_back(shift_axis(a));
   return out;
-}
-
-void BatchRules::add(const std::string& domain, const std::string& op, int since, BatchRule rule) {
-  auto& list = rules_[domain + "::" + op];
-  list.emplace_back(since, std::move(rule));
-  std::sort(list.begin(), list.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
-}
-
-const BatchRule* BatchRules::find(const std::string& domain, const std::string& op, int since_version) const {
-  std::string d = domain == "ai.onnx" ? "" : domain;
-  auto it = rules_.find(d + "::" + op);
-  if (it == rules_.end()) return nullptr;
-  const BatchRule* best = nullptr;
-  for (const auto& [since, rule] : it->second)
-    if (since <= since_version) best = &rule;
-  return best;
-}
-
-std::vector<std::string> BatchRules::ops() const {
-  std::vector<std::string> out;
-  for (const auto& [k, v] : rules_) out.push_back(k);
-  return out;
-}
-
-const BatchRules& BatchRules::instance() {
-  static const BatchRules rules = [] {
-    BatchRules r;
-    register_elementwise_rules(r);
-    register_reduce_rules(r);
-    register_matmul_rules(r);
-    register_shape_rules(r);
-    register_slice_rules(r);
-    register_index_rules(r);
-    register_nn_rules(r);
-    register_attention_rules(r);
-    register_recurrent_rules(r);
-    register_refusals(r);
-    register_control_flow_rules(r);
-    return r;
-  }();
-  return rules;
 }
 
 }  // namespace onnax

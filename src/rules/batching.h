@@ -14,8 +14,8 @@
 #include <vector>
 
 #include "emit/builder.h"
-#include "emit/small_vec.h"
 #include "facts/facts.h"
+#include "ir/small_vec.h"
 
 namespace onnax {
 
@@ -92,32 +92,11 @@ BatchResult scan_fallback(BatchCtx& c);
 // All outputs batched.
 BatchResult all_batched(Vs outs);
 
-// The registry of batching rules, keyed by (domain, op_type, since_version).
-class BatchRules {
- public:
-  static const BatchRules& instance();
-  void add(const std::string& domain, const std::string& op, int since, BatchRule rule);
-  // The rule for an op whose schema resolves to `since_version`, or nullptr.
-  const BatchRule* find(const std::string& domain, const std::string& op, int since_version) const;
-  std::vector<std::string> ops() const;
-
- private:
-  std::map<std::string, std::vector<std::pair<int, BatchRule>>> rules_;
-};
-
-// Registration, one function per op family (rules/*.cc).
-void register_elementwise_rules(BatchRules& r);
-void register_reduce_rules(BatchRules& r);
-void register_matmul_rules(BatchRules& r);
-void register_shape_rules(BatchRules& r);
-void register_slice_rules(BatchRules& r);  // Slice and Range, also with per-example bounds
-void register_index_rules(BatchRules& r);
-void register_nn_rules(BatchRules& r);
-void register_attention_rules(BatchRules& r);
-void register_recurrent_rules(BatchRules& r);  // RNN, GRU, LSTM, ReverseSequence
-void register_refusals(BatchRules& r);
-// Loop and If with a shared trip count and condition: their bodies batched by vmap itself.
-void register_control_flow_rules(BatchRules& r);
+// Loop, Scan and If (control_flow_batching.cc): with a shared trip count and condition,
+// their bodies batched by vmap itself; per-example ones by the fallback.
+BatchResult loop_batch(BatchCtx& c);
+BatchResult scan_batch(BatchCtx& c);
+BatchResult if_batch(BatchCtx& c);
 
 // The Loop body's outputs that depend on batched values, given which loop-carried states are
 // batched on entry (`state_batched`, one per state; widened to those the body makes depend on a

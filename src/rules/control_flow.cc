@@ -21,6 +21,7 @@
 #include "diagnostics/error.h"
 #include "rules/control_flow_parts.h"
 #include "rules/derivative.h"
+#include "rules/op_table.h"
 #include "transforms/prepare.h"
 #include "transforms/subgraph.h"
 
@@ -770,12 +771,12 @@ Vs if_transpose(TransposeCtx& c) {
 
 }  // namespace
 
-void register_control_flow_derivatives(DerivativeRules& r) {
-  r.jvp("If", if_jvp);
-  r.transpose("If", if_transpose);
-  r.jvp("Loop", loop_jvp);
-  r.transpose("Loop", loop_transpose);
-  r.jvp("Scan", scan_jvp);
+void register_control_flow(OpTable& table) {
+  // Batching from opset 16, where bodies may be typed by their outer scope; the bodies are
+  // batched, differentiated and transposed by the transforms themselves (subgraph.h).
+  table.op("Loop").batch(loop_batch, 16).jvp(loop_jvp).transpose(loop_transpose);
+  table.op("Scan").batch(scan_batch, 16).jvp(scan_jvp);
+  table.op("If").batch(if_batch, 16).jvp(if_jvp).transpose(if_transpose);
 }
 
 }  // namespace onnax

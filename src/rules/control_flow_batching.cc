@@ -10,6 +10,7 @@
 
 #include "diagnostics/error.h"
 #include "rules/batching.h"
+#include "rules/op_table.h"
 #include "transforms/prepare.h"
 #include "transforms/subgraph.h"
 
@@ -85,6 +86,8 @@ std::optional<onnx::GraphProto> batch_in_place(BatchCtx& c, const onnx::GraphPro
   return g;
 }
 
+}  // namespace
+
 BatchResult loop_batch(BatchCtx& c) {
   const onnx::GraphProto* body = graph_attribute(c.node, "body");
   const int n = c.num_inputs() - 2;
@@ -152,6 +155,8 @@ BatchResult loop_batch(BatchCtx& c) {
   return r;
 }
 
+namespace {
+
 std::vector<int64_t> ints_of(const BatchCtx& c, const char* name, size_t count) {
   std::vector<int64_t> v = c.attr_ints(name);
   v.resize(count, 0);
@@ -161,6 +166,8 @@ std::vector<int64_t> ints_of(const BatchCtx& c, const char* name, size_t count) 
 // Scan: state and scan inputs batched at 0 (scan inputs scanned along their per-example axis,
 // one further in), the body batched by vmap; batched scan outputs are stacked one axis further
 // in, behind the batch.
+}  // namespace
+
 BatchResult scan_batch(BatchCtx& c) {
   const onnx::GraphProto* body = graph_attribute(c.node, "body");
   const int m = static_cast<int>(c.attr_i("num_scan_inputs", 0));
@@ -293,8 +300,6 @@ BatchResult if_batch(BatchCtx& c) {
   return all_batched(c.b.op("If", {c.in[0]}, attrs, c.node.output_size()));
 }
 
-}  // namespace
-
 std::vector<char> loop_batched_state(const onnx::GraphProto& body, std::vector<char>& state_batched,
                                      const std::unordered_set<std::string>& batched_reads) {
   // Batched state: batched at entry, or made to depend on a batched value by the body (a
@@ -314,12 +319,6 @@ std::vector<char> loop_batched_state(const onnx::GraphProto& body, std::vector<c
       }
   }
   return dep;
-}
-
-void register_control_flow_rules(BatchRules& r) {
-  r.add("", "Loop", 16, loop_batch);
-  r.add("", "If", 16, if_batch);
-  r.add("", "Scan", 16, scan_batch);
 }
 
 }  // namespace onnax

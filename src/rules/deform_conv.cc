@@ -11,6 +11,7 @@
 
 #include "rules/derivative.h"
 #include "rules/expansion_writer.h"
+#include "rules/op_table.h"
 
 namespace onnax {
 namespace {
@@ -128,8 +129,8 @@ Vs deform_conv_jvp(JvpCtx& c) {
 
 }  // namespace
 
-void register_deform_conv_derivatives(DerivativeRules& r) {
-  r.jvp("DeformConv", deform_conv_jvp);
+void register_deform_conv(OpTable& table) {
+  table.op("DeformConv").jvp(deform_conv_jvp);
 }
 
 }  // namespace onnax

@@ -366,60 +366,8 @@ Vs selection_transpose(TransposeCtx& c, int i, bool each_once) {
   return out;
 }
 
-const JvpRule* DerivativeRules::find_jvp(std::string_view op) const {
-  auto it = jvp_.find(op);
-  return it == jvp_.end() ? nullptr : &it->second;
-}
-const TransposeRule* DerivativeRules::find_transpose(std::string_view op) const {
-  auto it = transpose_.find(op);
-  return it == transpose_.end() ? nullptr : &it->second;
-}
-
-namespace {
-template <typename Table>
-std::vector<std::string> sorted_names(const Table& table) {
-  std::vector<std::string> out;
-  for (const auto& [name, rule] : table) out.push_back(name);
-  std::sort(out.begin(), out.end());
-  return out;
-}
-}  // namespace
-
-std::vector<std::string> DerivativeRules::jvp_ops() const {
-  return sorted_names(jvp_);
-}
-std::vector<std::string> DerivativeRules::transpose_ops() const {
-  return sorted_names(transpose_);
-}
-std::vector<std::string> DerivativeRules::zero_ops() const {
-  return sorted_names(zero_);
-}
-
 bool differentiable_dtype(int32_t dt) {
   return dt == onnx::TensorProto::FLOAT || dt == onnx::TensorProto::DOUBLE;
-}
-
-const DerivativeRules& DerivativeRules::instance() {
-  static const DerivativeRules rules = [] {
-    DerivativeRules r;
-    register_elementwise_derivatives(r);
-    register_reduce_derivatives(r);
-    register_matmul_derivatives(r);
-    register_shape_derivatives(r);
-    register_index_derivatives(r);
-    register_nn_derivatives(r);
-    register_pool_derivatives(r);
-    register_expanded_derivatives(r);
-    register_linear_op_derivatives(r);
-    register_control_flow_derivatives(r);
-    register_recurrent_derivatives(r);
-    register_grid_sample_derivatives(r);
-    register_resize_derivatives(r);
-    register_deform_conv_derivatives(r);
-    register_roi_align_derivatives(r);
-    return r;
-  }();
-  return rules;
 }
 
 }  // namespace onnax

@@ -131,59 +131,6 @@ V tangent_shape(TransposeCtx& c, V t);
 // older opsets have, and no accumulation).
 Vs selection_transpose(TransposeCtx& c, int i = 0, bool each_once = false);
 
-class DerivativeRules {
- public:
-  static const DerivativeRules& instance();
-  void jvp(const std::string& op, JvpRule rule) { jvp_[op] = std::move(rule); }
-  // A rule for an op of another domain (e.g. ai.onnx.preview); listed as "domain::op".
-  void jvp(const std::string& domain, const std::string& op, JvpRule rule) { jvp_[key(domain, op)] = std::move(rule); }
-  void transpose(const std::string& op, TransposeRule rule) { transpose_[op] = std::move(rule); }
-  // Ops whose outputs carry no derivative (integer/bool results, piecewise constant).
-  void zero(const std::string& op) { zero_[op] = true; }
-  const JvpRule* find_jvp(std::string_view op) const;
-  // The rule for a node, by its domain and op type; nullptr: none.
-  const JvpRule* find_jvp(const onnx::NodeProto& node) const {
-    return default_domain(node.domain()) ? find_jvp(node.op_type()) : find_jvp(key(node.domain(), node.op_type()));
-  }
-  bool is_zero(const onnx::NodeProto& node) const {
-    return default_domain(node.domain()) ? is_zero(node.op_type()) : is_zero(key(node.domain(), node.op_type()));
-  }
-  const TransposeRule* find_transpose(std::string_view op) const;
-  bool is_zero(std::string_view op) const { return zero_.find(op) != zero_.end(); }
-  // (Sorted by name.)
-  std::vector<std::string> jvp_ops() const;
-  std::vector<std::string> transpose_ops() const;
-  std::vector<std::string> zero_ops() const;
-
- private:
-  static bool default_domain(const std::string& domain) { return domain.empty() || domain == "ai.onnx"; }
-  // Registry key: the op type in the default domain ("" or "ai.onnx"), else "domain::op".
-  static std::string key(const std::string& domain, const std::string& op) {
-    return default_domain(domain) ? op : domain + "::" + op;
-  }
-  // Hashed, and looked up by string_view: every differentiated node and every tape node asks,
-  // so a lookup must neither allocate nor walk a tree of string comparisons.
-  struct NameHash {
-    using is_transparent = void;
-    size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
-  };
-  template <typename T>
-  using Table = std::unordered_map<std::string, T, NameHash, std::equal_to<>>;
-  Table<JvpRule> jvp_;
-  Table<TransposeRule> transpose_;
-  Table<bool> zero_;
-};
-
-void register_elementwise_derivatives(DerivativeRules& r);
-void register_reduce_derivatives(DerivativeRules& r);
-void register_matmul_derivatives(DerivativeRules& r);
-void register_shape_derivatives(DerivativeRules& r);
-void register_index_derivatives(DerivativeRules& r);
-void register_nn_derivatives(DerivativeRules& r);
-void register_pool_derivatives(DerivativeRules& r);
-void register_expanded_derivatives(DerivativeRules& r);
-void register_linear_op_derivatives(DerivativeRules& r);
-void register_control_flow_derivatives(DerivativeRules& r);
 // Element types that carry derivatives: FLOAT and DOUBLE.
 bool differentiable_dtype(int32_t dtype);
 // JVP of a function op through its ONNX function body (each body node by its own rule).
@@ -201,10 +148,5 @@ struct KnownPrimal {
 // (`primal_outputs`, when given, gets the expansion's values of the node's outputs.)
 Vs expansion_jvp(JvpCtx& c, const onnx::GraphProto& expansion, const KnownPrimal* known = nullptr,
                  Vs* primal_outputs = nullptr);
-void register_recurrent_derivatives(DerivativeRules& r);
-void register_grid_sample_derivatives(DerivativeRules& r);
-void register_resize_derivatives(DerivativeRules& r);
-void register_deform_conv_derivatives(DerivativeRules& r);
-void register_roi_align_derivatives(DerivativeRules& r);
 
 }  // namespace onnax

@@ -5,6 +5,7 @@
 
 #include "rules/batching.h"
 #include "rules/derivative.h"
+#include "rules/op_table.h"
 
 namespace onnax {
 namespace {
@@ -68,28 +69,6 @@ BatchResult dropout_rule(BatchCtx& c) {
 }
 
 }  // namespace
-
-void register_elementwise_rules(BatchRules& r) {
-  for (const char* op :
-       {"Abs",     "Neg",         "Exp",       "Log",       "Sqrt",     "Reciprocal",    "Floor", "Ceil",
-        "Round",   "Sign",        "Sin",       "Cos",       "Tan",      "Asin",          "Acos",  "Atan",
-        "Sinh",    "Cosh",        "Asinh",     "Acosh",     "Atanh",    "Erf",           "IsNaN", "IsInf",
-        "Not",     "BitwiseNot",  "Relu",      "LeakyRelu", "Elu",      "Selu",          "Celu",  "Gelu",
-        "Sigmoid", "HardSigmoid", "HardSwish", "Softplus",  "Softsign", "Mish",          "Tanh",  "ThresholdedRelu",
-        "Shrink",  "Cast",        "CastLike",  "Identity",  "Swish",    "RegexFullMatch"}) {
-    r.add("", op, 1, unary_rule);
-  }
-  for (const char* op : {"Add",        "Sub",       "Mul",        "Div",         "Pow",
-                         "Mod",        "BitShift",  "And",        "Or",          "Xor",
-                         "Equal",      "Less",      "Greater",    "LessOrEqual", "GreaterOrEqual",
-                         "BitwiseAnd", "BitwiseOr", "BitwiseXor", "Where",       "Sum",
-                         "Mean",       "Max",       "Min",        "StringConcat"}) {
-    r.add("", op, 1, broadcast_rule);
-  }
-  r.add("", "PRelu", 1, unidirectional_rule);
-  r.add("", "Clip", 11, clip_rule);
-  r.add("", "Dropout", 12, dropout_rule);
-}
 
 }  // namespace onnax
 
@@ -276,47 +255,72 @@ Vs cast_transpose(TransposeCtx& c) {
 
 }  // namespace
 
-void register_elementwise_derivatives(DerivativeRules& r) {
-  auto& rr = r;
-  rr.jvp("Neg", [](D& c) -> Vs { return {c.b.neg(c.t(0))}; });
-  rr.jvp("Add", [](D& c) -> Vs { return {c.like_out(c.b.add(c.t(0), c.t(1)))}; });
-  rr.jvp("Sub", [](D& c) -> Vs { return {c.like_out(c.b.sub(c.t(0), c.t(1)))}; });
+void register_elementwise(OpTable& table) {
+  // Batching by shape class: one input (the op applies per element), broadcasting inputs.
+  // Each op's derivative rules follow.
+  for (const char* op :
+       {"Abs",     "Neg",         "Exp",       "Log",       "Sqrt",     "Reciprocal",    "Floor", "Ceil",
+        "Round",   "Sign",        "Sin",       "Cos",       "Tan",      "Asin",          "Acos",  "Atan",
+        "Sinh",    "Cosh",        "Asinh",     "Acosh",     "Atanh",    "Erf",           "IsNaN", "IsInf",
+        "Not",     "BitwiseNot",  "Relu",      "LeakyRelu", "Elu",      "Selu",          "Celu",  "Gelu",
+        "Sigmoid", "HardSigmoid", "HardSwish", "Softplus",  "Softsign", "Mish",          "Tanh",  "ThresholdedRelu",
+        "Shrink",  "Cast",        "CastLike",  "Identity",  "Swish",    "RegexFullMatch"}) {
+    table.op(op).batch(unary_rule);
+  }
+  for (const char* op : {"Add",        "Sub",       "Mul",        "Div",         "Pow",
+                         "Mod",        "BitShift",  "And",        "Or",          "Xor",
+                         "Equal",      "Less",      "Greater",    "LessOrEqual", "GreaterOrEqual",
+                         "BitwiseAnd", "BitwiseOr", "BitwiseXor", "Where",       "Sum",
+                         "Mean",       "Max",       "Min",        "StringConcat"}) {
+    table.op(op).batch(broadcast_rule);
+  }
+  table.op("Neg").jvp([](D& c) -> Vs { return {c.b.neg(c.t(0))}; }).transpose([](TransposeCtx& c) -> Vs {
+    return {c.b.neg(c.ct())};
+  });
+  table.op("Add").jvp([](D& c) -> Vs { return {c.like_out(c.b.add(c.t(0), c.t(1)))}; }).transpose(add_transpose);
+  table.op("Sub").jvp([](D& c) -> Vs { return {c.like_out(c.b.sub(c.t(0), c.t(1)))}; }).transpose(sub_transpose);
   // (Each product term has the output's shape: its primal twin is the output.)
-  rr.jvp("Mul", [](D& c) -> Vs {
-    // A square x * x: t * (x + x), one linear node (reverse mode then computes ct * x once),
-    // and the same bits as t * x + x * t.
-    if (c.x(0).valid() && c.x(0).id == c.x(1).id && c.t(0).valid())
-      return {c.like_out(c.term(c.b.mul(c.t(0), c.b.op1("Add", {c.x(0), c.x(0)}))))};
-    return {c.like_out(c.b.add(c.term(c.b.mul(c.t(0), c.x(1))), c.term(c.b.mul(c.x(0), c.t(1)))))};
-  });
-  rr.jvp("Div", [](D& c) -> Vs {
-    V t = c.term(c.b.div(c.t(0), c.x(1)));
-    if (c.t(1).valid()) t = c.b.sub(t, c.term(c.b.div(c.term(c.b.mul(c.t(1), c.y())), c.x(1))));
-    return {c.like_out(t)};
-  });
-  rr.jvp("Sum", [](D& c) -> Vs {
-    V t;
-    for (size_t i = 0; i < c.xs.size(); ++i) t = c.b.add(t, c.t(i));
-    return {c.like_out(t)};
-  });
-  rr.jvp("Mean", [](D& c) -> Vs {
+  table.op("Mul")
+      .jvp([](D& c) -> Vs {
+        // A square x * x: t * (x + x), one linear node (reverse mode then computes ct * x once),
+        // and the same bits as t * x + x * t.
+        if (c.x(0).valid() && c.x(0).id == c.x(1).id && c.t(0).valid())
+          return {c.like_out(c.term(c.b.mul(c.t(0), c.b.op1("Add", {c.x(0), c.x(0)}))))};
+        return {c.like_out(c.b.add(c.term(c.b.mul(c.t(0), c.x(1))), c.term(c.b.mul(c.x(0), c.t(1)))))};
+      })
+      .transpose(mul_transpose);
+  table.op("Div")
+      .jvp([](D& c) -> Vs {
+        V t = c.term(c.b.div(c.t(0), c.x(1)));
+        if (c.t(1).valid()) t = c.b.sub(t, c.term(c.b.div(c.term(c.b.mul(c.t(1), c.y())), c.x(1))));
+        return {c.like_out(t)};
+      })
+      .transpose(div_transpose);
+  table.op("Sum")
+      .jvp([](D& c) -> Vs {
+        V t;
+        for (size_t i = 0; i < c.xs.size(); ++i) t = c.b.add(t, c.t(i));
+        return {c.like_out(t)};
+      })
+      .transpose(add_transpose);
+  table.op("Mean").jvp([](D& c) -> Vs {
     V t;
     for (size_t i = 0; i < c.xs.size(); ++i) t = c.b.add(t, c.t(i));
     return {c.like_out(c.b.div(t, c.scalar(static_cast<double>(c.xs.size()))))};
   });
-  rr.jvp("Max", max_min_jvp);
-  rr.jvp("Min", max_min_jvp);
-  rr.jvp("Pow", pow_jvp);
-  rr.jvp("Where", where_jvp);
-  rr.jvp("PRelu", prelu_jvp);
-  rr.jvp("Clip", clip_jvp);
-  rr.jvp("Gelu", gelu_jvp);
+  table.op("Max").jvp(max_min_jvp);
+  table.op("Min").jvp(max_min_jvp);
+  table.op("Pow").jvp(pow_jvp);
+  table.op("Where").jvp(where_jvp).transpose(where_transpose);
+  table.op("PRelu").batch(unidirectional_rule).jvp(prelu_jvp);
+  table.op("Clip").batch(clip_rule, 11).jvp(clip_jvp);
+  table.op("Gelu").jvp(gelu_jvp);
   auto identity = [](D& c) -> Vs { return {c.t(0)}; };
-  rr.jvp("Identity", identity);
+  table.op("Identity").jvp(identity).transpose([](TransposeCtx& c) -> Vs { return {c.ct()}; });
   // OptionalGetElement of a tensor (opset 18 accepts plain tensors) returns it; an optional
   // input carries no tangent (only tensors are differentiated).
-  rr.jvp("OptionalGetElement", identity);
-  rr.jvp("Dropout", [](D& c) -> Vs {
+  table.op("OptionalGetElement").jvp(identity);
+  table.op("Dropout").batch(dropout_rule, 12).jvp([](D& c) -> Vs {
     // Inference (training_mode absent or a known false): the identity. Training: the tangent
     // passes through the node's own mask (prepare names it: transforms/dropout_masks.h),
     // scaled like the data: by 1 / (1 - ratio) when the run trains, by 1 when a run-time
@@ -334,113 +338,117 @@ void register_elementwise_derivatives(DerivativeRules& r) {
     V mask = c.b.op1("Mul", {c.b.op1("Cast", {c.y(1)}, {Attr::i("to", c.dtype(0))}), scale});
     return {c.b.mul(c.t(0), mask), V{}};
   });
-  rr.jvp("Cast", [](D& c) -> Vs {
-    if (!c.t(0).valid()) return {V{}};
-    return {c.b.op1("Cast", {c.t(0)}, {Attr::i("to", c.attr_i("to", 1))})};
-  });
-  rr.jvp("CastLike", [](D& c) -> Vs {
-    if (!c.t(0).valid()) return {V{}};
-    return {c.b.op1("CastLike", {c.t(0), c.x(1)})};
-  });
-  rr.jvp("Exp", unary([](D& c) { return c.y(); }));
-  rr.jvp("Log", [](D& c) -> Vs { return {c.b.div(c.t(0), c.x(0))}; });
-  rr.jvp("Sqrt", [](D& c) -> Vs { return {c.b.div(c.t(0), c.b.op1("Mul", {c.scalar(2.0), c.y()}))}; });
-  rr.jvp("Reciprocal", unary([](D& c) { return c.b.op1("Neg", {square(c, c.y())}); }));
-  rr.jvp("Sin", unary([](D& c) { return c.b.op1("Cos", {c.x(0)}); }));
-  rr.jvp("Cos", unary([](D& c) { return c.b.op1("Neg", {c.b.op1("Sin", {c.x(0)})}); }));
-  rr.jvp("Tan", unary([](D& c) { return c.b.op1("Add", {one(c), square(c, c.y())}); }));
-  rr.jvp("Tanh", unary([](D& c) { return c.b.op1("Sub", {one(c), square(c, c.y())}); }));
-  rr.jvp("Sigmoid", unary([](D& c) { return c.b.op1("Mul", {c.y(), c.b.op1("Sub", {one(c), c.y()})}); }));
-  rr.jvp("Relu", unary([](D& c) { return cast_mask(c, c.b.op1("Greater", {c.x(0), c.scalar(0.0)})); }));
+  table.op("Cast")
+      .jvp([](D& c) -> Vs {
+        if (!c.t(0).valid()) return {V{}};
+        return {c.b.op1("Cast", {c.t(0)}, {Attr::i("to", c.attr_i("to", 1))})};
+      })
+      .transpose(cast_transpose);
+  table.op("CastLike")
+      .jvp([](D& c) -> Vs {
+        if (!c.t(0).valid()) return {V{}};
+        return {c.b.op1("CastLike", {c.t(0), c.x(1)})};
+      })
+      .transpose(cast_transpose);
+  table.op("Exp").jvp(unary([](D& c) { return c.y(); }));
+  table.op("Log").jvp([](D& c) -> Vs { return {c.b.div(c.t(0), c.x(0))}; });
+  table.op("Sqrt").jvp([](D& c) -> Vs { return {c.b.div(c.t(0), c.b.op1("Mul", {c.scalar(2.0), c.y()}))}; });
+  table.op("Reciprocal").jvp(unary([](D& c) { return c.b.op1("Neg", {square(c, c.y())}); }));
+  table.op("Sin").jvp(unary([](D& c) { return c.b.op1("Cos", {c.x(0)}); }));
+  table.op("Cos").jvp(unary([](D& c) { return c.b.op1("Neg", {c.b.op1("Sin", {c.x(0)})}); }));
+  table.op("Tan").jvp(unary([](D& c) { return c.b.op1("Add", {one(c), square(c, c.y())}); }));
+  table.op("Tanh").jvp(unary([](D& c) { return c.b.op1("Sub", {one(c), square(c, c.y())}); }));
+  table.op("Sigmoid").jvp(unary([](D& c) { return c.b.op1("Mul", {c.y(), c.b.op1("Sub", {one(c), c.y()})}); }));
+  table.op("Relu").jvp(unary([](D& c) { return cast_mask(c, c.b.op1("Greater", {c.x(0), c.scalar(0.0)})); }));
   // JAX's convention: abs'(0) = 1 (jax.grad(jnp.abs)(0.0) is 1, for -0.0 too).
-  rr.jvp("Abs", unary([](D& c) {
-           return c.b.op1("Where", {c.b.op1("GreaterOrEqual", {c.x(0), c.scalar(0.0)}), one(c), c.scalar(-1.0)});
-         }));
-  rr.jvp("LeakyRelu", unary([](D& c) {
-           return c.b.op1("Where",
-                          {c.b.op1("Greater", {c.x(0), c.scalar(0.0)}), one(c), c.scalar(c.attr_f("alpha", 0.01f))});
-         }));
-  rr.jvp("Elu", unary([](D& c) {
-           const double a = c.attr_f("alpha", 1.0f);
-           return c.b.op1("Where",
-                          {c.b.op1("Greater", {c.x(0), c.scalar(0.0)}), one(c), c.b.op1("Add", {c.y(), c.scalar(a)})});
-         }));
-  rr.jvp("Selu", unary([](D& c) {
-           const double a = c.attr_f("alpha", 1.67326319217681884765625f),
-                        g = c.attr_f("gamma", 1.05070102214813232421875f);
-           return c.b.op1("Where", {c.b.op1("Greater", {c.x(0), c.scalar(0.0)}), c.scalar(g),
-                                    c.b.op1("Mul", {c.scalar(g * a), c.b.op1("Exp", {c.x(0)})})});
-         }));
-  rr.jvp("Celu", unary([](D& c) {
-           const double a = c.attr_f("alpha", 1.0f);
-           return c.b.op1("Where", {c.b.op1("Greater", {c.x(0), c.scalar(0.0)}), one(c),
-                                    c.b.op1("Exp", {c.b.op1("Div", {c.x(0), c.scalar(a)})})});
-         }));
-  rr.jvp("Softplus", unary([](D& c) { return c.b.op1("Sigmoid", {c.x(0)}); }));
-  rr.jvp("Softsign", unary([](D& c) {
-           V d = c.b.op1("Add", {one(c), c.b.op1("Abs", {c.x(0)})});
-           return c.b.op1("Reciprocal", {square(c, d)});
-         }));
-  rr.jvp(
-      "Erf", unary([](D& c) {
-        return c.b.op1("Mul", {c.scalar(2.0 / std::sqrt(M_PI)), c.b.op1("Exp", {c.b.op1("Neg", {square(c, c.x(0))})})});
-      }));
-  rr.jvp("HardSigmoid", unary([](D& c) {
-           const double a = c.attr_f("alpha", 0.2f), bb = c.attr_f("beta", 0.5f);
-           V z = c.b.op1("Add", {c.b.op1("Mul", {c.x(0), c.scalar(a)}), c.scalar(bb)});
-           V in = c.b.op1("And", {c.b.op1("Greater", {z, c.scalar(0.0)}), c.b.op1("Less", {z, one(c)})});
-           return c.b.op1("Mul", {cast_mask(c, in), c.scalar(a)});
-         }));
-  rr.jvp("HardSwish", unary([](D& c) {
-           // x * hardsigmoid(x) with alpha = 1/6, beta = 1/2.
-           V hs = c.b.op1("HardSigmoid", {c.x(0)}, {Attr::f("alpha", 1.0f / 6), Attr::f("beta", 0.5f)});
-           V z = c.b.op1("Add", {c.b.op1("Div", {c.x(0), c.scalar(6.0)}), c.scalar(0.5)});
-           V in = c.b.op1("And", {c.b.op1("Greater", {z, c.scalar(0.0)}), c.b.op1("Less", {z, one(c)})});
-           return c.b.op1("Add", {hs, c.b.op1("Mul", {c.b.op1("Div", {c.x(0), c.scalar(6.0)}), cast_mask(c, in)})});
-         }));
-  rr.jvp("Mish", unary([](D& c) {
-           V th = c.b.op1("Tanh", {c.b.op1("Softplus", {c.x(0)})});
-           V sech2 = c.b.op1("Sub", {one(c), square(c, th)});
-           return c.b.op1("Add", {th, c.b.op1("Mul", {c.x(0), c.b.op1("Mul", {sech2, c.b.op1("Sigmoid", {c.x(0)})})})});
-         }));
-  rr.jvp("ThresholdedRelu", unary([](D& c) {
-           return cast_mask(c, c.b.op1("Greater", {c.x(0), c.scalar(c.attr_f("alpha", 1.0f))}));
-         }));
-  rr.jvp("Shrink", unary([](D& c) {
-           const double l = c.attr_f("lambd", 0.5f);
-           return cast_mask(
-               c, c.b.op1("Or", {c.b.op1("Less", {c.x(0), c.scalar(-l)}), c.b.op1("Greater", {c.x(0), c.scalar(l)})}));
-         }));
-  rr.jvp("Asin", unary([](D& c) {
-           return c.b.op1("Reciprocal", {c.b.op1("Sqrt", {c.b.op1("Sub", {one(c), square(c, c.x(0))})})});
-         }));
-  rr.jvp("Acos", unary([](D& c) {
-           return c.b.op1("Neg",
-                          {c.b.op1("Reciprocal", {c.b.op1("Sqrt", {c.b.op1("Sub", {one(c), square(c, c.x(0))})})})});
-         }));
-  rr.jvp("Atan", unary([](D& c) { return c.b.op1("Reciprocal", {c.b.op1("Add", {one(c), square(c, c.x(0))})}); }));
-  rr.jvp("Sinh", unary([](D& c) { return c.b.op1("Cosh", {c.x(0)}); }));
-  rr.jvp("Cosh", unary([](D& c) { return c.b.op1("Sinh", {c.x(0)}); }));
-  rr.jvp("Asinh", unary([](D& c) {
-           return c.b.op1("Reciprocal", {c.b.op1("Sqrt", {c.b.op1("Add", {square(c, c.x(0)), one(c)})})});
-         }));
-  rr.jvp("Acosh", unary([](D& c) {
-           return c.b.op1("Reciprocal", {c.b.op1("Sqrt", {c.b.op1("Sub", {square(c, c.x(0)), one(c)})})});
-         }));
-  rr.jvp("Atanh", unary([](D& c) { return c.b.op1("Reciprocal", {c.b.op1("Sub", {one(c), square(c, c.x(0))})}); }));
+  table.op("Abs").jvp(unary([](D& c) {
+    return c.b.op1("Where", {c.b.op1("GreaterOrEqual", {c.x(0), c.scalar(0.0)}), one(c), c.scalar(-1.0)});
+  }));
+  table.op("LeakyRelu").jvp(unary([](D& c) {
+    return c.b.op1("Where", {c.b.op1("Greater", {c.x(0), c.scalar(0.0)}), one(c), c.scalar(c.attr_f("alpha", 0.01f))});
+  }));
+  table.op("Elu").jvp(unary([](D& c) {
+    const double a = c.attr_f("alpha", 1.0f);
+    return c.b.op1("Where",
+                   {c.b.op1("Greater", {c.x(0), c.scalar(0.0)}), one(c), c.b.op1("Add", {c.y(), c.scalar(a)})});
+  }));
+  table.op("Selu").jvp(unary([](D& c) {
+    const double a = c.attr_f("alpha", 1.67326319217681884765625f), g = c.attr_f("gamma", 1.05070102214813232421875f);
+    return c.b.op1("Where", {c.b.op1("Greater", {c.x(0), c.scalar(0.0)}), c.scalar(g),
+                             c.b.op1("Mul", {c.scalar(g * a), c.b.op1("Exp", {c.x(0)})})});
+  }));
+  table.op("Celu").jvp(unary([](D& c) {
+    const double a = c.attr_f("alpha", 1.0f);
+    return c.b.op1("Where", {c.b.op1("Greater", {c.x(0), c.scalar(0.0)}), one(c),
+                             c.b.op1("Exp", {c.b.op1("Div", {c.x(0), c.scalar(a)})})});
+  }));
+  table.op("Softplus").jvp(unary([](D& c) { return c.b.op1("Sigmoid", {c.x(0)}); }));
+  table.op("Softsign").jvp(unary([](D& c) {
+    V d = c.b.op1("Add", {one(c), c.b.op1("Abs", {c.x(0)})});
+    return c.b.op1("Reciprocal", {square(c, d)});
+  }));
+  table.op("Erf").jvp(unary([](D& c) {
+    return c.b.op1("Mul", {c.scalar(2.0 / std::sqrt(M_PI)), c.b.op1("Exp", {c.b.op1("Neg", {square(c, c.x(0))})})});
+  }));
+  table.op("HardSigmoid").jvp(unary([](D& c) {
+    const double a = c.attr_f("alpha", 0.2f), bb = c.attr_f("beta", 0.5f);
+    V z = c.b.op1("Add", {c.b.op1("Mul", {c.x(0), c.scalar(a)}), c.scalar(bb)});
+    V in = c.b.op1("And", {c.b.op1("Greater", {z, c.scalar(0.0)}), c.b.op1("Less", {z, one(c)})});
+    return c.b.op1("Mul", {cast_mask(c, in), c.scalar(a)});
+  }));
+  table.op("HardSwish").jvp(unary([](D& c) {
+    // x * hardsigmoid(x) with alpha = 1/6, beta = 1/2.
+    V hs = c.b.op1("HardSigmoid", {c.x(0)}, {Attr::f("alpha", 1.0f / 6), Attr::f("beta", 0.5f)});
+    V z = c.b.op1("Add", {c.b.op1("Div", {c.x(0), c.scalar(6.0)}), c.scalar(0.5)});
+    V in = c.b.op1("And", {c.b.op1("Greater", {z, c.scalar(0.0)}), c.b.op1("Less", {z, one(c)})});
+    return c.b.op1("Add", {hs, c.b.op1("Mul", {c.b.op1("Div", {c.x(0), c.scalar(6.0)}), cast_mask(c, in)})});
+  }));
+  table.op("Mish").jvp(unary([](D& c) {
+    V th = c.b.op1("Tanh", {c.b.op1("Softplus", {c.x(0)})});
+    V sech2 = c.b.op1("Sub", {one(c), square(c, th)});
+    return c.b.op1("Add", {th, c.b.op1("Mul", {c.x(0), c.b.op1("Mul", {sech2, c.b.op1("Sigmoid", {c.x(0)})})})});
+  }));
+  table.op("ThresholdedRelu").jvp(unary([](D& c) {
+    return cast_mask(c, c.b.op1("Greater", {c.x(0), c.scalar(c.attr_f("alpha", 1.0f))}));
+  }));
+  table.op("Shrink").jvp(unary([](D& c) {
+    const double l = c.attr_f("lambd", 0.5f);
+    return cast_mask(
+        c, c.b.op1("Or", {c.b.op1("Less", {c.x(0), c.scalar(-l)}), c.b.op1("Greater", {c.x(0), c.scalar(l)})}));
+  }));
+  table.op("Asin").jvp(unary([](D& c) {
+    return c.b.op1("Reciprocal", {c.b.op1("Sqrt", {c.b.op1("Sub", {one(c), square(c, c.x(0))})})});
+  }));
+  table.op("Acos").jvp(unary([](D& c) {
+    return c.b.op1("Neg", {c.b.op1("Reciprocal", {c.b.op1("Sqrt", {c.b.op1("Sub", {one(c), square(c, c.x(0))})})})});
+  }));
+  table.op("Atan").jvp(unary([](D& c) {
+    return c.b.op1("Reciprocal", {c.b.op1("Add", {one(c), square(c, c.x(0))})});
+  }));
+  table.op("Sinh").jvp(unary([](D& c) { return c.b.op1("Cosh", {c.x(0)}); }));
+  table.op("Cosh").jvp(unary([](D& c) { return c.b.op1("Sinh", {c.x(0)}); }));
+  table.op("Asinh").jvp(unary([](D& c) {
+    return c.b.op1("Reciprocal", {c.b.op1("Sqrt", {c.b.op1("Add", {square(c, c.x(0)), one(c)})})});
+  }));
+  table.op("Acosh").jvp(unary([](D& c) {
+    return c.b.op1("Reciprocal", {c.b.op1("Sqrt", {c.b.op1("Sub", {square(c, c.x(0)), one(c)})})});
+  }));
+  table.op("Atanh").jvp(unary([](D& c) {
+    return c.b.op1("Reciprocal", {c.b.op1("Sub", {one(c), square(c, c.x(0))})});
+  }));
   for (const char* op : {"Floor", "Ceil", "Round", "Sign", "Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual",
                          "IsNaN", "IsInf", "Not", "And", "Or", "Xor"})
-    r.zero(op);
+    table.op(op).zero();
   // MelWeightMatrix depends on its edge frequencies only through the FFT bins they floor to
   // (the triangles are drawn between integer bins), so it is piecewise constant in them.
-  r.zero("MelWeightMatrix");
+  table.op("MelWeightMatrix").zero();
   // Integer, bool and string results: nothing to differentiate.
   for (const char* op : {"BitShift", "BitwiseAnd", "BitwiseNot", "BitwiseOr", "BitwiseXor", "RegexFullMatch",
                          "StringConcat", "StringSplit", "NonMaxSuppression"})
-    r.zero(op);
+    table.op(op).zero();
   // Mod is a - b * k with k = trunc(a / b) (fmod=1) or floor(a / b) (fmod=0), piecewise
   // constant, so d = da - k db away from the jumps; trunc(q) = sign(q) * floor(|q|).
-  rr.jvp("Mod", [](D& c) -> Vs {
+  table.op("Mod").jvp([](D& c) -> Vs {
     auto& b = c.b;
     V tb;
     if (c.t(1).valid()) {
@@ -451,17 +459,6 @@ void register_elementwise_derivatives(DerivativeRules& r) {
     }
     return {c.like_out(b.add(c.like_out(c.t(0)), tb))};
   });
-
-  r.transpose("Add", add_transpose);
-  r.transpose("Sum", add_transpose);
-  r.transpose("Sub", sub_transpose);
-  r.transpose("Neg", [](TransposeCtx& c) -> Vs { return {c.b.neg(c.ct())}; });
-  r.transpose("Mul", mul_transpose);
-  r.transpose("Div", div_transpose);
-  r.transpose("Where", where_transpose);
-  r.transpose("Identity", [](TransposeCtx& c) -> Vs { return {c.ct()}; });
-  r.transpose("Cast", cast_transpose);
-  r.transpose("CastLike", cast_transpose);
 }
 
 }  // namespace onnax

@@ -12,6 +12,7 @@
 #include "check/node_check.h"
 #include "diagnostics/error.h"
 #include "rules/derivative.h"
+#include "rules/op_table.h"
 #include "transforms/prepare.h"
 #include "transforms/subgraph.h"
 
@@ -107,7 +108,7 @@ void check_body_node(const JvpCtx& c, const onnx::NodeProto& n, const Vs& xs) {
 }
 
 Vs expansion_jvp(JvpCtx& c, const onnx::GraphProto& g, const KnownPrimal* known, Vs* primal_outputs) {
-  const DerivativeRules& rules = DerivativeRules::instance();
+  const OpTable& rules = OpTable::instance();
   std::unordered_map<std::string, V> primal, tangent;
   for (int i = 0; i < c.node.input_size(); ++i) {
     if (c.node.input(i).empty()) continue;
@@ -160,12 +161,12 @@ Vs expansion_jvp(JvpCtx& c, const onnx::GraphProto& g, const KnownPrimal* known,
       ys = c.b.clone(n, xs);
     for (int k = 0; k < n.output_size() && k < static_cast<int>(ys.size()); ++k)
       if (!n.output(k).empty()) primal[n.output(k)] = ys[k];
-    if (!active || rules.is_zero(n)) continue;
+    if (!active || rules.zero_for(n)) continue;
     bool float_out = false;
     for (const V& y : ys)  // (an unknown dtype could be float)
       float_out = float_out || (y.valid() && (c.b.facts(y).dtype == 0 || float_dtype(c.b.facts(y).dtype)));
     if (!float_out) continue;
-    const JvpRule* rule = rules.find_jvp(n);
+    const JvpRule* rule = rules.jvp_for(n);
     Vs rule_ys = ys;
     if (n.op_type() == "Softmax") {
       // Function bodies (Attention) softmax fully masked rows (NaN) and then replace them by
@@ -198,13 +199,13 @@ Vs expansion_jvp(JvpCtx& c, const onnx::GraphProto& g, const KnownPrimal* known,
   return out;
 }
 
-void register_expanded_derivatives(DerivativeRules& r) {
+void register_expanded(OpTable& table) {
   // Function ops whose math is easiest read from (and kept consistent with) ONNX's own body.
   for (const char* op : {"Attention", "RotaryEmbedding", "CenterCropPad", "Swish", "SwiGLU", "CausalConvWithState",
                          "NegativeLogLikelihoodLoss", "SoftmaxCrossEntropyLoss", "MeanVarianceNormalization",
                          "LinearAttention", "DynamicQuantizeLinear"})
-    r.jvp(op, expand_jvp);
-  r.jvp("ai.onnx.preview", "FlexAttention", expand_jvp);
+    table.op(op).jvp_via_body();
+  table.op_in("ai.onnx.preview", "FlexAttention").jvp_via_body();
 }
 
 }  // namespace onnax

@@ -15,6 +15,7 @@
 
 #include "rules/derivative.h"
 #include "rules/expansion_writer.h"
+#include "rules/op_table.h"
 
 namespace onnax {
 namespace {
@@ -143,8 +144,8 @@ Vs grid_sample_jvp(JvpCtx& c) {
 
 }  // namespace
 
-void register_grid_sample_derivatives(DerivativeRules& r) {
-  r.jvp("GridSample", grid_sample_jvp);
+void register_grid_sample(OpTable& table) {
+  table.op("GridSample").jvp(grid_sample_jvp);
 }
 
 }  // namespace onnax

@@ -4,6 +4,7 @@
 
 #include "rules/batching.h"
 #include "rules/derivative.h"
+#include "rules/op_table.h"
 
 namespace onnax {
 namespace {
@@ -84,14 +85,6 @@ V gather_per_example(Builder& b, V data, bool data_batched, int64_t data_rank, V
   for (int64_t k = 0; k < index_rank; ++k) perm.push_back(1 + k);
   for (int64_t k = axis; k < r - 1; ++k) perm.push_back(1 + index_rank + k);
   return b.transpose(y, perm);
-}
-
-void register_index_rules(BatchRules& r) {
-  r.add("", "Gather", 13, gather_rule);
-  r.add("", "GatherElements", 13, elements_rule);
-  r.add("", "ScatterElements", 16, elements_rule);
-  r.add("", "GatherND", 13, gathernd_rule);
-  r.add("", "ScatterND", 16, scatternd_rule);
 }
 
 }  // namespace onnax
@@ -263,16 +256,20 @@ Vs gathernd_transpose(TransposeCtx& c) {
 
 }  // namespace
 
-void register_index_derivatives(DerivativeRules& r) {
-  r.jvp("Unique", unique_jvp);
-  for (const char* op : {"Gather", "GatherElements", "GatherND"}) r.jvp(op, gather_jvp);
+void register_index(OpTable& table) {
+  table.op("Gather").batch(gather_rule, 13);
+  table.op("GatherElements").batch(elements_rule, 13);
+  table.op("GatherND").batch(gathernd_rule, 13).transpose(gathernd_transpose);
+  table.op("Unique").jvp(unique_jvp);
+  for (const char* op : {"Gather", "GatherElements", "GatherND"}) table.op(op).jvp(gather_jvp);
   for (const char* op : {"Gather", "GatherElements"})
-    r.transpose(op, [](TransposeCtx& c) { return selection_transpose(c, 0); });
-  r.transpose("GatherND", gathernd_transpose);
-  r.jvp("ScatterElements", scatter_jvp);
-  r.jvp("ScatterND", scatter_jvp);
-  r.transpose("ScatterElements", [](TransposeCtx& c) { return scatter_transpose(c, "GatherElements"); });
-  r.transpose("ScatterND", [](TransposeCtx& c) { return scatter_transpose(c, "GatherND"); });
+    table.op(op).transpose([](TransposeCtx& c) { return selection_transpose(c, 0); });
+  table.op("ScatterElements").batch(elements_rule, 16).jvp(scatter_jvp).transpose([](TransposeCtx& c) {
+    return scatter_transpose(c, "GatherElements");
+  });
+  table.op("ScatterND").batch(scatternd_rule, 16).jvp(scatter_jvp).transpose([](TransposeCtx& c) {
+    return scatter_transpose(c, "GatherND");
+  });
 }
 
 }  // namespace onnax

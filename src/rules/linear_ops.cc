@@ -5,6 +5,7 @@
 #include <climits>
 
 #include "rules/derivative.h"
+#include "rules/op_table.h"
 
 namespace onnax {
 namespace {
@@ -278,17 +279,16 @@ Vs stft_transpose(TransposeCtx& c) {
 
 }  // namespace
 
-void register_linear_op_derivatives(DerivativeRules& r) {
-  r.transpose("STFT", stft_transpose);
-  r.transpose("TensorScatter", tensor_scatter_transpose);
-  r.transpose("Col2Im", col2im_transpose);
-  r.transpose("AffineGrid", affine_grid_transpose);
-  r.transpose("DFT", dft_transpose);
-  for (const char* op : {"DFT", "Col2Im", "AffineGrid", "ReverseSequence", "MaxUnpool"}) r.jvp(op, linear_in_first_jvp);
-  r.jvp("STFT", stft_jvp);
-  r.jvp("TensorScatter", linear_in_first_two);
-  r.transpose("ReverseSequence", [](TransposeCtx& c) { return selection_transpose(c, 0, /*each_once=*/true); });
-  r.transpose("MaxUnpool", max_unpool_transpose);
+void register_linear_ops(OpTable& table) {
+  table.op("Col2Im").transpose(col2im_transpose);
+  table.op("AffineGrid").transpose(affine_grid_transpose);
+  table.op("DFT").transpose(dft_transpose);
+  for (const char* op : {"DFT", "Col2Im", "AffineGrid", "ReverseSequence", "MaxUnpool"})
+    table.op(op).jvp(linear_in_first_jvp);
+  table.op("STFT").jvp(stft_jvp).transpose(stft_transpose);
+  table.op("TensorScatter").jvp(linear_in_first_two).transpose(tensor_scatter_transpose);
+  table.op("ReverseSequence").transpose([](TransposeCtx& c) { return selection_transpose(c, 0, /*each_once=*/true); });
+  table.op("MaxUnpool").transpose(max_unpool_transpose);
 }
 
 }  // namespace onnax

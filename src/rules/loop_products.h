@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "emit/builder.h"
-#include "emit/names.h"
+#include "ir/names.h"
 #include "transforms/prepare.h"
 
 namespace onnax {

@@ -6,6 +6,7 @@
 
 #include "rules/batching.h"
 #include "rules/derivative.h"
+#include "rules/op_table.h"
 
 namespace onnax {
 namespace {
@@ -128,12 +129,6 @@ BatchResult einsum_rule(BatchCtx& c) {
 }
 
 }  // namespace
-
-void register_matmul_rules(BatchRules& r) {
-  r.add("", "MatMul", 13, matmul_rule);
-  r.add("", "Gemm", 13, gemm_rule);
-  r.add("", "Einsum", 12, einsum_rule);
-}
 
 }  // namespace onnax
 
@@ -407,8 +402,6 @@ Vs einsum_transpose(TransposeCtx& c) {
   return out;
 }
 
-}  // namespace
-
 // Det: d det(A) = sum_ij cof(A)_ij dA_ij, with cof_ij = (-1)^(i+j) det(A without row i and
 // column j) (the adjugate transposed). The cofactors are determinants of minors, so no inverse
 // is needed (ONNX has none), singular matrices are exact, and higher orders differentiate Det
@@ -457,28 +450,33 @@ Vs det_jvp(D& c) {
   return {b.op1("ReduceSum", {prod, b.i64s({-2, -1})}, {Attr::i("keepdims", 0)})};
 }
 
-void register_matmul_derivatives(DerivativeRules& r) {
-  r.jvp("Det", det_jvp);
-  r.jvp("MatMul", [](D& c) -> Vs {
-    // A tangent has its primal's shape, so each term has the output's shape (no broadcast to
-    // undo, no Expand): its primal twin is the output.
-    const V ta = c.t(0).valid() ? c.term(c.b.op1("MatMul", {c.t(0), c.x(1)})) : V{};
-    const V tb = c.t(1).valid() ? c.term(c.b.op1("MatMul", {c.x(0), c.t(1)})) : V{};
-    return {c.b.add(ta, tb)};
-  });
-  r.transpose("MatMul", matmul_transpose);
-  r.jvp("Gemm", gemm_jvp);
-  r.jvp("Einsum", [](D& c) -> Vs {
-    V t;
-    for (size_t i = 0; i < c.xs.size(); ++i) {
-      if (!c.t(i).valid()) continue;
-      Vs ins = c.xs;
-      ins[i] = c.t(i);
-      t = c.b.add(t, c.same_op(ins));
-    }
-    return {t};
-  });
-  r.transpose("Einsum", einsum_transpose);
+Vs matmul_jvp(D& c) {
+  // A tangent has its primal's shape, so each term has the output's shape (no broadcast to
+  // undo, no Expand): its primal twin is the output.
+  const V ta = c.t(0).valid() ? c.term(c.b.op1("MatMul", {c.t(0), c.x(1)})) : V{};
+  const V tb = c.t(1).valid() ? c.term(c.b.op1("MatMul", {c.x(0), c.t(1)})) : V{};
+  return {c.b.add(ta, tb)};
+}
+
+// Multilinear: one term per operand with a tangent, the others primal.
+Vs einsum_jvp(D& c) {
+  V sum;
+  for (size_t i = 0; i < c.xs.size(); ++i) {
+    if (!c.t(i).valid()) continue;
+    Vs ins = c.xs;
+    ins[i] = c.t(i);
+    sum = c.b.add(sum, c.same_op(ins));
+  }
+  return {sum};
+}
+
+}  // namespace
+
+void register_matmul(OpTable& table) {
+  table.op("MatMul").batch(matmul_rule, 13).jvp(matmul_jvp).transpose(matmul_transpose);
+  table.op("Gemm").batch(gemm_rule, 13).jvp(gemm_jvp);  // (its JVP emits MatMul and Add)
+  table.op("Einsum").batch(einsum_rule, 12).jvp(einsum_jvp).transpose(einsum_transpose);
+  table.op("Det").jvp(det_jvp);
 }
 
 }  // namespace onnax

@@ -9,6 +9,7 @@
 #include "rules/batching.h"
 #include "rules/conv_batched_weight.h"
 #include "rules/derivative.h"
+#include "rules/op_table.h"
 #include "rules/window.h"
 #include "transforms/subgraph.h"
 
@@ -268,25 +269,6 @@ BatchResult flex_attention_rule(BatchCtx& c) {
   const V q = c.materialize(0);
   const Vs ins = {merge_batch(c, q), merge_batch(c, c.materialize(1)), merge_batch(c, c.materialize(2))};
   return all_batched({split_batch(c, c.b.clone(c.node, ins)[0], q)});
-}
-
-void register_nn_rules(BatchRules& r) {
-  for (const char* op : {"AveragePool", "LpPool", "GlobalAveragePool", "GlobalMaxPool", "GlobalLpPool", "LRN",
-                         "DepthToSpace", "SpaceToDepth"})
-    r.add("", op, 1, merge_rule);
-  r.add("", "MaxPool", 1, maxpool_rule);
-  r.add("", "Conv", 1, conv_only_rule);
-  r.add("", "ConvTranspose", 1, conv_rule);
-  r.add("", "BatchNormalization", 15, batchnorm_rule);
-  r.add("", "InstanceNormalization", 6, channel_affine_rule);
-  r.add("", "GroupNormalization", 21, channel_affine_rule);
-  r.add("", "LayerNormalization", 17, trailing_norm_rule);
-  r.add("", "RMSNormalization", 23, trailing_norm_rule);
-  r.add("", "Resize", 18, resize_rule);
-  r.add("", "GridSample", 16, grid_sample_rule);
-  r.add("", "DeformConv", 19, deform_conv_rule);
-  r.add("", "RoiAlign", 16, roi_align_rule);
-  r.add("ai.onnx.preview", "FlexAttention", 1, flex_attention_rule);
 }
 
 }  // namespace onnax
@@ -784,19 +766,31 @@ Vs conv_transpose_transpose(TransposeCtx& c) {
 
 }  // namespace
 
-void register_nn_derivatives(DerivativeRules& r) {
-  r.transpose("Conv", conv_transpose_rule);
-  r.transpose("ConvTranspose", conv_transpose_transpose);
-  r.jvp("BatchNormalization", batchnorm_jvp);
-  r.jvp("LayerNormalization", [](D& c) { return trailing_normalize_jvp(c, true); });
-  r.jvp("RMSNormalization", [](D& c) { return trailing_normalize_jvp(c, false); });
-  r.jvp("InstanceNormalization", instancenorm_jvp);
-  r.jvp("GroupNormalization", groupnorm_jvp);
-  r.jvp("GlobalAveragePool", [](D& c) -> Vs { return {c.t(0).valid() ? c.same_op({c.t(0)}) : V{}}; });
-  r.transpose("GlobalAveragePool", global_average_transpose);
-  r.jvp("MaxPool", maxpool_jvp);
-  r.jvp("Conv", conv_jvp);
-  r.jvp("ConvTranspose", conv_jvp);
+void register_nn(OpTable& table) {
+  table.op("Conv").batch(conv_only_rule).jvp(conv_jvp).transpose(conv_transpose_rule);
+  table.op("ConvTranspose").batch(conv_rule).jvp(conv_jvp).transpose(conv_transpose_transpose);
+  table.op("MaxPool").batch(maxpool_rule).jvp(maxpool_jvp);
+  table.op("GlobalAveragePool")
+      .batch(merge_rule)
+      .jvp([](D& c) -> Vs { return {c.t(0).valid() ? c.same_op({c.t(0)}) : V{}}; })
+      .transpose(global_average_transpose);
+  // (Their derivatives: pool.cc, shape.cc.)
+  for (const char* op :
+       {"AveragePool", "LpPool", "GlobalMaxPool", "GlobalLpPool", "LRN", "DepthToSpace", "SpaceToDepth"})
+    table.op(op).batch(merge_rule);
+  table.op("BatchNormalization").batch(batchnorm_rule, 15).jvp(batchnorm_jvp);
+  table.op("InstanceNormalization").batch(channel_affine_rule, 6).jvp(instancenorm_jvp);
+  table.op("GroupNormalization").batch(channel_affine_rule, 21).jvp(groupnorm_jvp);
+  table.op("LayerNormalization").batch(trailing_norm_rule, 17).jvp([](D& c) {
+    return trailing_normalize_jvp(c, true);
+  });
+  table.op("RMSNormalization").batch(trailing_norm_rule, 23).jvp([](D& c) { return trailing_normalize_jvp(c, false); });
+  // (Their derivatives: resize.cc, grid_sample.cc, deform_conv.cc, roi_align.cc, expand.cc.)
+  table.op("Resize").batch(resize_rule, 18);
+  table.op("GridSample").batch(grid_sample_rule, 16);
+  table.op("DeformConv").batch(deform_conv_rule, 19);
+  table.op("RoiAlign").batch(roi_align_rule, 16);
+  table.op_in("ai.onnx.preview", "FlexAttention").batch(flex_attention_rule);
 }
 
 }  // namespace onnax

@@ -4,6 +4,7 @@
 #include <climits>
 
 #include "rules/derivative.h"
+#include "rules/op_table.h"
 #include "rules/window.h"
 
 namespace onnax {
@@ -196,13 +197,14 @@ Vs lrn_jvp(D& c) {
 
 }  // namespace
 
-void register_pool_derivatives(DerivativeRules& r) {
-  r.jvp("LRN", lrn_jvp);
-  r.jvp("AveragePool", [](D& c) -> Vs { return {c.t(0).valid() ? c.same_op({c.t(0)}) : V{}}; });
-  r.transpose("AveragePool", average_pool_transpose);
-  r.jvp("LpPool", lp_pool_jvp);
-  r.jvp("GlobalLpPool", global_lp_pool_jvp);
-  r.jvp("GlobalMaxPool", global_max_pool_jvp);
+void register_pool(OpTable& table) {
+  table.op("LRN").jvp(lrn_jvp);
+  table.op("AveragePool")
+      .jvp([](D& c) -> Vs { return {c.t(0).valid() ? c.same_op({c.t(0)}) : V{}}; })
+      .transpose(average_pool_transpose);
+  table.op("LpPool").jvp(lp_pool_jvp);
+  table.op("GlobalLpPool").jvp(global_lp_pool_jvp);
+  table.op("GlobalMaxPool").jvp(global_max_pool_jvp);
 }
 
 }  // namespace onnax

@@ -17,6 +17,7 @@
 #include "rules/batching.h"
 #include "rules/derivative.h"
 #include "rules/expansion_writer.h"
+#include "rules/op_table.h"
 
 namespace onnax {
 namespace {
@@ -409,13 +410,10 @@ BatchResult reverse_sequence_rule(BatchCtx& c) {
 
 }  // namespace
 
-void register_recurrent_rules(BatchRules& r) {
-  for (const char* op : {"RNN", "GRU", "LSTM"}) r.add("", op, 14, recurrent_rule);
-  r.add("", "ReverseSequence", 10, reverse_sequence_rule);
-}
-
-void register_recurrent_derivatives(DerivativeRules& r) {
-  for (const char* op : {"RNN", "GRU", "LSTM"}) r.jvp(op, recurrent_jvp);
+void register_recurrent(OpTable& table) {
+  for (const char* op : {"RNN", "GRU", "LSTM"}) table.op(op).batch(recurrent_rule, 14);
+  table.op("ReverseSequence").batch(reverse_sequence_rule, 10);
+  for (const char* op : {"RNN", "GRU", "LSTM"}) table.op(op).jvp(recurrent_jvp);
 }
 
 }  // namespace onnax

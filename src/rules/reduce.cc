@@ -4,6 +4,7 @@
 
 #include "rules/batching.h"
 #include "rules/derivative.h"
+#include "rules/op_table.h"
 
 namespace onnax {
 namespace {
@@ -83,17 +84,6 @@ BatchResult cumsum_rule(BatchCtx& c) {
 }
 
 }  // namespace
-
-void register_reduce_rules(BatchRules& r) {
-  for (const char* op : {"ReduceMax", "ReduceMin", "ReduceMean", "ReduceProd", "ReduceL1", "ReduceL2", "ReduceLogSum",
-                         "ReduceLogSumExp", "ReduceSumSquare"})
-    r.add("", op, 18, reduce_input_axes_rule);
-  r.add("", "ReduceSum", 13, reduce_input_axes_rule);
-  for (const char* op : {"Softmax", "LogSoftmax", "Hardmax", "ArgMax", "ArgMin", "TopK", "LpNormalization"})
-    r.add("", op, 11, axis_attr_rule);
-  r.add("", "CumSum", 11, cumsum_rule);
-  r.add("", "CumProd", 26, cumsum_rule);
-}
 
 }  // namespace onnax
 
@@ -239,30 +229,35 @@ Vs log_softmax_jvp(D& c) {
 
 }  // namespace
 
-void register_reduce_derivatives(DerivativeRules& r) {
-  r.jvp("ReduceSum", linear_same_op);
-  r.jvp("ReduceMean", linear_same_op);
-  r.transpose("ReduceSum", [](TransposeCtx& c) { return reduce_transpose(c, false); });
-  r.transpose("ReduceMean", [](TransposeCtx& c) { return reduce_transpose(c, true); });
-  r.jvp("ReduceSumSquare", [](D& c) -> Vs {
+void register_reduce(OpTable& table) {
+  for (const char* op : {"ReduceMax", "ReduceMin", "ReduceMean", "ReduceProd", "ReduceL1", "ReduceL2", "ReduceLogSum",
+                         "ReduceLogSumExp", "ReduceSumSquare"})
+    table.op(op).batch(reduce_input_axes_rule, 18);
+  for (const char* op : {"Softmax", "LogSoftmax", "Hardmax", "ArgMax", "ArgMin", "TopK"})
+    table.op(op).batch(axis_attr_rule, 11);
+  table.op("ReduceSum").batch(reduce_input_axes_rule, 13).jvp(linear_same_op).transpose([](TransposeCtx& c) {
+    return reduce_transpose(c, false);
+  });
+  table.op("ReduceMean").jvp(linear_same_op).transpose([](TransposeCtx& c) { return reduce_transpose(c, true); });
+  table.op("ReduceSumSquare").jvp([](D& c) -> Vs {
     if (!c.t(0).valid()) return {V{}};
     return {reduce_sum_like(c, c.b.op1("Mul", {c.b.op1("Mul", {c.scalar(2.0), c.x(0)}), c.t(0)}))};
   });
-  r.jvp("ReduceL2", [](D& c) -> Vs {
+  table.op("ReduceL2").jvp([](D& c) -> Vs {
     if (!c.t(0).valid()) return {V{}};
     V s = reduce_sum_like(c, c.b.op1("Mul", {c.x(0), c.t(0)}));
     return {c.b.op1("Div", {s, c.y()})};
   });
-  r.jvp("ReduceL1", [](D& c) -> Vs {
+  table.op("ReduceL1").jvp([](D& c) -> Vs {
     if (!c.t(0).valid()) return {V{}};
     return {reduce_sum_like(c, c.b.op1("Mul", {c.b.op1("Sign", {c.x(0)}), c.t(0)}))};
   });
-  r.jvp("ReduceLogSumExp", [](D& c) -> Vs {
+  table.op("ReduceLogSumExp").jvp([](D& c) -> Vs {
     if (!c.t(0).valid()) return {V{}};
     V w = c.b.op1("Exp", {c.b.op1("Sub", {c.x(0), keep_dims(c, c.y())})});
     return {reduce_sum_like(c, c.b.op1("Mul", {w, c.t(0)}))};
   });
-  r.jvp("ReduceLogSum", [](D& c) -> Vs {
+  table.op("ReduceLogSum").jvp([](D& c) -> Vs {
     if (!c.t(0).valid()) return {V{}};
     return {c.b.op1("Div", {reduce_sum_like(c, c.t(0)), c.b.op1("Exp", {c.y()})})};
   });
@@ -272,28 +267,27 @@ void register_reduce_derivatives(DerivativeRules& r) {
     V mask = c.b.op1("Cast", {c.b.op1("Equal", {c.x(0), keep_dims(c, c.y())})}, {Attr::i("to", c.dtype(0))});
     return {c.b.op1("Div", {reduce_sum_like(c, c.b.op1("Mul", {c.t(0), mask})), reduce_sum_like(c, mask)})};
   };
-  r.jvp("ReduceMax", extremum);
-  r.jvp("ReduceMin", extremum);
-  r.jvp("ReduceProd", [](D& c) -> Vs {
+  table.op("ReduceMax").jvp(extremum);
+  table.op("ReduceMin").jvp(extremum);
+  table.op("ReduceProd").jvp([](D& c) -> Vs {
     if (!c.t(0).valid()) return {V{}};
     // d prod = sum(prod / x * t); exact away from zeros of x.
     V w = c.b.op1("Div", {keep_dims(c, c.y()), c.x(0)});
     return {reduce_sum_like(c, c.b.op1("Mul", {w, c.t(0)}))};
   });
-  r.jvp("Softmax", softmax_jvp);
-  r.jvp("LogSoftmax", log_softmax_jvp);
-  r.jvp("CumSum", linear_same_op);
-  r.transpose("CumSum", [](TransposeCtx& c) -> Vs {
+  table.op("Softmax").jvp(softmax_jvp);
+  table.op("LogSoftmax").jvp(log_softmax_jvp);
+  table.op("CumSum").batch(cumsum_rule, 11).jvp(linear_same_op).transpose([](TransposeCtx& c) -> Vs {
     V out = c.b.clone(c.node, {c.ct(), c.in(1)}, {Attr::i("reverse", c.attr_i("reverse", 0) ? 0 : 1)})[0];
     return {out, V{}};
   });
-  r.jvp("TopK", [](D& c) -> Vs {
+  table.op("TopK").jvp([](D& c) -> Vs {
     if (!c.t(0).valid()) return {V{}, V{}};
     return {c.b.op1("GatherElements", {c.t(0), c.y(1)}, {Attr::i("axis", c.attr_i("axis", -1))}), V{}};
   });
   // d cumprod = cumprod * cumsum(dx / x) with the same axis, exclusive and reverse (exact
   // away from zeros of x, like ReduceProd).
-  r.jvp("CumProd", [](D& c) -> Vs {
+  table.op("CumProd").batch(cumsum_rule, 26).jvp([](D& c) -> Vs {
     if (!c.t(0).valid()) return {V{}};
     auto& b = c.b;
     V ratio = b.op1("Div", {c.t(0), c.x(0)});
@@ -305,7 +299,8 @@ void register_reduce_derivatives(DerivativeRules& r) {
   });
   // y = x / n with n = ||x||_p along axis: dy = (dx - y dn) / n, dn = sum(s dx) with s = y
   // (p = 2) or sign(x) (p = 1).
-  r.jvp("LpNormalization", [](D& c) -> Vs {
+  // (Every version: its axis attribute has meant the same since opset 1.)
+  table.op("LpNormalization").batch(axis_attr_rule).jvp([](D& c) -> Vs {
     if (!c.t(0).valid()) return {V{}};
     auto& b = c.b;
     const int64_t p = c.attr_i("p", 2);
@@ -322,45 +317,46 @@ void register_reduce_derivatives(DerivativeRules& r) {
   });
   // DequantizeLinear is (x - zero_point) * scale: linear in the scale (x and zero_point are
   // integers), so its tangent is the op applied to the scale's tangent.
-  r.jvp("DequantizeLinear", [](D& c) -> Vs {
-    if (!c.t(1).valid()) return {V{}};
-    return {c.same_op({c.x(0), c.t(1), c.x(2)})};
-  });
-  r.transpose("DequantizeLinear", [](TransposeCtx& c) -> Vs {
-    auto& b = c.b;
-    if (c.linear(0) || c.linear(2) || !c.linear(1))
-      c.unsupported("only the scale can be a tangent", "differentiate with respect to the scale only");
-    V sshape = tangent_shape(c, c.in(1));
-    // (x - zero_point) as the scale's dtype: the op itself with unit scales.
-    V ones = b.expand(b.scalar(1.0, b.facts(c.ct()).dtype), sshape);
-    V prod = b.op1("Mul", {c.ct(), b.clone(c.node, {c.in(0), ones, c.in(2)})[0]});
-    const int64_t xrank = c.rank(c.in(0));
-    const int64_t srank = c.rank(c.in(1));
-    int64_t axis = c.attr_i("axis", 1);
-    if (axis < 0) axis += xrank;
-    if (const int64_t block = c.attr_i("block_size", 0); block > 0) {
-      // Scale j along the axis serves elements j*block .. j*block + block - 1 (the last block
-      // may be short): zero-pad to whole blocks, split the axis into (blocks, block), sum the
-      // second.
-      const V ax = b.i64s({axis});
-      const V xshape = b.shape_of(c.in(0));
-      const V blocks = b.op1("Gather", {sshape, ax}, {Attr::i("axis", 0)});
-      const V size = b.op1("Gather", {xshape, ax}, {Attr::i("axis", 0)});
-      const V missing = b.op1("Sub", {b.op1("Mul", {blocks, b.i64s({block})}), size});
-      const V padded = b.op1("Pad", {prod, b.concat({b.i64s({0}), missing}, 0), V{}, ax});
-      const V split = b.concat({b.op1("Slice", {xshape, b.i64s({0}), ax}), blocks, b.i64s({block}),
-                                b.op1("Slice", {xshape, b.i64s({axis + 1}), b.i64s({INT64_MAX})})},
-                               0);
-      const V sums = b.op1("ReduceSum", {b.reshape(padded, split), b.i64s({axis + 1})}, {Attr::i("keepdims", 0)});
-      return {V{}, sums, V{}};
-    }
-    std::vector<int64_t> axes;
-    for (int64_t k = 0; k < xrank; ++k)
-      if (srank == 0 || k != axis) axes.push_back(k);
-    V sums = axes.empty() ? prod : b.op1("ReduceSum", {prod, b.i64s(axes)}, {Attr::i("keepdims", 1)});
-    return {V{}, b.reshape(sums, sshape), V{}};
-  });
-  for (const char* op : {"ArgMax", "ArgMin", "Hardmax"}) r.zero(op);
+  table.op("DequantizeLinear")
+      .jvp([](D& c) -> Vs {
+        if (!c.t(1).valid()) return {V{}};
+        return {c.same_op({c.x(0), c.t(1), c.x(2)})};
+      })
+      .transpose([](TransposeCtx& c) -> Vs {
+        auto& b = c.b;
+        if (c.linear(0) || c.linear(2) || !c.linear(1))
+          c.unsupported("only the scale can be a tangent", "differentiate with respect to the scale only");
+        V sshape = tangent_shape(c, c.in(1));
+        // (x - zero_point) as the scale's dtype: the op itself with unit scales.
+        V ones = b.expand(b.scalar(1.0, b.facts(c.ct()).dtype), sshape);
+        V prod = b.op1("Mul", {c.ct(), b.clone(c.node, {c.in(0), ones, c.in(2)})[0]});
+        const int64_t xrank = c.rank(c.in(0));
+        const int64_t srank = c.rank(c.in(1));
+        int64_t axis = c.attr_i("axis", 1);
+        if (axis < 0) axis += xrank;
+        if (const int64_t block = c.attr_i("block_size", 0); block > 0) {
+          // Scale j along the axis serves elements j*block .. j*block + block - 1 (the last block
+          // may be short): zero-pad to whole blocks, split the axis into (blocks, block), sum the
+          // second.
+          const V ax = b.i64s({axis});
+          const V xshape = b.shape_of(c.in(0));
+          const V blocks = b.op1("Gather", {sshape, ax}, {Attr::i("axis", 0)});
+          const V size = b.op1("Gather", {xshape, ax}, {Attr::i("axis", 0)});
+          const V missing = b.op1("Sub", {b.op1("Mul", {blocks, b.i64s({block})}), size});
+          const V padded = b.op1("Pad", {prod, b.concat({b.i64s({0}), missing}, 0), V{}, ax});
+          const V split = b.concat({b.op1("Slice", {xshape, b.i64s({0}), ax}), blocks, b.i64s({block}),
+                                    b.op1("Slice", {xshape, b.i64s({axis + 1}), b.i64s({INT64_MAX})})},
+                                   0);
+          const V sums = b.op1("ReduceSum", {b.reshape(padded, split), b.i64s({axis + 1})}, {Attr::i("keepdims", 0)});
+          return {V{}, sums, V{}};
+        }
+        std::vector<int64_t> axes;
+        for (int64_t k = 0; k < xrank; ++k)
+          if (srank == 0 || k != axis) axes.push_back(k);
+        V sums = axes.empty() ? prod : b.op1("ReduceSum", {prod, b.i64s(axes)}, {Attr::i("keepdims", 1)});
+        return {V{}, b.reshape(sums, sshape), V{}};
+      });
+  for (const char* op : {"ArgMax", "ArgMin", "Hardmax"}) table.op(op).zero();
 }
 
 }  // namespace onnax

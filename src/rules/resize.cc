@@ -13,6 +13,7 @@
 
 #include "rules/derivative.h"
 #include "rules/expansion_writer.h"
+#include "rules/op_table.h"
 #include "rules/window.h"
 
 namespace onnax {
@@ -366,9 +367,8 @@ Vs resize_transpose(TransposeCtx& c) {
 
 }  // namespace
 
-void register_resize_derivatives(DerivativeRules& r) {
-  r.jvp("Resize", resize_jvp);
-  r.transpose("Resize", resize_transpose);
+void register_resize(OpTable& table) {
+  table.op("Resize").jvp(resize_jvp).transpose(resize_transpose);
 }
 
 }  // namespace onnax

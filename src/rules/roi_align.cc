@@ -14,6 +14,7 @@
 
 #include "rules/derivative.h"
 #include "rules/expansion_writer.h"
+#include "rules/op_table.h"
 
 namespace onnax {
 namespace {
@@ -170,8 +171,8 @@ Vs roi_align_jvp(JvpCtx& c) {
 
 }  // namespace
 
-void register_roi_align_derivatives(DerivativeRules& r) {
-  r.jvp("RoiAlign", roi_align_jvp);
+void register_roi_align(OpTable& table) {
+  table.op("RoiAlign").jvp(roi_align_jvp);
 }
 
 }  // namespace onnax

@@ -6,6 +6,7 @@
 #include "diagnostics/error.h"
 #include "rules/batching.h"
 #include "rules/derivative.h"
+#include "rules/op_table.h"
 
 namespace onnax {
 namespace {
@@ -190,25 +191,6 @@ BatchResult onehot_rule(BatchCtx& c) {
 
 }  // namespace
 
-void register_shape_rules(BatchRules& r) {
-  r.add("", "Reshape", 14, reshape_rule);
-  r.add("", "Transpose", 13, transpose_rule);
-  r.add("", "Squeeze", 13, squeeze_rule);
-  r.add("", "Unsqueeze", 13, squeeze_rule);
-  r.add("", "Flatten", 13, flatten_rule);
-  r.add("", "Expand", 13, expand_rule);
-  r.add("", "Concat", 13, concat_rule);
-  r.add("", "Split", 13, split_rule);
-  r.add("", "Tile", 13, tile_rule);
-  r.add("", "Pad", 18, pad_rule);
-  r.add("", "Shape", 15, shape_rule);
-  r.add("", "Size", 13, size_rule);
-  r.add("", "ConstantOfShape", 9, shared_only_rule);
-  r.add("", "Trilu", 14, trilu_rule);
-  r.add("", "Compress", 11, compress_rule);
-  r.add("", "OneHot", 11, onehot_rule);
-}
-
 }  // namespace onnax
 
 // ---------------------------------------------------------------------------------------
@@ -363,40 +345,48 @@ Vs depth_to_space_transpose(TransposeCtx& c) {
 
 }  // namespace
 
-void register_shape_derivatives(DerivativeRules& r) {
-  for (const char* op : {"Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Expand", "Slice", "Tile", "Split",
-                         "Trilu", "DepthToSpace", "SpaceToDepth", "Compress"})
-    r.jvp(op, linear_in_first_jvp);
-  r.jvp("Pad", pad_jvp);
-  r.jvp("Concat", concat_jvp);
-  for (const char* op : {"Reshape", "Flatten", "Squeeze", "Unsqueeze"}) r.transpose(op, reshape_back);
-  r.transpose("Transpose", transpose_transpose);
-  r.transpose("Expand", [](TransposeCtx& c) -> Vs { return {unbroadcast_to(c.b, c.ct(), c.in(0)), V{}}; });
-  for (const char* op : {"Slice", "Compress"})
-    r.transpose(op, [](TransposeCtx& c) { return selection_transpose(c, 0, /*each_once=*/true); });
-  r.transpose("Tile", [](TransposeCtx& c) { return selection_transpose(c, 0); });
-  // DepthToSpace and SpaceToDepth permute elements: each transposes to its inverse, in the
-  // data's own dtype (a gather of positions would run them on int64 indices, which ONNX
-  // Runtime has no kernel for).
-  r.transpose("SpaceToDepth", [](TransposeCtx& c) -> Vs {
-    // (Its mode, an attribute since opset 28, names the DepthToSpace it inverts.)
-    const onnx::AttributeProto* mode = c.attr("mode");
-    return {c.b.op1("DepthToSpace", {c.ct()},
-                    {Attr::i("blocksize", c.attr_i("blocksize", 1)), Attr::s("mode", mode ? mode->s() : "DCR")})};
+void register_shape(OpTable& table) {
+  table.op("Reshape").batch(reshape_rule, 14);
+  table.op("Transpose").batch(transpose_rule, 13).transpose(transpose_transpose);
+  table.op("Squeeze").batch(squeeze_rule, 13);
+  table.op("Unsqueeze").batch(squeeze_rule, 13);
+  table.op("Flatten").batch(flatten_rule, 13);
+  table.op("Expand").batch(expand_rule, 13).transpose([](TransposeCtx& c) -> Vs {
+    return {unbroadcast_to(c.b, c.ct(), c.in(0)), V{}};
   });
-  r.transpose("DepthToSpace", depth_to_space_transpose);
-  r.transpose("Trilu", [](TransposeCtx& c) -> Vs {
+  table.op("Split").batch(split_rule, 13).transpose(split_transpose);
+  table.op("Tile").batch(tile_rule, 13).transpose([](TransposeCtx& c) { return selection_transpose(c, 0); });
+  table.op("Shape").batch(shape_rule, 15);
+  table.op("Size").batch(size_rule, 13);
+  table.op("ConstantOfShape").batch(shared_only_rule, 9);
+  table.op("Trilu").batch(trilu_rule, 14).transpose([](TransposeCtx& c) -> Vs {
     Vs ins = c.ins;
     ins[0] = c.ct();
     Vs out(c.ins.size());
     out[0] = c.b.clone(c.node, ins)[0];
     return out;
   });
-  r.transpose("Pad", pad_transpose);
-  r.transpose("Concat", concat_transpose);
-  r.transpose("Split", split_transpose);
-  for (const char* op : {"Shape", "Size", "ConstantOfShape", "Range", "NonZero", "EyeLike"}) r.zero(op);
-  r.jvp("OneHot", [](D& c) -> Vs {
+  table.op("Compress").batch(compress_rule, 11);
+  for (const char* op : {"Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Expand", "Slice", "Tile", "Split",
+                         "Trilu", "DepthToSpace", "SpaceToDepth", "Compress"})
+    table.op(op).jvp(linear_in_first_jvp);
+  table.op("Pad").batch(pad_rule, 18).jvp(pad_jvp).transpose(pad_transpose);
+  table.op("Concat").batch(concat_rule, 13).jvp(concat_jvp).transpose(concat_transpose);
+  for (const char* op : {"Reshape", "Flatten", "Squeeze", "Unsqueeze"}) table.op(op).transpose(reshape_back);
+  for (const char* op : {"Slice", "Compress"})
+    table.op(op).transpose([](TransposeCtx& c) { return selection_transpose(c, 0, /*each_once=*/true); });
+  // DepthToSpace and SpaceToDepth permute elements: each transposes to its inverse, in the
+  // data's own dtype (a gather of positions would run them on int64 indices, which ONNX
+  // Runtime has no kernel for).
+  table.op("SpaceToDepth").transpose([](TransposeCtx& c) -> Vs {
+    // (Its mode, an attribute since opset 28, names the DepthToSpace it inverts.)
+    const onnx::AttributeProto* mode = c.attr("mode");
+    return {c.b.op1("DepthToSpace", {c.ct()},
+                    {Attr::i("blocksize", c.attr_i("blocksize", 1)), Attr::s("mode", mode ? mode->s() : "DCR")})};
+  });
+  table.op("DepthToSpace").transpose(depth_to_space_transpose);
+  for (const char* op : {"Shape", "Size", "ConstantOfShape", "Range", "NonZero", "EyeLike"}) table.op(op).zero();
+  table.op("OneHot").batch(onehot_rule, 11).jvp([](D& c) -> Vs {
     // Linear in values = [off, on]: off + (on - off) * onehot(indices).
     if (!c.t(2).valid()) return {V{}};
     auto& b = c.b;

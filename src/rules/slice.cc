@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "rules/batching.h"
+#include "rules/op_table.h"
 
 namespace onnax {
 namespace {
@@ -165,9 +166,9 @@ BatchResult range_rule(BatchCtx& c) {
 
 }  // namespace
 
-void register_slice_rules(BatchRules& r) {
-  r.add("", "Slice", 13, slice_rule);
-  r.add("", "Range", 11, range_rule);
+void register_slice(OpTable& table) {
+  table.op("Slice").batch(slice_rule, 13);
+  table.op("Range").batch(range_rule, 11);
 }
 
 }  // namespace onnax

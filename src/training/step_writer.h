@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "emit/graph_writer.h"
-#include "emit/names.h"
 #include "facts/facts.h"
+#include "ir/names.h"
 
 namespace onnax::training {
 

@@ -180,7 +180,7 @@ onnx::ModelProto per_example_gradients(const onnx::ModelProto& loss_model, const
   for (const auto& name : declared) per_example.in_axes_by_name[name] = 0;
   onnx::ModelProto v = vmap(gradient, per_example);
   onnx::GraphProto& g = *v.mutable_graph();
-  training::collect_names(g, scope);
+  collect_names(g, scope);
   // The vmapped graph reads x_example [B, 1, ...] (an example as a batch of one); the step's
   // input x [B, ...] feeds it, declared with vmap's batch dim in place of the model's.
   std::vector<onnx::NodeProto> feeds;
@@ -223,7 +223,7 @@ onnx::ModelProto per_example_gradients(const onnx::ModelProto& loss_model, const
 // names were added to `scope`) a fresh name, so the claimed names are the step's alone.
 void free_claimed_names(onnx::GraphProto& g, const std::vector<std::string>& claimed, NameScope& scope) {
   NameScope used;
-  training::collect_names(g, used);
+  collect_names(g, used);
   for (const auto& name : claimed)
     if (used.contains(name)) training::rename_everywhere(g, name, scope.fresh(name + "_internal"));
 }
@@ -393,7 +393,7 @@ onnx::ModelProto step_of(const onnx::ModelProto& loss_model, const TrainStepOpti
   // Every name the step adds is chosen fresh against the loss model's names, in one order for
   // every form, so the accumulate and apply steps agree on their accumulators' names.
   NameScope scope;
-  training::collect_names(loss_model.graph(), scope);
+  collect_names(loss_model.graph(), scope);
   onnx::ModelProto result;
   onnx::GraphProto scratch;
   StepWriter w(scratch, scope);
@@ -460,7 +460,7 @@ onnx::ModelProto step_of(const onnx::ModelProto& loss_model, const TrainStepOpti
   }
   onnx::GraphProto& g = *result.mutable_graph();
   free_claimed_names(g, claimed, scope);
-  training::collect_names(g, scope);
+  collect_names(g, scope);
   if (o.form != Form::kApply) {
     if (loss.empty()) loss = loss_output(g, model_outputs, o.loss);
     for (size_t i = 0; i < params.size(); ++i) params[i].grad = g.output(static_cast<int>(model_outputs + i)).name();

@@ -157,22 +157,6 @@ void insert_output(onnx::GraphProto& g, int position, const std::string& name, c
   for (int i = g.output_size() - 1; i > position; --i) g.mutable_output()->SwapElements(i, i - 1);
 }
 
-void collect_names(const onnx::GraphProto& g, NameScope& values) {
-  for (const auto& vi : g.input()) values.reserve(vi.name());
-  for (const auto& vi : g.output()) values.reserve(vi.name());
-  for (const auto& vi : g.value_info()) values.reserve(vi.name());
-  for (const auto& t : g.initializer()) values.reserve(t.name());
-  for (const auto& s : g.sparse_initializer()) values.reserve(s.values().name());
-  for (const auto& n : g.node()) {
-    for (const auto& o : n.output())
-      if (!o.empty()) values.reserve(o);
-    for (const auto& a : n.attribute()) {
-      if (a.has_g()) collect_names(a.g(), values);
-      for (const auto& sg : a.graphs()) collect_names(sg, values);
-    }
-  }
-}
-
 void rename_everywhere(onnx::GraphProto& g, const std::string& from, const std::string& to) {
   auto fix = [&](std::string* s) {
     if (*s == from) *s = to;

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "facts/facts.h"
+#include "ir/graph_names.h"
 #include "transforms/prepare.h"
 
 namespace onnax::training {
@@ -33,8 +34,6 @@ void set_metadata(onnx::ModelProto& model, const std::string& key, const std::st
 std::string metadata(const onnx::ModelProto& model, const std::string& key);
 void erase_metadata(onnx::ModelProto& model, const std::string& key);
 
-// Reserves in `values` every value name `g` and its subgraphs use.
-void collect_names(const onnx::GraphProto& g, NameScope& values);
 // Renames value `from` to `to` wherever it occurs in `g` and its subgraphs (its producer, its
 // readers, inputs, outputs, initializers, value_info). Names are unique model-wide (SSA), so
 // this renames one value.

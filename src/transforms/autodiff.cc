@@ -15,6 +15,7 @@
 #include "emit/builder.h"
 #include "facts/schemas.h"
 #include "rules/derivative.h"
+#include "rules/op_table.h"
 #include "transforms/contrib_ops.h"
 #include "transforms/lower_opset.h"
 #include "transforms/prepare.h"
@@ -41,6 +42,17 @@ struct Resolved {
   std::vector<std::string> inputs;
   std::vector<std::string> outputs;
 };
+
+// The name of a derivative of `base`: base + suffix, or, when an earlier transform took that
+// name for the same kind of derivative, the suffix once more (the next order: grad of grad
+// gives w_grad_grad, jvp of jvp pairs the tangent input w_tangent_tangent with the output
+// loss_tangent_tangent); numbered only if that is taken too.
+std::string derived_name(NameScope& names, const std::string& base, std::string_view suffix) {
+  const std::string first = base + std::string(suffix);
+  if (!names.contains(first)) return names.fresh(first);
+  const std::string second = first + std::string(suffix);
+  return names.fresh(second);
+}
 
 Resolved resolve(const Prepared& p, Mode mode, const Selection& sel) {
   const std::string m = mode_name(mode);
@@ -281,7 +293,7 @@ void differentiate_graph(Prepared& p, Mode mode, const Selection& sel) {
   Vs seeds;
   for (const auto& name : r.inputs) {
     const Facts f = facts(name);
-    const std::string tname = p.value_names.fresh(name + "_tangent");
+    const std::string tname = derived_name(p.value_names, name, "_tangent");
     V t = b.existing(tname, f);
     b.mark_tangent(t);
     b.set_witness(t, at(primal, id_of(name)));
@@ -304,7 +316,7 @@ void differentiate_graph(Prepared& p, Mode mode, const Selection& sel) {
     // (Not the node scope: generated nodes take their outputs' names, see Builder::name_node.)
     p.value_names.expect(static_cast<size_t>(p.value_names.size()) + expected);
   }
-  const DerivativeRules& rules = DerivativeRules::instance();
+  const OpTable& rules = OpTable::instance();
   const std::unordered_map<std::string, int> opsets = model_opsets(p);
   SchemaCache schemas;
   // Each rule is registered for one domain::op, and a model has one opset per domain: the
@@ -375,8 +387,8 @@ void differentiate_graph(Prepared& p, Mode mode, const Selection& sel) {
       all_stopped = all_stopped && (output_ids[k] < 0 || stopped[static_cast<size_t>(output_ids[k])]);
     if (all_stopped) continue;
     const bool default_domain = node.domain().empty() || node.domain() == "ai.onnx";
-    if (rules.is_zero(node)) continue;
-    const JvpRule* rule = rules.find_jvp(node);
+    if (rules.zero_for(node)) continue;
+    const JvpRule* rule = rules.jvp_for(node);
     // The node's domain and its opset, asked for only by diagnostics and a rule's first use (a
     // string hash per node otherwise).
     const std::string_view domain = default_domain ? std::string_view() : std::string_view(node.domain());
@@ -463,7 +475,7 @@ void differentiate_graph(Prepared& p, Mode mode, const Selection& sel) {
 
   if (mode == Mode::kJvp) {
     for (const auto& o : r.outputs) {
-      const std::string tname = p.value_names.fresh(o + "_tangent");
+      const std::string tname = derived_name(p.value_names, o, "_tangent");
       b.set_origin(tname);
       const V t = at(tangent, id_of(o));
       emit_named(t.valid() ? t : zeros_like(o), tname);
@@ -493,7 +505,7 @@ void differentiate_graph(Prepared& p, Mode mode, const Selection& sel) {
       if (mode == Mode::kGrad) {
         seed = b.scalar(1.0, facts(o).dtype);
       } else {
-        const std::string cname = p.value_names.fresh(o + "_cotangent");
+        const std::string cname = derived_name(p.value_names, o, "_cotangent");
         seed = b.existing(cname, facts(o));
         new_inputs.push_back(value_info_like(cname, facts(o)));
         fixed_names.insert(cname);
@@ -510,7 +522,7 @@ void differentiate_graph(Prepared& p, Mode mode, const Selection& sel) {
         any = any || c.valid();
       }
       if (!any) continue;
-      const TransposeRule* rule = rules.find_transpose(tn.node->op_type());
+      const TransposeRule* rule = rules.transpose_for(tn.node->op_type());
       if (!rule)
         diag::fail(Error::Kind::kUnsupported,
                    m + ": cannot run ai.onnx::" + tn.node->op_type() + " (opset " + std::to_string(p.opset) +
@@ -539,7 +551,7 @@ void differentiate_graph(Prepared& p, Mode mode, const Selection& sel) {
     }
     for (size_t i = 0; i < r.inputs.size(); ++i) {
       const std::string& name = r.inputs[i];
-      const std::string oname = p.value_names.fresh(name + (mode == Mode::kGrad ? "_grad" : "_cotangent"));
+      const std::string oname = derived_name(p.value_names, name, mode == Mode::kGrad ? "_grad" : "_cotangent");
       b.set_origin(oname);
       V c = ct_of(seeds[i]);
       if (!c.valid()) c = zeros_like(name);
@@ -569,7 +581,11 @@ void differentiate_graph(Prepared& p, Mode mode, const Selection& sel) {
     b.drop_dead_nodes([&](std::string_view n) { return still_read.count(std::string(n)) > 0; });
   }
   for (const auto& vi : src->input()) *out.add_input() = vi;
-  for (auto& vi : new_inputs) *out.add_input() = std::move(vi);
+  std::vector<std::string> seed_names;  // (recorded below: which input seeds which derivative)
+  for (auto& vi : new_inputs) {
+    seed_names.push_back(provenance::quote(vi.name()));
+    *out.add_input() = std::move(vi);
+  }
   for (const auto& o : src->output()) {
     onnx::ValueInfoProto vi = o;
     const Facts f = facts(o.name());
@@ -586,11 +602,17 @@ void differentiate_graph(Prepared& p, Mode mode, const Selection& sel) {
   tidy(result);
   return_to_source_opset(result, p.source_opset, m);
 
-  std::vector<std::string> qi, qo;
+  // The generated names in order: the seeds (jvp: one tangent per selected input; vjp: one
+  // cotangent per selected output) and the derivatives (jvp: per selected output; vjp, grad:
+  // per selected input), so tools can map each to the source value it belongs to.
+  std::vector<std::string> qi, qo, qd;
   for (const auto& n : r.inputs) qi.push_back(provenance::quote(n));
   for (const auto& n : r.outputs) qo.push_back(provenance::quote(n));
+  for (const auto& n : derivative_names) qd.push_back(provenance::quote(n));
   provenance::record_step(result, "{\"transform\": " + provenance::quote(m) + ", \"inputs\": " + provenance::list(qi) +
-                                      ", \"outputs\": " + provenance::list(qo) + "}");
+                                      ", \"outputs\": " + provenance::list(qo) +
+                                      ", \"seeds\": " + provenance::list(seed_names) +
+                                      ", \"derivatives\": " + provenance::list(qd) + "}");
   provenance::set_derivative_outputs(result, derivative_names);
 }
 

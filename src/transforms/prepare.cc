@@ -162,6 +162,8 @@ std::string node_label(const onnx::NodeProto& n) {
   return "the node producing '" + (n.output_size() ? n.output(0) : std::string()) + "'";
 }
 
+}  // namespace
+
 // Orders the graph's nodes topologically (stable: keeps the given order where it is valid),
 // reporting cycles and inputs that nothing defines.
 void sort_nodes(onnx::GraphProto& g) {
@@ -243,7 +245,7 @@ void sort_nodes(onnx::GraphProto& g) {
   for (int i : order) *g.add_node() = std::move(*nodes.Mutable(i));
 }
 
-}  // namespace
+namespace {}  // namespace
 
 void rename_subgraph_reads(onnx::NodeProto& n, const std::string& from, const std::string& to) {
   for (auto& a : *n.mutable_attribute()) {

@@ -11,9 +11,9 @@
 #include <unordered_set>
 #include <vector>
 
-#include "emit/names.h"
-#include "emit/proto_ptr.h"
 #include "facts/facts.h"
+#include "ir/names.h"
+#include "ir/proto_ptr.h"
 
 namespace onnax {
 
@@ -88,6 +88,9 @@ std::vector<std::string> outer_scope_reads(const onnx::NodeProto& node);
 
 // Replaces reads of `from` by `to` in g's nodes, nested subgraphs and outputs.
 void rename_reads(onnx::GraphProto& g, const std::string& from, const std::string& to);
+// Orders the graph's nodes topologically (stable: keeps the given order where it is valid),
+// reporting cycles and inputs that nothing defines.
+void sort_nodes(onnx::GraphProto& g);
 // The same inside the subgraphs (If/Loop/Scan bodies) of node `n` alone.
 void rename_subgraph_reads(onnx::NodeProto& n, const std::string& from, const std::string& to);
 

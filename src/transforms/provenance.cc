@@ -27,7 +27,40 @@ std::vector<std::string> parse_string_list(const std::string& s) {
   return out;
 }
 
+// The JSON array of strings after `"key": ` in `s` (from `from`), or nullopt.
+std::optional<std::vector<std::string>> string_array_at(const std::string& s, size_t from, const std::string& key) {
+  const std::string tag = "\"" + key + "\": [";
+  const size_t at = s.find(tag, from);
+  if (at == std::string::npos) return std::nullopt;
+  size_t i = at + tag.size() - 1;
+  bool quoted = false;
+  for (size_t j = i + 1; j < s.size(); ++j) {
+    if (quoted && s[j] == '\\') {
+      ++j;
+    } else if (s[j] == '"') {
+      quoted = !quoted;
+    } else if (!quoted && s[j] == ']') {
+      return parse_string_list(s.substr(i, j + 1 - i));
+    }
+  }
+  return std::nullopt;
+}
+
 }  // namespace
+
+std::optional<RecordedSelection> last_selection(const onnx::ModelProto& model) {
+  for (const auto& e : model.metadata_props()) {
+    if (e.key() != kTransformsKey) continue;
+    const std::string& v = e.value();
+    const size_t last = v.rfind("{\"transform\"");
+    if (last == std::string::npos) return std::nullopt;
+    auto inputs = string_array_at(v, last, "inputs");
+    auto outputs = string_array_at(v, last, "outputs");
+    if (!inputs || !outputs) return std::nullopt;
+    return RecordedSelection{std::move(*inputs), std::move(*outputs)};
+  }
+  return std::nullopt;
+}
 
 std::string quote(const std::string& s) {
   std::string out = "\"";

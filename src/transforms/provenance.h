@@ -5,6 +5,7 @@
 
 #include <onnx/onnx_pb.h>
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -22,6 +23,14 @@ std::vector<std::string> names_at(const onnx::ModelProto& model, const char* key
 void set_names_at(onnx::ModelProto& model, const char* key, const std::vector<std::string>& names);
 std::vector<std::string> derivative_outputs(const onnx::ModelProto& model);
 void set_derivative_outputs(onnx::ModelProto& model, const std::vector<std::string>& names);
+
+// The inputs and outputs the last recorded step (jvp, vjp or grad) selected, as resolved;
+// nullopt when the last step records none.
+struct RecordedSelection {
+  std::vector<std::string> inputs;
+  std::vector<std::string> outputs;
+};
+std::optional<RecordedSelection> last_selection(const onnx::ModelProto& model);
 
 // JSON helpers for steps.
 std::string quote(const std::string& s);

@@ -11,8 +11,8 @@
 #include <unordered_set>
 #include <vector>
 
-#include "emit/names.h"
 #include "facts/facts.h"
+#include "ir/names.h"
 
 namespace onnax {
 

@@ -17,6 +17,7 @@
 #include "facts/schemas.h"
 #include "notice.h"
 #include "rules/batching.h"
+#include "rules/op_table.h"
 #include "transforms/contrib_ops.h"
 #include "transforms/lower_opset.h"
 #include "transforms/prepare.h"
@@ -54,6 +55,43 @@ int64_t normalize_axis(int64_t axis, int64_t rank, const std::string& what, cons
   return axis < 0 ? axis + rank + 1 : axis;
 }
 
+// Initializers that in_axes names with an axis (an ensemble: one weight set per example) become
+// batched graph inputs: their stored value is dropped (the caller feeds the stacked sets, or
+// stores them in the result).
+void lift_batched_initializers(Prepared& p, const VmapOptions& opt) {
+  if (opt.in_axes_form != VmapOptions::InAxesForm::kByName) return;
+  std::vector<std::string> lifted;
+  for (const auto& [name, axis] : opt.in_axes_by_name)
+    if (axis && p.initializer_names.count(name)) lifted.push_back(name);
+  if (lifted.empty()) return;
+  onnx::GraphProto& g = mutable_graph(p);
+  for (const auto& name : lifted) {
+    auto* inits = g.mutable_initializer();
+    int at = -1;
+    for (int i = 0; i < inits->size() && at < 0; ++i)
+      if (inits->Get(i).name() == name) at = i;
+    if (at < 0)
+      diag::fail(Error::Kind::kSelection, "vmap: in_axes batches '" + name +
+                                              "', a sparse initializer, which cannot be batched. Fix: store it "
+                                              "dense, or pass None for it");
+    bool declared = false;
+    for (const auto& vi : g.input()) declared = declared || vi.name() == name;
+    if (!declared) {  // (an input with a default keeps its declaration)
+      onnx::ValueInfoProto* vi = g.add_input();
+      vi->set_name(name);
+      auto* tt = vi->mutable_type()->mutable_tensor_type();
+      tt->set_elem_type(inits->Get(at).data_type());
+      auto* shape = tt->mutable_shape();
+      for (int64_t d : inits->Get(at).dims()) shape->add_dim()->set_dim_value(d);
+    }
+    inits->DeleteSubrange(at, 1);
+    p.initializer_names.erase(name);
+  }
+  p.runtime_inputs.clear();
+  for (const auto& vi : g.input())
+    if (!p.initializer_names.count(vi.name())) p.runtime_inputs.push_back(&vi);
+}
+
 std::vector<Axis> resolve_in_axes(const Prepared& p, const VmapOptions& opt) {
   const size_t n = p.runtime_inputs.size();
   std::vector<Axis> axes(n, opt.in_axis);
@@ -63,9 +101,10 @@ std::vector<Axis> resolve_in_axes(const Prepared& p, const VmapOptions& opt) {
     for (size_t i = 0; i < n; ++i) axes[i] = std::nullopt;
     for (const auto& [name, axis] : opt.in_axes_by_name) {
       auto it = index.find(name);
+      if (it == index.end() && !axis && p.initializer_names.count(name)) continue;  // (shared anyway)
       if (it == index.end()) {
         std::string extra = p.initializer_names.count(name)
-                                ? " ('" + name + "' is an initializer; initializers are always shared)"
+                                ? " ('" + name + "' is an initializer: None keeps it shared, an axis batches it)"
                                 : "";
         diag::fail(Error::Kind::kSelection, "vmap: in_axes names '" + name + "', which is not a runtime graph input" +
                                                 extra + "; available inputs: " + input_names(p) +
@@ -150,6 +189,7 @@ namespace {
 // the result instead of copied.
 // Leaves the result in *p.model.
 void vmap_prepared(Prepared& p, const VmapOptions& opt) {
+  lift_batched_initializers(p, opt);
   const std::vector<Axis> in_axes = resolve_in_axes(p, opt);
   std::unordered_set<std::string> per_example_nodes;  // run whole by the per-example map
   {
@@ -274,23 +314,24 @@ void vmap_prepared(Prepared& p, const VmapOptions& opt) {
   auto output_position = [&](int id) {
     return id < 0 || static_cast<size_t>(id) >= output_pos.size() ? -1 : output_pos[static_cast<size_t>(id)];
   };
-  std::vector<int64_t> out_axes(src_graph->output_size(), 0);
+  std::vector<Axis> out_axes(src_graph->output_size(), 0);
+  if (opt.out_axes.size() > 1 && opt.out_axes.size() != static_cast<size_t>(src_graph->output_size()))
+    diag::fail(Error::Kind::kSelection, "vmap: out_axes has " + std::to_string(opt.out_axes.size()) +
+                                            " entries but the model has " + std::to_string(src_graph->output_size()) +
+                                            " outputs. Fix: give one entry per output, or a single int");
   for (int i = 0; i < src_graph->output_size(); ++i) {
     const auto& o = src_graph->output(i);
     output_pos[static_cast<size_t>(p.value_names.id(o.name()))] = i;
-    int64_t requested = opt.out_axes.empty() ? 0 : opt.out_axes.size() == 1 ? opt.out_axes[0] : 0;
-    if (opt.out_axes.size() > 1) {
-      if (opt.out_axes.size() != static_cast<size_t>(src_graph->output_size()))
-        diag::fail(Error::Kind::kSelection, "vmap: out_axes has " + std::to_string(opt.out_axes.size()) +
-                                                " entries but the model has " +
-                                                std::to_string(src_graph->output_size()) +
-                                                " outputs. Fix: give one entry per output, or a single int");
-      requested = opt.out_axes[i];
-    }
-    out_axes[i] = normalize_axis(requested, src_facts(o.name()).rank(), "output '" + o.name() + "'", "out_axes");
+    const Axis requested = opt.out_axes.empty()       ? Axis(0)
+                           : opt.out_axes.size() == 1 ? opt.out_axes[0]
+                                                      : opt.out_axes[static_cast<size_t>(i)];
+    out_axes[i] =
+        requested
+            ? Axis(normalize_axis(*requested, src_facts(o.name()).rank(), "output '" + o.name() + "'", "out_axes"))
+            : std::nullopt;
   }
 
-  const BatchRules& rules = BatchRules::instance();
+  const OpTable& rules = OpTable::instance();
   SchemaCache schemas;
   std::map<std::string, int> looped;
   std::vector<Mapped*> in_mapped;
@@ -411,7 +452,7 @@ void vmap_prepared(Prepared& p, const VmapOptions& opt) {
     const BatchRule* rule = nullptr;
     {
       auto [cached, added] = rule_of_schema.try_emplace(schema, nullptr);
-      if (added) cached->second = rules.find(domain, node.op_type(), schema->since_version());
+      if (added) cached->second = rules.batch_rule_for(domain, node.op_type(), schema->since_version());
       rule = cached->second;
     }
     if (!rule || (!per_example_nodes.empty() && per_example_nodes.count(node.name()))) rule = &fallback;
@@ -472,7 +513,7 @@ void vmap_prepared(Prepared& p, const VmapOptions& opt) {
       // the name is free to take (graph outputs may need one more node to reach their axis).
       // (An exact copy of the node already has it: nothing to look for.)
       const int oi = output_position(output_ids[o]);
-      bool may_take = oi < 0 || (bat && out_axes[static_cast<size_t>(oi)] == 0);
+      bool may_take = oi < 0 || (bat && out_axes[static_cast<size_t>(oi)] == Axis(0));
       if (may_take && b.name(v) != src_name) {
         bool made_here = false, name_taken = false;
         for (int ni2 = first; ni2 < b.node_count(); ++ni2)
@@ -502,10 +543,16 @@ void vmap_prepared(Prepared& p, const VmapOptions& opt) {
     auto alias = output_alias.find(o.name());
     Mapped m = *mapped(alias == output_alias.end() ? o.name() : alias->second);
     const Facts& f = src_facts(o.name());
-    const int64_t axis = out_axes[i];
+    const Axis out_axis = out_axes[i];
+    const int64_t axis = out_axis.value_or(0);
     b.set_origin(o.name());
     V v = m.v;
-    if (!m.batched) {
+    if (!out_axis && m.batched)
+      diag::fail(Error::Kind::kSelection,
+                 "vmap: out_axes is None for output '" + o.name() +
+                     "', but it depends on a batched input, so it differs between examples. Fix: give it an axis "
+                     "in out_axes, or pass None in in_axes for the inputs it depends on");
+    if (!m.batched && out_axis) {
       V x = b.unsqueeze(v, {0});
       V shape = b.concat({get_batch_size(), b.shape_of(v)}, 0);
       v = b.expand(x, shape);
@@ -531,7 +578,7 @@ void vmap_prepared(Prepared& p, const VmapOptions& opt) {
     // left untyped get a type), with the batch dim at the output's axis.
     onnx::ValueInfoProto nvi = o;
     if (f.dtype != 0 && (!o.has_type() || o.type().has_tensor_type()))
-      write_type(f.has_shape ? f.with_dim(axis, batch_dim) : f, nvi.mutable_type());
+      write_type(f.has_shape && out_axis ? f.with_dim(axis, batch_dim) : f, nvi.mutable_type());
     new_outputs.push_back(std::move(nvi));
   }
 
@@ -552,7 +599,7 @@ void vmap_prepared(Prepared& p, const VmapOptions& opt) {
     const Axis a = in_axes[ri++];
     axes_json.push_back(provenance::quote(vi->name()) + ": " + (a ? std::to_string(*a) : std::string("null")));
   }
-  for (int64_t a : out_axes) out_json.push_back(std::to_string(a));
+  for (const Axis& a : out_axes) out_json.push_back(a ? std::to_string(*a) : std::string("null"));
   const std::string step = "{\"transform\": \"vmap\", \"in_axes\": {" + diag::join(axes_json) +
                            "}, \"out_axes\": " + provenance::list(out_json) +
                            ", \"axis_name\": " + provenance::quote(axis_name) + "}";

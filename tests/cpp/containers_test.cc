@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "emit/small_vec.h"
+#include "ir/small_vec.h"
 #include "facts/dims.h"
 
 namespace onnax {

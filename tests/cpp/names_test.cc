@@ -1,6 +1,6 @@
 // The name tables every transform uses: Interner against std::unordered_map through many
 // rehashes, and NameScope::fresh_view's collision-free, deterministic names.
-#include "emit/names.h"
+#include "ir/names.h"
 
 #include <gtest/gtest.h>
 

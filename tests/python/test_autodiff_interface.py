@@ -282,9 +282,27 @@ def test_jvp_of_jvp_defaults_to_generated_tangents() -> None:
     j2 = ad.jvp(j1, inputs=["x"])
     assert names(j2.graph.output) == ["y", "y_tangent", "y_tangent_tangent"]
     tangent_in = input_names(j2)[-1]
+    assert tangent_in == "x_tangent_tangent"  # (paired with the output y_tangent_tangent)
     x = FEEDS["x"]
     res = run(j2, {"x": x, "x_tangent": np.full(3, 2.0), tangent_in: np.full(3, 3.0)})
     np.testing.assert_allclose(res["y_tangent_tangent"], -np.sin(x) * 6.0)
+
+
+def test_second_order_names_say_what_they_are() -> None:
+    # f(w) = w^3: grad of grad is the second derivative, named for it; the chain's record maps
+    # every generated name to its source value.
+    m = make_model(
+        [node("Mul", ["w", "w"], ["ww"]), node("Mul", ["ww", "w"], ["loss"])], [("w", D, [])], ["loss"]
+    )
+    g2 = ad.grad(ad.grad(m), inputs=["w"], output="w_grad")
+    assert names(g2.graph.output) == ["loss", "w_grad", "w_grad_grad"]
+    w = np.array(1.5)
+    np.testing.assert_allclose(run(g2, {"w": w})["w_grad_grad"], 6 * w)
+    steps = json.loads(meta(g2)["onnax.transforms"])
+    assert [s["derivatives"] for s in steps] == [["w_grad"], ["w_grad_grad"]]
+    assert steps[1]["inputs"] == ["w"] and steps[1]["outputs"] == ["w_grad"] and steps[1]["seeds"] == []
+    v = ad.vjp(m)
+    assert json.loads(meta(v)["onnax.transforms"])[0]["seeds"] == ["loss_cotangent"]
 
 
 def test_jvp_of_vjp_defaults_to_generated_cotangents() -> None:

@@ -428,15 +428,21 @@ def test_in_axes_unknown_name_lists_available() -> None:
     assert "xin" in msg and "yin" in msg, msg
 
 
-def test_in_axes_initializer_name_is_not_an_input() -> None:
+def test_in_axes_can_batch_an_initializer() -> None:
+    # (An ensemble: tests/python/test_ensembles.py has the numbers; here the interface.)
     m = make_model(
         [node("Add", ["xin", "w"], ["out"])],
         [("xin", F, [2, 3])],
         ["out"],
         initializers={"w": np.ones(3, np.float32)},
     )
-    msg = vmap_error(m, in_axes={"w": 0})
-    assert "w" in msg and "xin" in msg, msg
+    out = onnax.vmap(m, in_axes={"w": 0})
+    assert [i.name for i in out.graph.input] == ["xin", "w"]
+    assert not out.graph.initializer
+    # None for an initializer keeps it shared, as it is anyway; an unknown name is an error.
+    assert [t.name for t in onnax.vmap(m, in_axes={"xin": 0, "w": None}).graph.initializer] == ["w"]
+    msg = vmap_error(m, in_axes={"v": 0})
+    assert "'v'" in msg and "xin" in msg, msg
 
 
 def test_in_axes_all_none_raises() -> None:
@@ -470,7 +476,7 @@ def test_in_axes_bad_type(bad: object) -> None:
         onnax.vmap(m, in_axes=bad)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("bad", [1.5, "0", [0.5], None])
+@pytest.mark.parametrize("bad", [1.5, "0", [0.5], [True]])
 def test_out_axes_bad_type(bad: object) -> None:
     m = make_model([node("Relu", ["xin"], ["out"])], [("xin", F, [2, 3])], ["out"])
     with pytest.raises(TypeError, match=r"out_axes.* must be an int"):

@@ -202,7 +202,7 @@ class LoopFn:
                 ex[n] = np.take(feeds[n], i, axis=a)
             results.append(self._inner(ex))
         return {
-            o: np.stack([r[o] for r in results], axis=axis)
+            o: results[0][o] if axis is None else np.stack([r[o] for r in results], axis=axis)
             for o, axis in zip(self._outputs, out_axes, strict=True)
             if o in results[0]
         }

@@ -244,10 +244,16 @@ class SourceFn:
         return Value({k: v.astype(np.float64) if _is_float(v) else v for k, v in res.items()})
 
 
-def _stack(results: list[Value], outputs: list[str], out_axes: list[int]) -> Value:
+def _stack(results: list[Value], outputs: list[str], out_axes: list[int | None]) -> Value:
     out = Value({})
     for o, axis in zip(outputs, out_axes, strict=True):
         if o not in results[0].values:  # (a derivative the primal-only chain does not compute)
+            continue
+        if axis is None:  # the same for every example: the first example's
+            out.values[o] = results[0].values[o]
+            for attr in ("checked", "rough"):
+                if o in getattr(results[0], attr):
+                    getattr(out, attr)[o] = getattr(results[0], attr)[o]
             continue
         out.values[o] = np.stack([r.values[o] for r in results], axis=axis)
         for attr, fill in (("checked", True), ("rough", False)):

@@ -1,4 +1,4 @@
-#include "emit/names.h"
+#include "ir/names.h"
 
 #include <cstring>
 
