@@ -1,8 +1,8 @@
 #include "rules/batching.h"
 
 #include "diagnostics/error.h"
+#include "ir/graph_edit.h"
 #include "rules/op_table.h"
-#include "transforms/prepare.h"
 
 namespace onnax {
 

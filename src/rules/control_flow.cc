@@ -19,10 +19,10 @@
 #include <unordered_set>
 
 #include "diagnostics/error.h"
+#include "ir/graph_edit.h"
 #include "rules/control_flow_parts.h"
 #include "rules/derivative.h"
 #include "rules/op_table.h"
-#include "transforms/prepare.h"
 #include "transforms/subgraph.h"
 
 namespace onnax {

@@ -9,9 +9,9 @@
 #include <unordered_set>
 
 #include "diagnostics/error.h"
+#include "ir/graph_edit.h"
 #include "rules/batching.h"
 #include "rules/op_table.h"
-#include "transforms/prepare.h"
 #include "transforms/subgraph.h"
 
 namespace onnax {

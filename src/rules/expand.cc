@@ -11,10 +11,9 @@
 
 #include "check/node_check.h"
 #include "diagnostics/error.h"
+#include "ir/graph_edit.h"
 #include "rules/derivative.h"
 #include "rules/op_table.h"
-#include "transforms/prepare.h"
-#include "transforms/subgraph.h"
 
 namespace onnax {
 namespace {

@@ -2,6 +2,7 @@
 
 #include <functional>
 
+#include "ir/graph_edit.h"
 #include "rules/derivative.h"
 #include "transforms/prepare.h"
 #include "transforms/subgraph.h"

@@ -14,6 +14,7 @@
 #include <unordered_set>
 
 #include "diagnostics/error.h"
+#include "ir/graph_edit.h"
 #include "rules/control_flow_parts.h"
 #include "rules/derivative.h"
 #include "rules/loop_products.h"

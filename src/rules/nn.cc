@@ -6,12 +6,12 @@
 #include <limits>
 #include <optional>
 
+#include "ir/graph_edit.h"
 #include "rules/batching.h"
 #include "rules/conv_batched_weight.h"
 #include "rules/derivative.h"
 #include "rules/op_table.h"
 #include "rules/window.h"
-#include "transforms/subgraph.h"
 
 namespace onnax {
 namespace {

@@ -7,6 +7,7 @@
 
 #include "diagnostics/error.h"
 #include "emit/graph_writer.h"
+#include "ir/graph_edit.h"
 #include "notice.h"
 #include "training/training_parts.h"
 #include "transforms/lower_opset.h"

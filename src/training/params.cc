@@ -6,6 +6,7 @@
 
 #include "diagnostics/error.h"
 #include "facts/facts.h"
+#include "ir/graph_edit.h"
 #include "rules/derivative.h"
 #include "training/training_parts.h"
 #include "transforms/prepare.h"

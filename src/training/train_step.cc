@@ -6,6 +6,7 @@
 #include <set>
 
 #include "diagnostics/error.h"
+#include "ir/graph_edit.h"
 #include "notice.h"
 #include "rules/derivative.h"
 #include "training/outer_products.h"
@@ -14,7 +15,6 @@
 #include "transforms/lower_opset.h"
 #include "transforms/prepare.h"
 #include "transforms/provenance.h"
-#include "transforms/subgraph.h"
 #include "transforms/tidy.h"
 
 namespace onnax {

@@ -14,6 +14,7 @@
 #include "diagnostics/error.h"
 #include "emit/builder.h"
 #include "facts/schemas.h"
+#include "ir/graph_edit.h"
 #include "rules/derivative.h"
 #include "rules/op_table.h"
 #include "transforms/contrib_ops.h"

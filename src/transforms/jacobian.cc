@@ -13,8 +13,8 @@
 
 #include "diagnostics/error.h"
 #include "emit/graph_writer.h"
+#include "ir/graph_edit.h"
 #include "ir/graph_names.h"
-#include "transforms/prepare.h"
 #include "transforms/provenance.h"
 
 namespace onnax {

@@ -63,25 +63,6 @@ void collect_names(const onnx::GraphProto& g, Prepared& p, bool nested) {
   for (const auto& vi : g.value_info()) add_dims(vi);
 }
 
-void collect_reads(const onnx::GraphProto& g, std::unordered_set<std::string>& defined,
-                   std::vector<std::string>& reads) {
-  std::unordered_set<std::string> local = defined;
-  for (const auto& vi : g.input()) local.insert(vi.name());
-  for (const auto& t : g.initializer()) local.insert(t.name());
-  for (const auto& s : g.sparse_initializer()) local.insert(s.values().name());
-  for (const auto& n : g.node()) {
-    for (const auto& in : n.input())
-      if (!in.empty() && !local.count(in)) reads.push_back(in);
-    for (const auto& a : n.attribute()) {
-      if (a.has_g()) collect_reads(a.g(), local, reads);
-      for (const auto& sg : a.graphs()) collect_reads(sg, local, reads);
-    }
-    for (const auto& o : n.output()) local.insert(o);
-  }
-  for (const auto& o : g.output())
-    if (!local.count(o.name())) reads.push_back(o.name());
-}
-
 // Interns every value name of the top-level graph in `names` and records each node's input
 // and output ids. True when every node reads only values defined before it and every name is
 // defined once (the common case, checked in the same single pass); false means the graph must
@@ -157,112 +138,9 @@ bool index_graph(const onnx::GraphProto& g, NameScope& names, NodeValueIds& inde
   return sorted;
 }
 
-std::string node_label(const onnx::NodeProto& n) {
-  if (!n.name().empty()) return "node '" + n.name() + "'";
-  return "the node producing '" + (n.output_size() ? n.output(0) : std::string()) + "'";
-}
-
 }  // namespace
 
-// Orders the graph's nodes topologically (stable: keeps the given order where it is valid),
-// reporting cycles and inputs that nothing defines.
-void sort_nodes(onnx::GraphProto& g) {
-  std::unordered_set<std::string> available;
-  for (const auto& vi : g.input()) available.insert(vi.name());
-  for (const auto& t : g.initializer()) available.insert(t.name());
-  for (const auto& s : g.sparse_initializer()) available.insert(s.values().name());
-  const int n = g.node_size();
-  std::unordered_map<std::string, int> producer;
-  for (int i = 0; i < n; ++i)
-    for (const auto& o : g.node(i).output())
-      if (!o.empty()) {
-        if (producer.count(o) || available.count(o))
-          diag::fail(Error::Kind::kInvalidModel,
-                     "invalid model: value '" + o + "' is defined more than once (" + node_label(g.node(i)) + ", op " +
-                         g.node(i).op_type() +
-                         "). Fix: give every node output a unique name (ONNX graphs are in SSA form)");
-        producer[o] = i;
-      }
-  std::vector<std::vector<std::string>> deps(n);
-  bool sorted = true;
-  std::unordered_set<std::string> seen = available;
-  for (int i = 0; i < n; ++i) {
-    const auto& node = g.node(i);
-    std::vector<std::string> reads(node.input().begin(), node.input().end());
-    for (const auto& a : node.attribute()) {
-      std::unordered_set<std::string> none;
-      if (a.has_g()) collect_reads(a.g(), none, reads);
-      for (const auto& sg : a.graphs()) collect_reads(sg, none, reads);
-    }
-    for (const auto& r : reads) {
-      if (r.empty()) continue;
-      if (!available.count(r) && !producer.count(r))
-        diag::fail(Error::Kind::kInvalidModel,
-                   "invalid model: " + node_label(node) + " (op " + node.op_type() + ") reads '" + r +
-                       "', which no node, graph input or initializer defines. Fix: add '" + r +
-                       "' as a graph input or initializer, or correct the node's input name");
-      if (!seen.count(r)) sorted = false;
-      deps[i].push_back(r);
-    }
-    for (const auto& o : node.output()) seen.insert(o);
-  }
-  for (const auto& o : g.output())
-    if (!available.count(o.name()) && !producer.count(o.name()))
-      diag::fail(Error::Kind::kInvalidModel, "invalid model: graph output '" + o.name() +
-                                                 "' is not produced by any node, input or initializer. "
-                                                 "Fix: remove the output or connect it to a value");
-  if (sorted) return;
-  // Kahn's algorithm, always taking the lowest-index ready node so the order is stable.
-  std::vector<int> missing(n, 0);
-  std::vector<std::vector<int>> users(n);
-  for (int i = 0; i < n; ++i)
-    for (const auto& r : deps[i]) {
-      auto it = producer.find(r);
-      if (it == producer.end()) continue;
-      ++missing[i];
-      users[it->second].push_back(i);
-    }
-  std::priority_queue<int, std::vector<int>, std::greater<>> ready;
-  for (int i = 0; i < n; ++i)
-    if (!missing[i]) ready.push(i);
-  std::vector<int> order;
-  while (!ready.empty()) {
-    int i = ready.top();
-    ready.pop();
-    order.push_back(i);
-    for (int u : users[i])
-      if (--missing[u] == 0) ready.push(u);
-  }
-  if (static_cast<int>(order.size()) != n) {
-    for (int i = 0; i < n; ++i)
-      if (missing[i])
-        diag::fail(Error::Kind::kInvalidModel,
-                   "invalid model: the graph has a cycle through " + node_label(g.node(i)) + " (op " +
-                       g.node(i).op_type() + "). Fix: ONNX graphs must be acyclic; use Loop or Scan for recurrence");
-  }
-  google::protobuf::RepeatedPtrField<onnx::NodeProto> nodes;
-  nodes.Swap(g.mutable_node());
-  for (int i : order) *g.add_node() = std::move(*nodes.Mutable(i));
-}
-
 namespace {}  // namespace
-
-void rename_subgraph_reads(onnx::NodeProto& n, const std::string& from, const std::string& to) {
-  for (auto& a : *n.mutable_attribute()) {
-    if (a.has_g()) rename_reads(*a.mutable_g(), from, to);
-    for (auto& sg : *a.mutable_graphs()) rename_reads(sg, from, to);
-  }
-}
-
-void rename_reads(onnx::GraphProto& g, const std::string& from, const std::string& to) {
-  for (auto& n : *g.mutable_node()) {
-    for (auto& in : *n.mutable_input())
-      if (in == from) in = to;
-    rename_subgraph_reads(n, from, to);
-  }
-  for (auto& o : *g.mutable_output())
-    if (o.name() == from) o.set_name(to);
-}
 
 std::unordered_map<std::string, int> model_opsets(const Prepared& p) {
   std::unordered_map<std::string, int> opsets;
@@ -270,16 +148,6 @@ std::unordered_map<std::string, int> model_opsets(const Prepared& p) {
     opsets[o.domain() == "ai.onnx" ? std::string() : o.domain()] = static_cast<int>(o.version());
   opsets[""] = static_cast<int>(p.opset);
   return opsets;
-}
-
-std::vector<std::string> outer_scope_reads(const onnx::NodeProto& node) {
-  std::vector<std::string> reads;
-  for (const auto& a : node.attribute()) {
-    std::unordered_set<std::string> none;
-    if (a.has_g()) collect_reads(a.g(), none, reads);
-    for (const auto& sg : a.graphs()) collect_reads(sg, none, reads);
-  }
-  return reads;
 }
 
 namespace {

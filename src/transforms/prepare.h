@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "facts/facts.h"
+#include "ir/graph_edit.h"
 #include "ir/names.h"
 #include "ir/proto_ptr.h"
 
@@ -75,23 +76,5 @@ void take_initializers(Prepared& p, onnx::GraphProto& out);
 
 // The model's opset imports by domain ("" for ai.onnx, at the effective opset p.opset).
 std::unordered_map<std::string, int> model_opsets(const Prepared& p);
-
-// True when a node has graph attributes (If/Loop/Scan bodies); only those read outer scopes.
-inline bool has_subgraphs(const onnx::NodeProto& node) {
-  for (const auto& a : node.attribute())
-    if (a.has_g() || a.graphs_size() > 0) return true;
-  return false;
-}
-
-// Names a subgraph reads from enclosing scopes (recursively), for batchedness checks.
-std::vector<std::string> outer_scope_reads(const onnx::NodeProto& node);
-
-// Replaces reads of `from` by `to` in g's nodes, nested subgraphs and outputs.
-void rename_reads(onnx::GraphProto& g, const std::string& from, const std::string& to);
-// Orders the graph's nodes topologically (stable: keeps the given order where it is valid),
-// reporting cycles and inputs that nothing defines.
-void sort_nodes(onnx::GraphProto& g);
-// The same inside the subgraphs (If/Loop/Scan bodies) of node `n` alone.
-void rename_subgraph_reads(onnx::NodeProto& n, const std::string& from, const std::string& to);
 
 }  // namespace onnax

@@ -12,16 +12,10 @@
 #include <vector>
 
 #include "facts/facts.h"
+#include "ir/graph_edit.h"
 #include "ir/names.h"
 
 namespace onnax {
-
-// The graph attribute `name` of `node` (nullptr: none).
-const onnx::GraphProto* graph_attribute(const onnx::NodeProto& node, const char* name);
-
-// Names `g` reads from enclosing scopes (each once, in order of first use, nested subgraphs
-// included).
-std::vector<std::string> graph_outer_reads(const onnx::GraphProto& g);
 
 // A model whose graph is `body` with every input typed: an input the body leaves untyped gets
 // `input_facts[i]` (element type and rank; its dims unknown, since a loop-carried value may
@@ -65,47 +59,6 @@ std::vector<Facts> loop_carried_facts(const onnx::GraphProto& body, int states,
 std::vector<Facts> loop_output_facts(const onnx::NodeProto& loop, const std::vector<const Facts*>& input_facts,
                                      Dim trips, const std::unordered_map<std::string, int>& opsets,
                                      const std::function<const Facts*(std::string_view)>& outer = nullptr);
-
-// Removes the initializers that shadow graph inputs of the same name (the known values
-// standalone_model added): the enclosing node feeds those inputs.
-void strip_known_values(onnx::GraphProto& g);
-
-// For each output of `g`: whether it depends on any value named in `active` (graph inputs or
-// values read from enclosing scopes), through its nodes and their subgraphs.
-std::vector<char> outputs_depending_on(const onnx::GraphProto& g, const std::unordered_set<std::string>& active);
-// The names of `active` and of every value of `g` that depends on one of them (nodes in
-// topological order; a node's subgraph reads count as its inputs).
-std::unordered_set<std::string> values_depending_on(const onnx::GraphProto& g,
-                                                    const std::unordered_set<std::string>& active);
-
-// Drops the nodes of `g` that none of its outputs needs.
-void prune(onnx::GraphProto& g);
-
-// Gives every value `g` defines (inputs, initializers, node outputs, in nested subgraphs too)
-// a fresh name in `scope`, and every node a fresh name in `node_scope`, so `g` can become a
-// subgraph of a model whose names those scopes hold. Reads of names `g` does not define
-// (enclosing scopes) are unchanged.
-void rename_definitions(onnx::GraphProto& g, NameScope& scope, NameScope& node_scope);
-
-// Renames, in `node`'s subgraphs, the reads of names they do not define themselves (values of
-// the enclosing graph) by `map`.
-void rename_outer_reads(onnx::NodeProto& node, const std::unordered_map<std::string, std::string>& map);
-// Renames the reads of `g`'s nodes (their inputs and their subgraphs' reads of `g`) by `map`:
-// the value a name stood for is read under another name (an enclosing graph's, say).
-void rename_reads(onnx::GraphProto& g, const std::unordered_map<std::string, std::string>& map);
-// The names `g`'s nodes read: their inputs and what their subgraphs read from `g` or above.
-std::unordered_set<std::string> names_read(const onnx::GraphProto& g);
-
-// `name` as a new output of `g` with the type of `type_of`: through an Identity (its output
-// named fresh in `scope`) when `name` is already an output or a graph input (a body's outputs
-// must be distinct values) or is read from an enclosing scope.
-void add_output(onnx::GraphProto& g, const std::string& name, const onnx::ValueInfoProto& type_of, NameScope& scope);
-
-// A default-domain node of `type` on `inputs` with one output, for graphs built by name.
-onnx::NodeProto make_node(const char* type, std::vector<std::string> inputs, const std::string& output);
-
-// The ValueInfo of `name` among g's inputs and outputs (nullptr: none).
-const onnx::ValueInfoProto* find_value_info(const onnx::GraphProto& g, const std::string& name);
 
 // A ValueInfo named `name` with `facts`' element type and shape (rank only when `rank_only`).
 onnx::ValueInfoProto typed_value_info(const std::string& name, const Facts& facts, bool rank_only = false);

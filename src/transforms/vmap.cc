@@ -15,6 +15,7 @@
 #include "diagnostics/error.h"
 #include "emit/builder.h"
 #include "facts/schemas.h"
+#include "ir/graph_edit.h"
 #include "notice.h"
 #include "rules/batching.h"
 #include "rules/op_table.h"

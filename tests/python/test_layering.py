@@ -25,17 +25,12 @@ TOP_LEVEL = "diagnostics"
 KNOWN_UPWARD = {
     # io defines the public API's load_model/parse_model/save_model.
     ("io/model_io.cc", "onnax/onnax.h"),
-    # Control-flow rules transform bodies as standalone models through the public API and
-    # prepare (to become callbacks from the transforms).
-    ("rules/batching.cc", "transforms/prepare.h"),
+    # Control-flow rules transform bodies as standalone models through the public API, with
+    # facts from prepare (to become callbacks from the transforms).
     ("rules/control_flow.cc", "onnax/onnax.h"),
-    ("rules/control_flow.cc", "transforms/prepare.h"),
     ("rules/control_flow.cc", "transforms/subgraph.h"),
     ("rules/control_flow_batching.cc", "onnax/onnax.h"),
-    ("rules/control_flow_batching.cc", "transforms/prepare.h"),
     ("rules/control_flow_batching.cc", "transforms/subgraph.h"),
-    ("rules/expand.cc", "transforms/prepare.h"),
-    ("rules/expand.cc", "transforms/subgraph.h"),
     ("rules/loop_products.cc", "transforms/subgraph.h"),
     ("rules/loop_products.h", "transforms/prepare.h"),
     ("rules/loop_residuals.cc", "transforms/prepare.h"),
@@ -44,7 +39,6 @@ KNOWN_UPWARD = {
     ("rules/loop_transpose.cc", "onnax/onnax.h"),
     ("rules/loop_transpose.cc", "transforms/prepare.h"),
     ("rules/loop_transpose.cc", "transforms/subgraph.h"),
-    ("rules/nn.cc", "transforms/subgraph.h"),
 }
 
 INCLUDE = re.compile(r'^\s*#\s*include\s*[<"]([^">]+)[">]', re.M)
