@@ -35,7 +35,11 @@ covered as at opset {native}. Operators ONNX removed before opset {native} are n
 
 - **vmap**: `rule`: a vectorized batching rule; `scan`: a per-example Scan over the batch (exact,
   run time grows with the batch; onnax warns); `refused`: no batch can represent the result
-  (ragged shapes or per-example randomness), with a diagnostic.
+  (ragged shapes or per-example randomness), with a diagnostic; `shared`: the op has no inputs
+  (Constant, RandomNormal, ...), so no batched value reaches it and it runs once for all
+  examples (a random draw is then the same for every example). A rule may still refuse some
+  batched inputs (a batched condition of Compress, a batched axis of CumSum): the diagnostic
+  says which.
 - **jvp**: `rule`: a JVP rule; `body`: differentiated through ONNX's function body of the op;
   `zero`: its outputs carry no derivative (integer, boolean or piecewise constant); `-`: not
   differentiable by onnax (a diagnostic names the op).
@@ -57,11 +61,11 @@ class Coverage:
     vjp: str
 
 
-def _coverage(row: dict | None, since: int) -> Coverage:
-    if row is None:
-        return Coverage("scan", "-", "-")
+def _coverage(row: dict | None, since: int, no_inputs: bool = False) -> Coverage:
+    if row is None:  # (an op without inputs depends on nothing a transform selects)
+        return Coverage("shared", "zero", "zero") if no_inputs else Coverage("scan", "-", "-")
     rules = [s for s in row["batch_since"] if s <= since]
-    vmap = ("refused" if row["batch_refused"] else "rule") if rules else "scan"
+    vmap = ("refused" if row["batch_refused"] else "rule") if rules else "shared" if no_inputs else "scan"
     jvp = "zero" if row["zero"] else "body" if row["jvp_from_body"] else "rule" if row["jvp"] else "-"
     vjp = "-" if jvp == "-" else "zero" if jvp == "zero" else "yes"
     if row["transpose"]:
@@ -100,7 +104,7 @@ def _rows(domain: str, op: str, sinces: list[int], row: dict | None, native: int
         live = _live(sinces, opset)
         if live is None or not _schema_live(domain, op, opset):
             continue
-        c = _coverage(row, live)
+        c = _coverage(row, live, onnx.defs.get_schema(op, opset, domain).max_input == 0)
         if runs and runs[-1][2] == c and runs[-1][1] == opset - 1:
             runs[-1][1] = opset
         else:

@@ -117,7 +117,8 @@ def store_inputs(model: ModelT, values: Mapping[str, Any]) -> ModelT:
         if name not in declared:
             raise ValueError(
                 f"stored names {name!r}, which is not a graph input of the result "
-                f"(inputs: {sorted(declared)}). Fix: name a batched input or initializer of the source"
+                f"(inputs: {sorted(declared)}). Fix: give it an axis in in_axes (an initializer "
+                "without one stays shared and stored as it is)"
             )
         dtype, dims = declared[name]
         if (
@@ -131,6 +132,7 @@ def store_inputs(model: ModelT, values: Mapping[str, Any]) -> ModelT:
                 f"{dtype}{shown}. Fix: stack one weight set per example along the batch axis, "
                 "in the stored dtype"
             )
+    _check_one_batch(model, arrays)
     if isinstance(model, onnx.ModelProto):
         result = onnx.ModelProto()
         result.CopyFrom(model)
@@ -146,6 +148,28 @@ def store_inputs(model: ModelT, values: Mapping[str, Any]) -> ModelT:
         value.const_value = ir.tensor(arrays[value.name], name=value.name)
         ir_model.graph.register_initializer(value)
     return model
+
+
+def _check_one_batch(model: Any, arrays: Mapping[str, np.ndarray]) -> None:
+    """The stored stacks agree on the batch size: each sits where its input declares the
+    symbolic batch dim (the same dim_param in every batched input of a vmap result)."""
+    import json
+
+    steps = json.loads(_metadata(model).get("onnax.transforms", "[]") or "[]")
+    axes = steps[-1].get("in_axes", {}) if steps and steps[-1].get("transform") == "vmap" else {}
+    sizes = {n: a.shape[axes[n]] for n, a in arrays.items() if isinstance(axes.get(n), int)}
+    if len(set(sizes.values())) > 1:
+        shown = ", ".join(f"{n!r}: {s}" for n, s in sizes.items())
+        raise ValueError(
+            f"stored stacks disagree on the batch size ({shown}). Fix: stack the same number of weight "
+            "sets for every stored input"
+        )
+
+
+def _metadata(model: Any) -> dict[str, str]:
+    if isinstance(model, onnx.ModelProto):
+        return {p.key: p.value for p in model.metadata_props}
+    return dict(_ir_model(model).metadata_props)
 
 
 def _declared(vi: onnx.ValueInfoProto) -> tuple[np.dtype, list[int | None]]:

@@ -77,6 +77,8 @@ def vmap(
         _check_axis(axis, f"out_axes[{i}]")
     name = axis_name or ""
     _check_name(name, "axis_name")
+    if stored is not None and not isinstance(stored, Mapping):
+        raise TypeError(f"stored must map input names to arrays, got {type(stored).__name__}")
     result = transform(model, lambda data: _core.vmap(data, all_inputs, positional, by_name, outs, name))
     return store_inputs(result, stored) if stored else result
 

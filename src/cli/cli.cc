@@ -3,6 +3,7 @@
 #include <google/protobuf/arena.h>
 #include <onnax/onnax.h>
 
+#include <cctype>
 #include <filesystem>
 #include <functional>
 #include <iostream>
@@ -92,7 +93,7 @@ commands:
       and ONNX Runtime. The standalone build/onnax points there (exit 2).
   version         print the onnax version
 
-parameter options (grad, jvp, vjp: selected after --inputs; train-step):
+parameter options (grad, jvp, vjp, jacobian, hessian: selected after --inputs; train-step):
   --params SPEC            float initializers of rank >= 1: 'all', names, globs
                            ('layers.*.weight'), 're:REGEX' (globs and re: match whole
                            names), '@FILE' (one entry per line)
@@ -103,10 +104,10 @@ parameter options (grad, jvp, vjp: selected after --inputs; train-step):
                            initializers
   --stop-gradient NAMES    treat these values as constants: their derivative is cut
 
-common options (vmap, grad, jvp, vjp, loss, train-step):
+common options (vmap, grad, jvp, vjp, jacobian, hessian, loss, train-step):
   -o PATH                where to write the result (required; vmap also takes --output)
   --external-data        write tensors to PATH.data (automatic above 2 GB)
-  --target-opset N       write the result at ai.onnx opset N (vmap, grad, jvp, vjp; default:
+  --target-opset N       write the result at ai.onnx opset N (vmap and the derivatives; default:
                          the model's own when it is older than 18 and every node has a form
                          there, else 18 with a notice); exit 1 naming the first node that has
                          no form at N
@@ -143,7 +144,9 @@ int64_t parse_target_opset(const std::string& s) {
 }
 
 Axis parse_axis(const std::string& s, const std::string& option) {
-  if (s == "none" || s == "None" || s == "null") return std::nullopt;
+  std::string lower;
+  for (char ch : s) lower.push_back(static_cast<char>(std::tolower(static_cast<unsigned char>(ch))));
+  if (lower == "none" || lower == "null") return std::nullopt;
   return parse_int(s, option);
 }
 

@@ -44,15 +44,14 @@ struct Resolved {
   std::vector<std::string> outputs;
 };
 
-// The name of a derivative of `base`: base + suffix, or, when an earlier transform took that
-// name for the same kind of derivative, the suffix once more (the next order: grad of grad
-// gives w_grad_grad, jvp of jvp pairs the tangent input w_tangent_tangent with the output
-// loss_tangent_tangent); numbered only if that is taken too.
+// The name of a derivative of `base`: base + suffix, or, when earlier transforms took that name,
+// the suffix once more per order (grad of grad of grad gives w_grad_grad_grad; jvp of jvp pairs
+// the tangent input w_tangent_tangent with the output loss_tangent_tangent); numbered only past
+// a few orders.
 std::string derived_name(NameScope& names, const std::string& base, std::string_view suffix) {
-  const std::string first = base + std::string(suffix);
-  if (!names.contains(first)) return names.fresh(first);
-  const std::string second = first + std::string(suffix);
-  return names.fresh(second);
+  std::string name = base + std::string(suffix);
+  for (int order = 1; order < 6 && names.contains(name); ++order) name += suffix;
+  return names.fresh(name);
 }
 
 Resolved resolve(const Prepared& p, Mode mode, const Selection& sel) {

@@ -8,13 +8,17 @@
 // output's dims, then the input's.
 #include <onnax/onnax.h>
 
+#include <functional>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "diagnostics/error.h"
 #include "emit/graph_writer.h"
 #include "ir/graph_edit.h"
 #include "ir/graph_names.h"
+#include "transforms/lower_opset.h"
+#include "transforms/prepare.h"
 #include "transforms/provenance.h"
 
 namespace onnax {
@@ -86,7 +90,7 @@ Blocks measure(GraphWriter& w, const std::vector<std::string>& values) {
   std::string offset = w.i64s({0});
   for (const auto& v : values) {
     b.shapes.push_back(w.op("Shape", {v}));
-    b.sizes.push_back(w.op("Reshape", {w.op("Size", {v}), w.i64s({1})}));
+    b.sizes.push_back(w.op("Unsqueeze", {w.op("Size", {v}), w.i64s({0})}));
     b.starts.push_back(offset);
     offset = w.op("Add", {offset, b.sizes.back()});
     b.ends.push_back(offset);
@@ -100,6 +104,8 @@ Blocks measure(GraphWriter& w, const std::vector<std::string>& values) {
 // value k's elements.
 void seed_with_basis(GraphWriter& w, onnx::GraphProto& g, const Blocks& blocks, const std::vector<std::string>& values,
                      const std::vector<std::string>& seeds) {
+  std::unordered_map<std::string, int32_t> seed_dtype;
+  for (const auto& vi : g.input()) seed_dtype[vi.name()] = vi.type().tensor_type().elem_type();
   onnx::AttributeProto zero;
   zero.set_name("value");
   zero.set_type(onnx::AttributeProto::TENSOR);
@@ -111,7 +117,12 @@ void seed_with_basis(GraphWriter& w, onnx::GraphProto& g, const Blocks& blocks, 
   for (size_t k = 0; k < values.size(); ++k) {
     const std::string columns = w.op("Slice", {eye, blocks.starts[k], blocks.ends[k], w.i64s({1})});
     const std::string shape = w.op("Concat", {blocks.total, blocks.shapes[k]}, {int_attr("axis", 0)});
-    w.op("CastLike", {w.op("Reshape", {columns, shape}), values[k]}, {}, seeds[k]);
+    const std::string rows = w.op("Reshape", {columns, shape}, {int_attr("allowzero", 1)});
+    // (Cast, not CastLike: results go back to sources' opsets, and CastLike is from 15.)
+    if (const int32_t dtype = seed_dtype[seeds[k]]; dtype != 0)
+      w.op("Cast", {rows}, {int_attr("to", dtype)}, seeds[k]);
+    else
+      w.op("CastLike", {rows, values[k]}, {}, seeds[k]);
   }
   auto* inputs = g.mutable_input();
   for (int i = inputs->size() - 1; i >= 0; --i)
@@ -121,6 +132,10 @@ void seed_with_basis(GraphWriter& w, onnx::GraphProto& g, const Blocks& blocks, 
         break;
       }
 }
+
+void record(onnx::ModelProto& result, const onnx::ModelProto& source, const std::string& transform,
+            const std::vector<std::string>& inputs, const std::vector<std::string>& outputs,
+            const std::vector<std::string>& derivatives);
 
 struct Plan {
   std::vector<std::string> inputs;   // selected, in order
@@ -134,8 +149,7 @@ onnx::ModelProto jacobian(const onnx::ModelProto& model, const Selection& select
   const bool forward = dir == Direction::kForward;
   onnx::ModelProto derivative = forward ? jvp(model, selection) : vjp(model, selection);
   const auto recorded = provenance::last_selection(derivative);
-  if (!recorded)
-    diag::fail(Error::Kind::kInvalidModel, std::string(transform) + ": internal: the derivative recorded no selection");
+  if (!recorded) diag::fail(Error::Kind::kInvalidModel, "internal: the derivative recorded no selection");
   const Plan plan{recorded->inputs, recorded->outputs};
   const int primal_inputs = model.graph().input_size();
   const int primal_outputs = model.graph().output_size();
@@ -178,11 +192,13 @@ onnx::ModelProto jacobian(const onnx::ModelProto& model, const Selection& select
       std::string part = w.op("Slice", {batched, rows.starts[row_block], rows.ends[row_block], w.i64s({0})});
       if (forward) {
         const std::string flat = w.op("Concat", {in_side.sizes[i], out_side.sizes[o]}, {int_attr("axis", 0)});
-        part = w.op("Transpose", {w.op("Reshape", {part, flat})}, {ints_attr("perm", {1, 0})});
+        part =
+            w.op("Transpose", {w.op("Reshape", {part, flat}, {int_attr("allowzero", 1)})}, {ints_attr("perm", {1, 0})});
       }
       const std::string layout = w.op("Concat", {out_side.shapes[o], in_side.shapes[i]}, {int_attr("axis", 0)});
       const std::string out_name = names.fresh(name(plan.outputs[o], plan.inputs[i]));
-      w.op("Reshape", {part, layout}, {}, out_name);
+      // (allowzero: a dim of size 0, an empty batch, is a size, not "copy the input's dim".)
+      w.op("Reshape", {part, layout}, {int_attr("allowzero", 1)}, out_name);
       onnx::ValueInfoProto vi;
       vi.set_name(out_name);
       *vi.mutable_type() = block_type(model.graph(), plan.outputs[o], plan.inputs[i]);
@@ -197,44 +213,74 @@ onnx::ModelProto jacobian(const onnx::ModelProto& model, const Selection& select
 
   // The file describes itself as this one transform; the block outputs are its derivatives
   // (so jvp and jacfwd of it differentiate them by default: hessian = jacfwd(jacrev)).
-  for (int i = result.metadata_props_size() - 1; i >= 0; --i)
-    if (result.metadata_props(i).key() == provenance::kTransformsKey)
-      result.mutable_metadata_props()->DeleteSubrange(i, 1);
-  std::vector<std::string> qi, qo;
-  for (const auto& n : plan.inputs) qi.push_back(provenance::quote(n));
-  for (const auto& n : plan.outputs) qo.push_back(provenance::quote(n));
-  for (const onnx::StringStringEntryProto& e : model.metadata_props())
-    if (e.key() == provenance::kTransformsKey) *result.add_metadata_props() = e;
-  provenance::record_step(result, "{\"transform\": " + provenance::quote(transform) + ", \"inputs\": " +
-                                      provenance::list(qi) + ", \"outputs\": " + provenance::list(qo) + "}");
-  provenance::set_derivative_outputs(result, block_names);
+  record(result, model, transform, plan.inputs, plan.outputs, block_names);
   return result;
 }
 
-}  // namespace
-
-onnx::ModelProto jacfwd(const onnx::ModelProto& model, const Selection& selection) {
-  return jacobian(model, selection, Direction::kForward, "jacfwd",
-                  [](const std::string& y, const std::string& x) { return y + "_jacobian_" + x; });
+// The chain `source` recorded, then one step of `transform`; `derivatives` become the
+// derivative outputs.
+void record(onnx::ModelProto& result, const onnx::ModelProto& source, const std::string& transform,
+            const std::vector<std::string>& inputs, const std::vector<std::string>& outputs,
+            const std::vector<std::string>& derivatives) {
+  for (int i = result.metadata_props_size() - 1; i >= 0; --i)
+    if (result.metadata_props(i).key() == provenance::kTransformsKey)
+      result.mutable_metadata_props()->DeleteSubrange(i, 1);
+  for (const onnx::StringStringEntryProto& e : source.metadata_props())
+    if (e.key() == provenance::kTransformsKey) *result.add_metadata_props() = e;
+  auto quoted = [](const std::vector<std::string>& names) {
+    std::vector<std::string> q;
+    for (const auto& n : names) q.push_back(provenance::quote(n));
+    return provenance::list(q);
+  };
+  provenance::record_step(result, "{\"transform\": " + provenance::quote(transform) +
+                                      ", \"inputs\": " + quoted(inputs) + ", \"outputs\": " + quoted(outputs) +
+                                      ", \"seeds\": [], \"derivatives\": " + quoted(derivatives) + "}");
+  provenance::set_derivative_outputs(result, derivatives);
 }
 
-onnx::ModelProto jacrev(const onnx::ModelProto& model, const Selection& selection) {
-  return jacobian(model, selection, Direction::kReverse, "jacrev",
-                  [](const std::string& y, const std::string& x) { return y + "_jacobian_" + x; });
+int64_t default_opset(const onnx::ModelProto& m) {
+  for (const auto& o : m.opset_import())
+    if (o.domain().empty() || o.domain() == "ai.onnx") return o.version();
+  return -1;
 }
 
-onnx::ModelProto hessian(const onnx::ModelProto& model, const std::optional<std::vector<std::string>>& inputs,
-                         const std::optional<std::string>& output) {
+// Runs `build` on the model at opset 18 or newer (a source below is upgraded first, once) and
+// brings the result back to the source's opset; errors name the transform the user called.
+onnx::ModelProto at_transform_opset(const onnx::ModelProto& model, const char* transform,
+                                    const std::function<onnx::ModelProto(const onnx::ModelProto&)>& build) {
+  const int64_t source_opset = default_opset(model);
+  try {
+    if (source_opset >= kMinOpset || source_opset < kMinConvertibleOpset) return build(model);
+    onnx::ModelProto upgraded = model;
+    convert_opset_in_place(upgraded, kMinOpset);
+    onnx::ModelProto result = build(upgraded);
+    return_to_source_opset(result, source_opset, transform);
+    return result;
+  } catch (const Error& e) {
+    diag::fail(e.kind(), std::string(transform) + ": " + e.what());
+  }
+}
+
+std::string jacobian_name(const std::string& y, const std::string& x) {
+  return y + "_jacobian_" + x;
+}
+
+onnx::ModelProto hessian_at(const onnx::ModelProto& model, const std::optional<std::vector<std::string>>& inputs,
+                            const std::optional<std::string>& output) {
   Selection first;
   first.inputs = inputs;
   if (output) first.outputs = std::vector<std::string>{*output};
-  onnx::ModelProto gradient = jacrev(model, first);
+  onnx::ModelProto gradient = jacobian(model, first, Direction::kReverse, "jacrev", jacobian_name);
   const auto recorded = provenance::last_selection(gradient);
-  if (!recorded) diag::fail(Error::Kind::kInvalidModel, "hessian: internal: jacrev recorded no selection");
-  if (recorded->outputs.size() != 1)
-    diag::fail(Error::Kind::kSelection, "hessian: " + std::to_string(recorded->outputs.size()) +
-                                            " outputs are selected; a Hessian is of one output. Fix: pass output=" +
-                                            "the name of the one to differentiate twice");
+  if (!recorded) diag::fail(Error::Kind::kInvalidModel, "internal: jacrev recorded no selection");
+  if (recorded->outputs.size() != 1) {
+    std::vector<std::string> quoted;
+    for (const auto& o : recorded->outputs) quoted.push_back("'" + o + "'");
+    diag::fail(Error::Kind::kSelection,
+               std::to_string(recorded->outputs.size()) + " float outputs are selected (" + diag::join(quoted) +
+                   "); a Hessian is of one output. Fix: name the one to differentiate twice (Python output=..., "
+                   "command line --output NAME)");
+  }
   const std::string y = recorded->outputs[0];
   Selection second;
   second.inputs = recorded->inputs;
@@ -246,18 +292,34 @@ onnx::ModelProto hessian(const onnx::ModelProto& model, const std::optional<std:
       jacobian(gradient, second, Direction::kForward, "hessian", [&](const std::string& of, const std::string& wrt) {
         for (size_t a = 0; a < firsts.size(); ++a)
           if (firsts[a] == of) return y + "_hessian_" + xs[a] + "_" + wrt;
-        return of + "_jacobian_" + wrt;
+        return jacobian_name(of, wrt);
       });
-  // The chain recorded: jacrev then hessian; keep only the hessian step, over the source's selection.
-  for (int i = h.metadata_props_size() - 1; i >= 0; --i)
-    if (h.metadata_props(i).key() == provenance::kTransformsKey) h.mutable_metadata_props()->DeleteSubrange(i, 1);
-  for (const onnx::StringStringEntryProto& e : model.metadata_props())
-    if (e.key() == provenance::kTransformsKey) *h.add_metadata_props() = e;
-  std::vector<std::string> qi;
-  for (const auto& n : xs) qi.push_back(provenance::quote(n));
-  provenance::record_step(h, "{\"transform\": \"hessian\", \"inputs\": " + provenance::list(qi) + ", \"outputs\": [" +
-                                 provenance::quote(y) + "]}");
+  // The chain recorded: jacrev then hessian; keep one hessian step over the source's selection,
+  // whose derivatives are the Jacobians and the Hessian blocks.
+  std::vector<std::string> derivatives = firsts;
+  const std::vector<std::string> blocks = provenance::derivative_outputs(h);
+  derivatives.insert(derivatives.end(), blocks.begin(), blocks.end());
+  record(h, model, "hessian", xs, {y}, derivatives);
   return h;
+}
+
+}  // namespace
+
+onnx::ModelProto jacfwd(const onnx::ModelProto& model, const Selection& selection) {
+  return at_transform_opset(model, "jacfwd", [&](const onnx::ModelProto& m) {
+    return jacobian(m, selection, Direction::kForward, "jacfwd", jacobian_name);
+  });
+}
+
+onnx::ModelProto jacrev(const onnx::ModelProto& model, const Selection& selection) {
+  return at_transform_opset(model, "jacrev", [&](const onnx::ModelProto& m) {
+    return jacobian(m, selection, Direction::kReverse, "jacrev", jacobian_name);
+  });
+}
+
+onnx::ModelProto hessian(const onnx::ModelProto& model, const std::optional<std::vector<std::string>>& inputs,
+                         const std::optional<std::string>& output) {
+  return at_transform_opset(model, "hessian", [&](const onnx::ModelProto& m) { return hessian_at(m, inputs, output); });
 }
 
 }  // namespace onnax

@@ -107,9 +107,14 @@ std::vector<Axis> resolve_in_axes(const Prepared& p, const VmapOptions& opt) {
         std::string extra = p.initializer_names.count(name)
                                 ? " ('" + name + "' is an initializer: None keeps it shared, an axis batches it)"
                                 : "";
-        diag::fail(Error::Kind::kSelection, "vmap: in_axes names '" + name + "', which is not a runtime graph input" +
-                                                extra + "; available inputs: " + input_names(p) +
-                                                ". Fix: use one of the available names");
+        std::vector<std::string> inits;
+        for (const auto& t : p.initializer_names) inits.push_back("'" + t + "'");
+        std::sort(inits.begin(), inits.end());
+        diag::fail(Error::Kind::kSelection,
+                   "vmap: in_axes names '" + name + "', which is not a runtime graph input" + extra +
+                       "; available inputs: " + input_names(p) +
+                       (inits.empty() ? std::string() : "; initializers: " + diag::join(inits)) +
+                       ". Fix: use one of the available names");
       }
       axes[it->second] = axis;
     }

@@ -296,6 +296,9 @@ def test_second_order_names_say_what_they_are() -> None:
     )
     g2 = ad.grad(ad.grad(m), inputs=["w"], output="w_grad")
     assert names(g2.graph.output) == ["loss", "w_grad", "w_grad_grad"]
+    g3 = ad.grad(g2, inputs=["w"], output="w_grad_grad")
+    assert names(g3.graph.output)[-1] == "w_grad_grad_grad"
+    np.testing.assert_allclose(run(g3, {"w": np.array(1.5)})["w_grad_grad_grad"], 6.0)
     w = np.array(1.5)
     np.testing.assert_allclose(run(g2, {"w": w})["w_grad_grad"], 6 * w)
     steps = json.loads(meta(g2)["onnax.transforms"])

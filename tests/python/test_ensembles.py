@@ -74,6 +74,12 @@ def test_ensemble_stored_in_the_result() -> None:
         np.testing.assert_allclose(got["y"][:, e], want["y"], rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match=r"stored\['w1'\] is float32\[3, 5\] but the input is declared"):
         onnax.vmap(mlp(), in_axes={"w1": 0}, stored={"w1": W1})
+    with pytest.raises(ValueError, match=r"stored stacks disagree on the batch size \('w1': 4, 'b1': 5\)"):
+        onnax.vmap(mlp(), in_axes={"w1": 0, "b1": 0}, stored={"w1": W1S, "b1": np.zeros((5, 5), np.float32)})
+    with pytest.raises(ValueError, match=r"Fix: give it an axis in in_axes"):
+        onnax.vmap(mlp(), in_axes={"w1": 0}, stored={"b1": B1S})
+    with pytest.raises(TypeError, match="stored must map input names to arrays"):
+        onnax.vmap(mlp(), in_axes={"w1": 0}, stored=W1S)  # type: ignore[arg-type]
 
 
 def test_examples_paired_with_members_and_gradients_per_member() -> None:

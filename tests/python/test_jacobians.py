@@ -247,5 +247,48 @@ def test_command_line_matches_python(tmp_path: Path) -> None:
 
 
 def test_hessian_of_several_outputs_is_refused() -> None:
-    with pytest.raises(onnax.OnnaxError, match="a Hessian is of one output"):
+    with pytest.raises(onnax.OnnaxError, match=r"hessian: 2 float outputs are selected \('y', 'loss'\)"):
         onnax.hessian(mlp(), inputs=["x"])
+
+
+def _tanh_model(opset: int) -> onnx.ModelProto:
+    graph = helper.make_graph(
+        [helper.make_node("Tanh", ["x"], ["y"])],
+        "g",
+        [helper.make_tensor_value_info("x", F, ["N", 3])],
+        [helper.make_tensor_value_info("y", F, ["N", 3])],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=7)
+
+
+@pytest.mark.parametrize("transform", [onnax.jacfwd, onnax.jacrev, onnax.hessian])
+def test_sources_below_opset_18_come_back_at_their_opset(transform: Any) -> None:
+    # (tf2onnx and older torch exports: the result must pass the checker at the source's opset.)
+    source = _tanh_model(13)
+    result = transform(source, outputs=["y"]) if transform is not onnax.hessian else transform(source)
+    onnx.checker.check_model(result, full_check=True)
+    assert next(o.version for o in result.opset_import if o.domain in ("", "ai.onnx")) == 13
+    x = X0[:, :3].copy()
+    got = run(result, {"x": x})
+    want = jax.jacrev(jnp.tanh)(x.astype(np.float64))
+    np.testing.assert_allclose(got["y_jacobian_x"], want, rtol=1e-5, atol=1e-6)
+    if transform is onnax.hessian:
+        np.testing.assert_allclose(
+            got["y_hessian_x_x"], jax.hessian(jnp.tanh)(x.astype(np.float64)), rtol=1e-4, atol=1e-6
+        )
+
+
+def test_an_empty_batch_keeps_its_zero_dims() -> None:
+    # (A dim of size 0 is a size to Reshape, not "copy the input's dim".)
+    empty = np.zeros((0, 3), np.float32)
+    for transform in (onnax.jacfwd, onnax.jacrev):
+        assert run(transform(_tanh_model(18)), {"x": empty})["y_jacobian_x"].shape == (0, 3, 0, 3)
+
+
+def test_steps_record_their_derivatives() -> None:
+    import json
+
+    result = onnax.hessian(mlp(), inputs=["w"], output="loss")
+    step = json.loads(next(p.value for p in result.metadata_props if p.key == "onnax.transforms"))[-1]
+    assert step["transform"] == "hessian" and step["inputs"] == ["w"] and step["outputs"] == ["loss"]
+    assert step["derivatives"] == ["loss_jacobian_w", "loss_hessian_w_w"]
