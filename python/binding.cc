@@ -135,6 +135,26 @@ PYBIND11_MODULE(_core, m) {
       py::arg("model"), py::arg("inputs"), py::arg("output"));
 
   m.def(
+      "register_rule",
+      [](const std::string& domain, const std::string& op, const std::string& node,
+         const std::optional<py::bytes>& body, const std::optional<py::bytes>& jvp) {
+        onnax::UserRule rule{domain, op, node, std::nullopt, std::nullopt};
+        auto parse = [](const py::bytes& data, const char* what) {
+          onnx::FunctionProto f;
+          if (!f.ParseFromString(std::string(data)))
+            throw onnax::Error(onnax::Error::Kind::kInvalidModel,
+                               std::string("register_rule: the ") + what +
+                                   " is not a serialized FunctionProto. Fix: pass an onnx.FunctionProto");
+          return f;
+        };
+        if (body) rule.body = parse(*body, "body");
+        if (jvp) rule.jvp = parse(*jvp, "jvp");
+        onnax::register_rule(rule);
+      },
+      py::arg("domain"), py::arg("op"), py::arg("node"), py::arg("body"), py::arg("jvp"));
+  m.def("clear_rules", &onnax::clear_rules);
+
+  m.def(
       "stop_gradient",
       [](const py::bytes& model, const std::vector<std::string>& values) {
         return py::bytes(onnax::stop_gradient(onnax::parse_model(std::string(model)), values).SerializeAsString());

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <onnax/diagnostics.h>
+#include <onnax/rules.h>
 #include <onnx/onnx_pb.h>
 
 #include <cstdint>

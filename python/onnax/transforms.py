@@ -195,6 +195,46 @@ def hessian(model: ModelT, inputs: Names = None, output: str | None = None) -> M
     return transform(model, lambda data: _core.hessian(data, selected, output))
 
 
+def register_rule(
+    op: str | None = None,
+    domain: str = "",
+    *,
+    body: Any = None,
+    jvp: Any = None,
+    node: str | None = None,
+) -> None:
+    """Gives onnax a rule it lacks, or replaces one, for every later transform in this process.
+
+    Args:
+        op, domain: the operator the rule is for (a custom domain, a contrib op onnax lacks, or
+            a standard op whose derivative you want to replace).
+        body: an ``onnx.FunctionProto`` defining the operator in operators onnax has rules for
+            (inputs and outputs as the operator's): every transform runs through it, as through
+            a model-local function; jvp/vjp/grad keep the operator itself when ``jvp`` is given.
+        jvp: an ``onnx.FunctionProto`` computing the operator's JVP (JAX's ``custom_jvp``):
+            inputs are the operator's inputs then one tangent per input (zeros where an input has
+            none), outputs the tangents of its outputs, linear in the input tangents; reverse mode
+            transposes it. The node itself stays in the result.
+        node: apply the JVP to the node of this name only (any operator); ``op`` is then ignored.
+    """
+    if node is None and not isinstance(op, str):
+        raise TypeError(f"op must be the operator's type (str), got {op!r}")
+    functions = []
+    for what, f in (("body", body), ("jvp", jvp)):
+        if f is None:
+            functions.append(None)
+            continue
+        if not hasattr(f, "SerializeToString") or type(f).__name__ != "FunctionProto":
+            raise TypeError(f"{what} must be an onnx.FunctionProto, got {type(f).__name__}")
+        functions.append(f.SerializeToString())
+    _core.register_rule(domain, op or "", node or "", functions[0], functions[1])
+
+
+def clear_rules() -> None:
+    """Forgets every rule registered with ``register_rule``."""
+    _core.clear_rules()
+
+
 def stop_gradient(model: ModelT, values: Sequence[str]) -> ModelT:
     """``model`` with ``values`` (main-graph node outputs or inputs) marked so that ``jvp``,
     ``vjp``, ``grad`` and ``train_step`` treat them as constants, as JAX's ``lax.stop_gradient``

@@ -17,6 +17,7 @@
 #include "ir/graph_edit.h"
 #include "rules/derivative.h"
 #include "rules/op_table.h"
+#include "rules/user_rules.h"
 #include "transforms/contrib_ops.h"
 #include "transforms/lower_opset.h"
 #include "transforms/prepare.h"
@@ -317,6 +318,10 @@ void differentiate_graph(Prepared& p, Mode mode, const Selection& sel) {
     p.value_names.expect(static_cast<size_t>(p.value_names.size()) + expected);
   }
   const OpTable& rules = OpTable::instance();
+  // The user's rules (onnax/rules.h), one snapshot for the whole graph; their JVPs as rules,
+  // one per registered function (stable addresses: the schema cache below is keyed by rule).
+  const std::shared_ptr<const UserRules> user = user_rules();
+  std::unordered_map<const UserRule*, JvpRule> user_jvps;
   const std::unordered_map<std::string, int> opsets = model_opsets(p);
   SchemaCache schemas;
   // Each rule is registered for one domain::op, and a model has one opset per domain: the
@@ -387,8 +392,16 @@ void differentiate_graph(Prepared& p, Mode mode, const Selection& sel) {
       all_stopped = all_stopped && (output_ids[k] < 0 || stopped[static_cast<size_t>(output_ids[k])]);
     if (all_stopped) continue;
     const bool default_domain = node.domain().empty() || node.domain() == "ai.onnx";
-    if (rules.zero_for(node)) continue;
-    const JvpRule* rule = rules.jvp_for(node);
+    const UserRule* custom = user->for_node(node);
+    const JvpRule* rule = nullptr;
+    if (custom && custom->jvp) {
+      auto [it, added] = user_jvps.try_emplace(custom);
+      if (added) it->second = [f = &*custom->jvp](JvpCtx& c) { return function_jvp(c, *f); };
+      rule = &it->second;
+    } else {
+      if (rules.zero_for(node)) continue;
+      rule = rules.jvp_for(node);
+    }
     // The node's domain and its opset, asked for only by diagnostics and a rule's first use (a
     // string hash per node otherwise).
     const std::string_view domain = default_domain ? std::string_view() : std::string_view(node.domain());
@@ -407,7 +420,8 @@ void differentiate_graph(Prepared& p, Mode mode, const Selection& sel) {
       diag::fail(Error::Kind::kUnsupported,
                  m + ": cannot differentiate " + label() + ": " + why + "; it lies on the path from input '" +
                      std::string(p.value_names.name(from)) + "' to the selected outputs " + quoted_names(r.outputs) +
-                     ". Fix: select inputs/outputs that avoid it, or compute it outside the differentiated model");
+                     ". Fix: select inputs/outputs that avoid it, compute it outside the differentiated model, "
+                     "or register its JVP or definition (onnax.register_rule)");
     }
     // Rules read the inputs and attributes their schema guarantees.
     auto [known_schema, first_use] = schema_of_rule.try_emplace(rule, nullptr);

@@ -13,6 +13,7 @@
 #include "check/node_check.h"
 #include "diagnostics/error.h"
 #include "notice.h"
+#include "rules/user_rules.h"
 #include "transforms/contrib_ops.h"
 #include "transforms/dropout_masks.h"
 #include "transforms/inline_size.h"
@@ -393,6 +394,30 @@ bool calls(const onnx::GraphProto& g, const onnx::FunctionProto& f) {
   return false;
 }
 
+// The definitions users registered (onnax/rules.h) for operators the graph calls, added as
+// model-local functions, so the inlining below runs every transform through them. jvp, vjp and
+// grad keep an operator that also has a registered JVP (its rule then differentiates it).
+void add_user_bodies(Prepared& p, const std::string& mode) {
+  const std::shared_ptr<const UserRules> user = user_rules();
+  std::vector<onnx::FunctionProto> wanted;
+  for (const UserRule* r : user->bodies()) {
+    if (mode != "vmap" && r->jvp) continue;
+    onnx::FunctionProto f = *r->body;
+    f.set_domain(r->domain == "ai.onnx" ? std::string() : r->domain);
+    f.set_name(r->op);
+    bool defined = false;  // (the model's own definition wins)
+    for (const auto& g : p.model->functions()) defined = defined || (g.domain() == f.domain() && g.name() == f.name());
+    if (!defined && calls(*p.graph, f)) wanted.push_back(std::move(f));
+  }
+  if (wanted.empty()) return;
+  mutable_graph(p);
+  for (auto& f : wanted) {
+    if (f.opset_import_size() == 0)
+      for (const auto& o : p.model->opset_import()) *f.add_opset_import() = o;
+    *p.model->add_functions() = std::move(f);
+  }
+}
+
 // Dropout with a constant ratio of 0 is the identity in either mode (the mask keeps every
 // element, the scale is 1), whatever its training_mode: exporters write it so with a run-time
 // mode (jax2onnx's `deterministic` flag becomes an input), which no rule could otherwise batch
@@ -490,6 +515,7 @@ void prepare_graph(Prepared& p, const std::string& mode) {
                mode + ": the model's ai.onnx opset is " + std::to_string(opset) + "; " + interval +
                    ". Fix: convert the model with onnx.version_converter.convert_version(model, " +
                    std::to_string(opset > kMaxOpset ? kMaxOpset : kMinOpset) + ") first");
+  add_user_bodies(p, mode);
   if (p.model->functions_size() > 0) {
     if (const auto problem = inline_size_problem(*p.model, mode)) diag::fail(problem->first, problem->second);
     mutable_graph(p);  // inlining rewrites the graph

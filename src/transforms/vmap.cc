@@ -438,7 +438,8 @@ void vmap_prepared(Prepared& p, const VmapOptions& opt) {
                      ": ONNX has no schema for this operator at this opset (unknown or custom op), so onnax cannot "
                      "tell how it treats the batch axis; batched inputs: " +
                      batched_inputs +
-                     ". Fix: pass None in in_axes for the inputs that reach it, or express it with standard ops");
+                     ". Fix: pass None in in_axes for the inputs that reach it, express it with standard ops, or "
+                     "register its definition (onnax.register_rule(op, domain, body=...))");
     }
     // Rules read the inputs and attributes their schema guarantees.
     {

@@ -1,0 +1,139 @@
+#include "rules/user_rules.h"
+
+#include <mutex>
+#include <string>
+#include <unordered_map>
+
+#include "diagnostics/error.h"
+
+namespace onnax {
+namespace {
+
+std::mutex& registry_mutex() {
+  static std::mutex m;
+  return m;
+}
+
+std::shared_ptr<const UserRules>& registry() {
+  static std::shared_ptr<const UserRules> current = std::make_shared<const UserRules>();
+  return current;
+}
+
+bool default_domain(const std::string& d) {
+  return d.empty() || d == "ai.onnx";
+}
+
+bool same_target(const UserRule& a, const UserRule& b) {
+  if (!a.node.empty() || !b.node.empty()) return a.node == b.node;
+  return a.op == b.op && (a.domain == b.domain || (default_domain(a.domain) && default_domain(b.domain)));
+}
+
+std::string label(const UserRule& r) {
+  if (!r.node.empty()) return "the rule for node '" + r.node + "'";
+  return "the rule for " + (default_domain(r.domain) ? std::string("ai.onnx") : r.domain) + "::" + r.op;
+}
+
+}  // namespace
+
+void register_rule(const UserRule& rule) {
+  if (!rule.body && !rule.jvp)
+    diag::fail(Error::Kind::kSelection,
+               "register_rule: " + label(rule) + " gives neither a body nor a jvp. Fix: pass at least one function");
+  if (rule.node.empty() && rule.op.empty())
+    diag::fail(Error::Kind::kSelection,
+               "register_rule: the rule names neither an operator nor a node. Fix: give the operator's type (and "
+               "domain), or a node name");
+  if (!rule.node.empty() && rule.body)
+    diag::fail(Error::Kind::kSelection,
+               "register_rule: " + label(rule) +
+                   " gives a body; a node's definition is its operator's. Fix: register the body for the operator");
+  std::lock_guard<std::mutex> lock(registry_mutex());
+  auto next = std::make_shared<UserRules>(*registry());
+  std::erase_if(next->rules, [&](const UserRule& r) { return same_target(r, rule); });
+  next->rules.push_back(rule);
+  registry() = std::move(next);
+}
+
+void clear_rules() {
+  std::lock_guard<std::mutex> lock(registry_mutex());
+  registry() = std::make_shared<const UserRules>();
+}
+
+std::shared_ptr<const UserRules> user_rules() {
+  std::lock_guard<std::mutex> lock(registry_mutex());
+  return registry();
+}
+
+const UserRule* UserRules::for_node(const onnx::NodeProto& node) const {
+  if (rules.empty()) return nullptr;
+  const UserRule* by_op = nullptr;
+  for (const auto& r : rules) {
+    if (!r.node.empty()) {
+      if (!node.name().empty() && r.node == node.name()) return &r;
+    } else if (r.op == node.op_type() &&
+               (r.domain == node.domain() || (default_domain(r.domain) && default_domain(node.domain())))) {
+      by_op = &r;
+    }
+  }
+  return by_op;
+}
+
+std::vector<const UserRule*> UserRules::bodies() const {
+  std::vector<const UserRule*> out;
+  for (const auto& r : rules)
+    if (r.node.empty() && r.body) out.push_back(&r);
+  return out;
+}
+
+Vs function_jvp(JvpCtx& c, const onnx::FunctionProto& f) {
+  const int n = c.node.input_size();
+  const std::string which = "the registered JVP function '" + f.name() + "'";
+  if (f.input_size() != 2 * n || f.output_size() != c.node.output_size())
+    c.unsupported(which + " has " + std::to_string(f.input_size()) + " inputs and " + std::to_string(f.output_size()) +
+                      " outputs, but this node has " + std::to_string(n) + " inputs and " +
+                      std::to_string(c.node.output_size()) + " outputs",
+                  "give it the node's inputs, then one tangent per input (" + std::to_string(2 * n) +
+                      " inputs), and one output per node output");
+  std::unordered_map<std::string, V> env;
+  for (int i = 0; i < n; ++i) {
+    env[f.input(i)] = c.x(i);
+    V t = c.t(i);
+    // A zero tangent is fed as zeros (the function reads every input); inputs without derivative
+    // (integers) have none.
+    if (!t.valid() && c.x(i).valid() && differentiable_dtype(c.dtype(i))) t = c.b.zeros_like(c.x(i), c.dtype(i));
+    env[f.input(n + i)] = t;
+  }
+  for (const auto& fn : f.node()) {
+    for (const auto& a : fn.attribute())
+      if (!a.ref_attr_name().empty() || a.has_g() || a.graphs_size() > 0)
+        c.unsupported(which + " has a node (" + fn.op_type() + ") with an attribute reference or a subgraph",
+                      "write the JVP with plain attribute values and without control flow");
+    Vs ins;
+    for (const auto& in : fn.input()) {
+      if (in.empty()) {
+        ins.push_back(V{});
+        continue;
+      }
+      const auto it = env.find(in);
+      if (it == env.end() || !it->second.valid())
+        c.unsupported(which + " reads '" + in +
+                          "', which it neither takes nor computes (or a tangent of an input "
+                          "without derivative)",
+                      "read only its inputs and values its nodes compute");
+      ins.push_back(it->second);
+    }
+    const Vs outs = c.b.clone(fn, ins);
+    for (int k = 0; k < fn.output_size(); ++k)
+      if (!fn.output(k).empty()) env[fn.output(k)] = outs[static_cast<size_t>(k)];
+  }
+  Vs result;
+  for (const auto& o : f.output()) {
+    const auto it = env.find(o);
+    if (it == env.end())
+      c.unsupported(which + " does not compute its output '" + o + "'", "compute every output it declares");
+    result.push_back(it->second);
+  }
+  return result;
+}
+
+}  // namespace onnax

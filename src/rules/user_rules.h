@@ -1,0 +1,31 @@
+// The rules users register (include/onnax/rules.h): a process-wide registry read through
+// snapshots, so a transform sees one set of rules from start to end while another thread
+// registers, and the JVP of a node from a user's JVP function.
+#pragma once
+
+#include <onnax/rules.h>
+#include <onnx/onnx_pb.h>
+
+#include <memory>
+#include <vector>
+
+#include "rules/derivative.h"
+
+namespace onnax {
+
+struct UserRules {
+  std::vector<UserRule> rules;
+  // The rule for `node`: its own (by name) first, then its operator's; nullptr: none.
+  const UserRule* for_node(const onnx::NodeProto& node) const;
+  // Operator-level rules with a body (node-level ones never have one).
+  std::vector<const UserRule*> bodies() const;
+};
+
+// The registered rules now (never null; empty when none).
+std::shared_ptr<const UserRules> user_rules();
+
+// The JVP of `c.node` by the function `jvp` (see UserRule::jvp): its nodes are emitted on the
+// node's primal inputs and tangents, each with its own rules (the linear ones go on the tape).
+Vs function_jvp(JvpCtx& c, const onnx::FunctionProto& jvp);
+
+}  // namespace onnax
