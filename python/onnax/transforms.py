@@ -219,7 +219,7 @@ def register_rule(
     """
     if node is None and not isinstance(op, str):
         raise TypeError(f"op must be the operator's type (str), got {op!r}")
-    functions = []
+    functions: list[bytes | None] = []
     for what, f in (("body", body), ("jvp", jvp)):
         if f is None:
             functions.append(None)

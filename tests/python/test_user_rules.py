@@ -195,7 +195,7 @@ def test_custom_jvp_of_one_node() -> None:
 def test_bad_rules_are_refused_with_a_fix() -> None:
     with pytest.raises(onnax.OnnaxError, match="gives neither a body nor a jvp"):
         onnax.register_rule("Cube", DOMAIN)
-    with pytest.raises(TypeError, match="jvp must be an onnx.FunctionProto"):
+    with pytest.raises(TypeError, match=r"jvp must be an onnx\.FunctionProto"):
         onnax.register_rule("Cube", DOMAIN, jvp=cube_body().SerializeToString())
     onnax.register_rule("Cube", DOMAIN, jvp=cube_body())  # one input: the JVP needs two
     with pytest.raises(
