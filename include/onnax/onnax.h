@@ -5,6 +5,7 @@
 #pragma once
 
 #include <onnax/diagnostics.h>
+#include <onnax/options.h>
 #include <onnax/rules.h>
 #include <onnx/onnx_pb.h>
 
@@ -16,41 +17,9 @@
 
 namespace onnax {
 
-// Where a batched input carries its batch axis; std::nullopt means "not batched (shared)".
-using Axis = std::optional<int64_t>;
-
-struct VmapOptions {
-  // How the batched inputs are selected:
-  //   kAll       `in_axis` applies to every runtime graph input (initializers are never
-  //              runtime inputs: they are always shared);
-  //   kPerInput  `in_axes` has exactly one entry per runtime graph input, in order;
-  //   kByName    `in_axes_by_name` names inputs; inputs not named are shared.
-  enum class InAxesForm { kAll, kPerInput, kByName };
-  InAxesForm in_axes_form = InAxesForm::kAll;
-  Axis in_axis = 0;
-  std::vector<Axis> in_axes;
-  std::map<std::string, Axis> in_axes_by_name;
-  // One entry per graph output, or a single entry for all; empty means 0.
-  // std::nullopt: the output is the same for every example and stays unbatched (vmap fails
-  // with a diagnostic if it depends on a batched input).
-  std::vector<Axis> out_axes;
-  // dim_param of the new batch dimension; empty picks "batch" (made unique in the model).
-  std::string axis_name;
-};
-
 onnx::ModelProto vmap(const onnx::ModelProto& model, const VmapOptions& options);
 // The same for a model the caller gives away (see grad below).
 onnx::ModelProto vmap(onnx::ModelProto&& model, const VmapOptions& options);
-
-// Which values to differentiate, by graph name (ordered; not positions). Unset inputs select
-// every FLOAT/DOUBLE runtime input (initializers are selectable explicitly and keep their
-// stored values). Unset outputs select, for jvp, the derivative outputs an earlier onnax
-// transform generated (so jvp(grad(f)) appends a Hessian-vector product) or else every
-// FLOAT/DOUBLE output; for vjp, every FLOAT/DOUBLE output.
-struct Selection {
-  std::optional<std::vector<std::string>> inputs;
-  std::optional<std::vector<std::string>> outputs;
-};
 
 // Forward mode: appends one tangent input per selected input (same shape and dtype, named
 // "<input>_tangent") and returns all primal outputs, then the tangents of the selected

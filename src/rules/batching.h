@@ -16,6 +16,7 @@
 #include "emit/builder.h"
 #include "facts/facts.h"
 #include "ir/small_vec.h"
+#include "rules/body_transforms.h"
 
 namespace onnax {
 
@@ -44,6 +45,8 @@ class BatchCtx {
   std::vector<Read> reads;
   // The batch dimension (for the types of batched subgraph inputs).
   Dim batch_dim;
+  // How control-flow rules have bodies batched (given by the transform).
+  const BodyTransforms* bodies = nullptr;
 
   int num_inputs() const { return static_cast<int>(in.size()); }
   bool has(int i) const { return i < num_inputs() && in[i].valid(); }

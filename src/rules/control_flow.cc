@@ -9,7 +9,6 @@
 // transpose can account for.
 //
 // Reverse mode through a Loop transposes the JVP loop: loop_transpose.cc.
-#include <onnax/onnax.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -38,24 +37,15 @@ std::string node_label(const onnx::NodeProto& node) {
   return type + " " + (node.name().empty() ? "producing '" + produced + "'" : "'" + node.name() + "'");
 }
 
-// Set while a JVP body is derived for reverse mode (a tape is being recorded around it): the
-// body must keep its primal part apart from its tangent part, since the loop reverse mode makes
-// of it reruns the primal part alone; so no loop inside it may compute its primal outputs in
-// its JVP loop (see the end of loop_jvp).
-thread_local bool jvp_for_reverse_mode = false;
-
-// jvp or vjp of a body as a model of its own; failures name the node whose body it is.
-// (`where` names the node whose body it is; `for_reverse_mode`: the enclosing transform records
-// a tape.)
-onnx::GraphProto derive_body(bool forward, onnx::ModelProto model, const Selection& selection, const std::string& where,
-                             bool for_reverse_mode) {
-  struct Restore {
-    bool saved = jvp_for_reverse_mode;
-    ~Restore() { jvp_for_reverse_mode = saved; }
-  } restore;
-  jvp_for_reverse_mode = jvp_for_reverse_mode || for_reverse_mode;
+// jvp or vjp of a body as a model of its own, by the transform's `bodies`; failures name the
+// node whose body it is (`where`). `for_reverse_mode`: a tape is recorded around it (an
+// enclosing reverse mode), so the body must keep its primal part apart from its tangent part,
+// since the loop reverse mode makes of it reruns the primal part alone: no loop inside it may
+// compute its primal outputs in its JVP loop (see the end of loop_jvp).
+onnx::GraphProto derive_body(const BodyTransforms& bodies, bool forward, onnx::ModelProto model,
+                             const Selection& selection, const std::string& where, bool for_reverse_mode) {
   try {
-    onnx::ModelProto r = forward ? jvp(std::move(model), selection) : vjp(std::move(model), selection);
+    onnx::ModelProto r = bodies.derive(forward, std::move(model), selection, for_reverse_mode);
     strip_known_values(*r.mutable_graph());
     return std::move(*r.mutable_graph());
   } catch (const Error& e) {
@@ -218,8 +208,9 @@ Vs loop_jvp(JvpCtx& c) {
   const std::vector<Facts> carried = loop_carried_facts(*body, n, input_facts, extra, b.opsets(), known_values);
   std::vector<const Facts*> carried_facts;
   for (const Facts& f : carried) carried_facts.push_back(&f);
-  onnx::GraphProto g = derive_body(true, standalone_model(*body, carried_facts, extra, b.opsets(), known_values, true),
-                                   sel, node_label(node), b.has_tape());
+  onnx::GraphProto g =
+      derive_body(*c.bodies, true, standalone_model(*body, carried_facts, extra, b.opsets(), known_values, true), sel,
+                  node_label(node), b.has_tape() || c.for_reverse_mode);
 
   // g: inputs [iter, cond, state, captured, tangents of the selected inputs]; outputs [cond,
   // state, scan outputs, tangents of the selected outputs]. The JVP body carries the captured
@@ -233,7 +224,7 @@ Vs loop_jvp(JvpCtx& c) {
   // Forward mode proper: the JVP body reads the captured values and their tangents from the
   // enclosing graph, as the source body did (no constant state, no Identity per iteration).
   // Reverse mode's tape needs the body closed.
-  const bool outside = !b.has_tape() && !jvp_for_reverse_mode;
+  const bool outside = !b.has_tape() && !c.for_reverse_mode;
   const int first_tcap = n_sel - static_cast<int>(tcaps.size());
   g.clear_output();
   for (int i = 0; i <= n; ++i) *g.add_output() = out_info(i);  // cond, state
@@ -497,7 +488,7 @@ Vs scan_jvp(JvpCtx& c) {
   // Forward mode: the JVP loop takes the primal loop's place first (it must be the node emitted
   // last), then the Scan's outputs are taken from it. Reverse mode: the JVP loop goes to the
   // tape, reading the Scan's outputs (now the primal loop's) as its primal twins.
-  const bool forward = !b.has_tape() && !jvp_for_reverse_mode;
+  const bool forward = !b.has_tape() && !c.for_reverse_mode;
   const bool replaced = !forward && replace_scan();
   // The JVP loop's primal twins: the primal loop's outputs. (Where the Scan's output is a loop
   // output as is, the two values traded names and makers: the Scan's value is the loop's now.
@@ -509,7 +500,7 @@ Vs scan_jvp(JvpCtx& c) {
     const bool traded = replaced && same[static_cast<size_t>(n + j)].id == stack.id;
     ys.push_back(forward ? stack : !replaced ? V{} : traded ? c.y(n + j) : stack);
   }
-  JvpCtx lc{b, loop, c.opset, xs, ys, ts, std::move(captured)};
+  JvpCtx lc{b, loop, c.opset, xs, ys, ts, std::move(captured), c.bodies, c.for_reverse_mode};
   Vs t = loop_jvp(lc);
   if (forward) replace_scan();
   for (int j = 0; j < k_scan; ++j) {
@@ -626,8 +617,8 @@ Vs if_jvp(JvpCtx& c) {
       std::vector<size_t> index;
       for (int j : outs_active) index.push_back(outs.add(br.output(j).name()));
       sel.outputs = outs.names;
-      g = derive_body(true, standalone_model(br, {}, extra, b.opsets(), known_values), sel, node_label(node),
-                      b.has_tape());
+      g = derive_body(*c.bodies, true, standalone_model(br, {}, extra, b.opsets(), known_values), sel, node_label(node),
+                      b.has_tape() || c.for_reverse_mode);
       // g: inputs [reads, tangents of the selected]; outputs [branch outputs, tangents].
       const int n_reads = static_cast<int>(outer.size());
       for (size_t i = 0; i < sel.inputs->size(); ++i)
@@ -720,7 +711,8 @@ Vs if_transpose(TransposeCtx& c) {
     std::unordered_map<int, std::string> ct_out;  // position in c.ins -> output name in g
     if (!sel.inputs->empty()) {
       sel.outputs = outs.names;
-      g = derive_body(false, standalone_model(br, {}, extra, b.opsets(), known_values), sel, tape_label(c), true);
+      g = derive_body(*c.bodies, false, standalone_model(br, {}, extra, b.opsets(), known_values), sel, tape_label(c),
+                      true);
       // g: inputs [reads, cotangents of the selected outputs]; outputs [branch outputs,
       // cotangents of the selected tangents].
       const int n_reads = static_cast<int>(outer.size());

@@ -2,7 +2,6 @@
 // itself, as a model of its own (transforms/subgraph.h), so the loop runs once for the whole
 // batch instead of once per example. A batched trip count or condition means examples take
 // different paths: those nodes keep the per-example map (scan_fallback).
-#include <onnax/onnax.h>
 
 #include <optional>
 #include <unordered_map>
@@ -49,7 +48,7 @@ std::optional<onnx::GraphProto> batched_body(const BatchCtx& c, onnx::ModelProto
   for (const auto& n : batched) opt.in_axes_by_name[n] = 0;
   if (c.batch_dim.symbolic() && !c.batch_dim.internal()) opt.axis_name = std::string(c.batch_dim.param());
   try {
-    onnx::ModelProto r = vmap(std::move(model), opt);
+    onnx::ModelProto r = c.bodies->vmap(std::move(model), opt);
     return std::move(*r.mutable_graph());
   } catch (const Error&) {
     return std::nullopt;

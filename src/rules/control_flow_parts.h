@@ -21,11 +21,9 @@ namespace control_flow {
 // a Loop, keeps its own op type in doc_string).
 std::string node_label(const onnx::NodeProto& node);
 
-// jvp or vjp of a body as a model of its own; failures name the node whose body it is.
-// (`where` names the node whose body it is; `for_reverse_mode`: the enclosing transform records
-// a tape.)
-onnx::GraphProto derive_body(bool forward, onnx::ModelProto model, const Selection& selection, const std::string& where,
-                             bool for_reverse_mode);
+// jvp or vjp of a body as a model of its own, by the transform's `bodies` (control_flow.cc).
+onnx::GraphProto derive_body(const BodyTransforms& bodies, bool forward, onnx::ModelProto model,
+                             const Selection& selection, const std::string& where, bool for_reverse_mode);
 
 // A loop-carried value the body passes through unchanged (directly or by an Identity).
 bool invariant_state(const onnx::GraphProto& body, int k);

@@ -15,6 +15,7 @@
 
 #include "emit/builder.h"
 #include "facts/facts.h"
+#include "rules/body_transforms.h"
 
 namespace onnax {
 
@@ -36,6 +37,10 @@ class JvpCtx {
     V t;
   };
   std::vector<Captured> captured;
+  // How control-flow rules have bodies differentiated (given by the transform), and whether a
+  // tape is recorded around this JVP (reverse mode of an enclosing body).
+  const BodyTransforms* bodies = nullptr;
+  bool for_reverse_mode = false;
 
   V x(int i) const { return i < static_cast<int>(xs.size()) ? xs[i] : V{}; }
   V y(int i = 0) const { return ys[i]; }
@@ -74,11 +79,12 @@ class TransposeCtx {
   Builder& b;
   const onnx::NodeProto& node;
   int64_t opset;
-  Vs ins;                   // inputs (tangent or primal)
-  SmallVec<bool, 8> lin;    // which inputs are tangents
-  Vs cts;                   // output cotangents
-  Vs outs;                  // the tape node's outputs (tangents; use only for witnesses/shapes)
-  std::string_view origin;  // the tangent the tape node computed (for diagnostics)
+  Vs ins;                                  // inputs (tangent or primal)
+  SmallVec<bool, 8> lin;                   // which inputs are tangents
+  Vs cts;                                  // output cotangents
+  Vs outs;                                 // the tape node's outputs (tangents; use only for witnesses/shapes)
+  std::string_view origin;                 // the tangent the tape node computed (for diagnostics)
+  const BodyTransforms* bodies = nullptr;  // how control-flow rules have bodies differentiated
 
   V in(int i) const { return i < static_cast<int>(ins.size()) ? ins[i] : V{}; }
   bool linear(int i) const { return i < static_cast<int>(lin.size()) && lin[i]; }

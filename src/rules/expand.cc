@@ -174,7 +174,7 @@ Vs expansion_jvp(JvpCtx& c, const onnx::GraphProto& g, const KnownPrimal* known,
       V nan = c.b.op1("IsNaN", {ys[0]});
       rule_ys[0] = c.b.op1("Where", {nan, c.b.scalar(0.0, c.b.facts(ys[0]).dtype), ys[0]});
     }
-    JvpCtx inner{c.b, n, c.opset, xs, rule_ys, ts, std::move(captured)};
+    JvpCtx inner{c.b, n, c.opset, xs, rule_ys, ts, std::move(captured), c.bodies, c.for_reverse_mode};
     Vs touts;
     if (rule != nullptr)
       touts = (*rule)(inner);

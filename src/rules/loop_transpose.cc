@@ -5,7 +5,6 @@
 // iteration's primal values from the stacks. Weight products and sums leave the reverse loop
 // (rules/loop_products.h), and residuals computed elementwise from others are computed on the
 // stacks after the forward loop (rules/loop_residuals.h).
-#include <onnax/onnax.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -250,8 +249,9 @@ Vs loop_transpose(TransposeCtx& c) {
   for (int j = 0; j < k_scan; ++j)
     if (c.ct(n + j).valid()) scan_out[static_cast<size_t>(j)] = outs.add(body->output(1 + n + j).name());
   sel.outputs = outs.names;
-  onnx::GraphProto g = derive_body(false, standalone_model(vjp_body, input_facts, {}, b.opsets(), known_values, true),
-                                   sel, tape_label(c), true);
+  onnx::GraphProto g =
+      derive_body(*c.bodies, false, standalone_model(vjp_body, input_facts, {}, b.opsets(), known_values, true), sel,
+                  tape_label(c), true);
   // g: inputs [iter, cond, state, rows, cotangents of the selected outputs]; outputs [cond,
   // state, scan outputs, cotangents of the tangent state, then of the rows]. Keep the
   // cotangents only.

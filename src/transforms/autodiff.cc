@@ -18,6 +18,7 @@
 #include "rules/derivative.h"
 #include "rules/op_table.h"
 #include "rules/user_rules.h"
+#include "transforms/bodies.h"
 #include "transforms/contrib_ops.h"
 #include "transforms/lower_opset.h"
 #include "transforms/prepare.h"
@@ -235,7 +236,7 @@ onnx::ValueInfoProto value_info_like(const std::string& name, const Facts& f) {
 }
 
 // Leaves the result in *p.model.
-void differentiate_graph(Prepared& p, Mode mode, const Selection& sel) {
+void differentiate_graph(Prepared& p, Mode mode, const Selection& sel, bool for_reverse_mode) {
   const std::string m = mode_name(mode);
   const Resolved r = resolve(p, mode, sel);
 
@@ -436,6 +437,8 @@ void differentiate_graph(Prepared& p, Mode mode, const Selection& sel) {
         diag::fail(Error::Kind::kInvalidModel, m + ": invalid model: " + label() + " " + defect);
     }
     JvpCtx ctx{b, node, p.opset, {}, ys, {}, {}};
+    ctx.bodies = &body_transforms();
+    ctx.for_reverse_mode = for_reverse_mode;
     for (int k = 0; k < node.input_size(); ++k) {
       ctx.xs.push_back(input_ids[k] < 0 ? V{} : at(primal, input_ids[k]));
       ctx.ts.push_back(input_ids[k] < 0 ? V{} : at(tangent, input_ids[k]));
@@ -546,7 +549,7 @@ void differentiate_graph(Prepared& p, Mode mode, const Selection& sel) {
                        "'). Fix: use jvp (forward mode) for this model, or select "
                        "inputs/outputs whose path avoids " +
                        tn.node->op_type());
-      TransposeCtx tctx{b, *tn.node, p.opset, tn.inputs, {}, cts, tn.outputs, tn.origin};
+      TransposeCtx tctx{b, *tn.node, p.opset, tn.inputs, {}, cts, tn.outputs, tn.origin, &body_transforms()};
       for (V in : tn.inputs) tctx.lin.push_back(b.tangent(in));
       // Cotangent nodes are named after the source value whose tangent the tape node computed.
       std::string_view base = tn.origin;
@@ -633,10 +636,10 @@ void differentiate_graph(Prepared& p, Mode mode, const Selection& sel) {
 // Errors name the transform the user called. Rules report under the mode that raised them:
 // JVP rules as "jvp: ", transpose rules as "vjp: ", and a control-flow body, differentiated as
 // a model of its own, as the transform it was given.
-void differentiate(Prepared& p, Mode mode, const Selection& sel) {
+void differentiate(Prepared& p, Mode mode, const Selection& sel, bool for_reverse_mode = false) {
   const std::string m = mode_name(mode);
   try {
-    differentiate_graph(p, mode, sel);
+    differentiate_graph(p, mode, sel, for_reverse_mode);
   } catch (const Error& e) {
     const std::string_view what = e.what();
     for (const std::string_view raised : {"jvp: ", "vjp: "})
@@ -709,6 +712,18 @@ std::string grad_serialized(const std::string& model, const std::optional<std::v
                             const std::optional<std::string>& output) {
   return transform_serialized(model, "grad",
                               [&](Prepared& p) { differentiate(p, Mode::kGrad, grad_selection(inputs, output)); });
+}
+
+const BodyTransforms& body_transforms() {
+  static const BodyTransforms transforms{
+      [](onnx::ModelProto model, const VmapOptions& options) { return vmap(std::move(model), options); },
+      [](bool forward, onnx::ModelProto model, const Selection& selection, bool for_reverse_mode) {
+        const Mode mode = forward ? Mode::kJvp : Mode::kVjp;
+        Prepared p = prepare(std::move(model), mode_name(mode));
+        differentiate(p, mode, selection, for_reverse_mode);
+        return std::move(*p.model);
+      }};
+  return transforms;
 }
 
 }  // namespace onnax

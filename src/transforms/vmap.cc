@@ -19,6 +19,7 @@
 #include "notice.h"
 #include "rules/batching.h"
 #include "rules/op_table.h"
+#include "transforms/bodies.h"
 #include "transforms/contrib_ops.h"
 #include "transforms/lower_opset.h"
 #include "transforms/prepare.h"
@@ -474,7 +475,8 @@ void vmap_prepared(Prepared& p, const VmapOptions& opt) {
                  false,
                  schema,
                  std::move(reads),
-                 batch_dim};
+                 batch_dim,
+                 &body_transforms()};
     for (int o = 0; o < node.output_size(); ++o) ctx.out_facts.push_back(&p.facts.at(output_ids[o]));
     for (int i = 0; i < node.input_size(); ++i) {
       const std::string& in = node.input(i);
