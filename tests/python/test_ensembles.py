@@ -124,3 +124,11 @@ def test_onnx_ir_model_and_command_line(tmp_path: Path) -> None:
     )
     got = run(onnx.load(tmp_path / "e.onnx"), {"x": X, "w1": W1S, "b1": B1S})
     np.testing.assert_allclose(got["y"][1], member(1)["y"], rtol=1e-5, atol=1e-6)
+
+
+def test_validate_replays_an_ensemble() -> None:
+    from onnax.testing import validate
+
+    result = onnax.vmap(onnax.grad(mlp(), inputs=["w1"], output="loss"), in_axes={"w1": 0, "b1": 0})
+    report = validate(mlp(), result, inputs={"x": X, "w1": W1S, "b1": B1S})
+    assert report.ok, report.format()

@@ -511,7 +511,17 @@ def build_reference(
     gen_outputs = [o.name for o in generated.graph.output]
     inputs, outputs = list(src_inputs), [o.name for o in source.graph.output]
     src_inits = {t.name for t in source.graph.initializer}
-    lift = sorted({n for s in chain for n in s.inputs if n in src_inits})
+    # (initializers a derivative selects, or a vmap batches: an ensemble)
+    lift = sorted(
+        {n for s in chain for n in s.inputs if n in src_inits}
+        | {
+            n
+            for s in chain
+            if s.transform == "vmap"
+            for n, a in s.in_axes.items()
+            if a is not None and n in src_inits
+        }
+    )
     order = sum(1 for s in chain if s.transform in DERIVATIVES)
     models = SourceModels(source, lift)
     src = SourceFn(source, lift, backend, models=models)
@@ -557,6 +567,10 @@ def build_reference(
             return got
 
         if step.transform == "vmap":
+            # (a batched initializer became a runtime input of this step: appended, as vmap does)
+            inputs += [
+                n for n in step.in_axes if n not in inputs and n in src_inits and step.in_axes[n] is not None
+            ]
             if set(step.in_axes) != set(inputs):
                 raise ValidationInputError(
                     f"step {k} (vmap) maps inputs {sorted(step.in_axes)}, but the model at that step has "
@@ -602,6 +616,13 @@ def build_reference(
         inputs = inputs + added  # (new lists: closures hold the earlier ones)
         outputs = outputs + results
         fd |= set(results)
+    gen_inits = {t.name for t in generated.graph.initializer}
+    if stored := [n for n in inputs if n not in gen_inputs and n in gen_inits and n in src_inits]:
+        raise ValidationInputError(
+            f"the generated model stores the batched initializers {stored} (vmap's stored=), which validate "
+            "does not replay. Fix: validate the vmap result without stored= (the same graph, the sets fed as "
+            "inputs)"
+        )
     if inputs != gen_inputs or outputs != gen_outputs:
         raise ValidationInputError(
             f"replaying the recorded chain on the source gives inputs {inputs} and outputs {outputs}, "
