@@ -556,11 +556,17 @@ void vmap_prepared(Prepared& p, const VmapOptions& opt) {
     const int64_t axis = out_axis.value_or(0);
     b.set_origin(o.name());
     V v = m.v;
-    if (!out_axis && m.batched)
+    if (!out_axis && m.batched) {
+      std::vector<std::string> batched_inputs;
+      for (size_t j = 0; j < in_axes.size(); ++j)
+        if (in_axes[j]) batched_inputs.push_back("'" + p.runtime_inputs[j]->name() + "'");
       diag::fail(Error::Kind::kSelection,
-                 "vmap: out_axes is None for output '" + o.name() +
-                     "', but it depends on a batched input, so it differs between examples. Fix: give it an axis "
-                     "in out_axes, or pass None in in_axes for the inputs it depends on");
+                 "vmap: out_axes is None for output '" + o.name() + "', but it depends on " +
+                     (batched_inputs.size() == 1 ? "the batched input " : "one of the batched inputs ") +
+                     diag::join(batched_inputs) +
+                     ", so it differs between examples. Fix: give it an axis in out_axes, or pass None in in_axes "
+                     "for the inputs it depends on");
+    }
     if (!m.batched && out_axis) {
       V x = b.unsqueeze(v, {0});
       V shape = b.concat({get_batch_size(), b.shape_of(v)}, 0);

@@ -59,7 +59,7 @@ def test_shared_output_stays_unbatched() -> None:
 
 def test_batched_output_with_none_is_refused() -> None:
     with pytest.raises(
-        onnax.OnnaxError, match=r"out_axes is None for output 'y', but it depends on a batched input"
+        onnax.OnnaxError, match=r"out_axes is None for output 'y', but it depends on the batched input 'x'"
     ):
         onnax.vmap(model(), in_axes=[0, None], out_axes=None)
 
