@@ -269,12 +269,28 @@ def initial_state(model: Any, step: Any) -> dict[str, np.ndarray]:
     return state
 
 
+def _stored_names(proto: onnx.ModelProto) -> set[str]:
+    return {t.name for t in proto.graph.initializer} | {
+        n.output[0] for n in proto.graph.node if _is_constant(n)
+    }
+
+
 def apply_params(model: ModelT, params: Mapping[str, np.ndarray]) -> ModelT:
     """``model`` with the given values in place of its initializers (or Constant-node tensors)
-    of the same names: trained parameters written back. Shapes and dtypes must match."""
+    of the same names: trained parameters written back. Shapes and dtypes must match. Parameters
+    that ``constants_to_initializers`` lifted from inside local functions are written into the
+    model with its functions inlined (as every transform sees it)."""
     proto = onnx.ModelProto()
     proto.CopyFrom(_proto(model))
     remaining = dict(params)
+    if proto.functions and not set(remaining) <= _stored_names(proto):
+        # Parameters lifted from Constants inside local functions (jax2onnx's @onnx_function)
+        # carry the names inlining gave them: write them into the model as onnax inlined it
+        # (every Constant kept as a node: no size qualifies).
+        inlined = onnx.ModelProto()
+        inlined.ParseFromString(_core.constants_to_initializers(proto.SerializeToString(), 2**62))
+        if set(remaining) <= _stored_names(inlined):
+            proto = inlined
     targets: dict[str, onnx.TensorProto] = {t.name: t for t in proto.graph.initializer}
     for n in proto.graph.node:
         if _is_constant(n):
