@@ -2,11 +2,12 @@
 // its batching rules (each from the since-version of the schema it handles), its JVP rule and,
 // for ops that JVP rules emit on tangents, its transpose rule, side by side:
 //
-//   t.op("MatMul").batch(matmul_rule, /*since=*/13).jvp(matmul_jvp).transpose(matmul_transpose);
+//   table.op("MatMul").batch(matmul_rule, /*since=*/13).jvp(matmul_jvp).transpose(matmul_transpose);
 //
 // vmap asks for the batching rule of a node's schema version (none: a per-example Scan), jvp
 // and vjp/grad for the JVP rule (reverse mode transposes the linear nodes that rule emitted).
-// docs/ops.md is generated from it (tools/ops_doc.py) and the rule tests walk it.
+// docs/ops.md is generated from it (scripts/ops_doc.py) and the rule tests walk it. Rules users
+// register (onnax/rules.h) are consulted first (rules/user_rules.h).
 #pragma once
 
 #include <onnx/onnx_pb.h>
