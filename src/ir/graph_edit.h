@@ -5,6 +5,7 @@
 #include <onnx/onnx_pb.h>
 
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
@@ -12,6 +13,14 @@
 #include "ir/names.h"
 
 namespace onnax {
+
+// ai.onnx, written "" or "ai.onnx".
+inline bool is_default_domain(std::string_view domain) {
+  return domain.empty() || domain == "ai.onnx";
+}
+inline bool is_default_domain(const onnx::NodeProto& node) {
+  return is_default_domain(node.domain());
+}
 
 // True when a node has graph attributes (If/Loop/Scan bodies); only those read outer scopes.
 inline bool has_subgraphs(const onnx::NodeProto& node) {

@@ -32,7 +32,7 @@ onnx::TypeProto type_of(const Facts& f) {
 // The function body of `c.node` at the model's opset, or nullopt-like false.
 bool function_body(JvpCtx& c, onnx::FunctionProto& fp) {
   // (An op of another domain, e.g. ai.onnx.preview, at the model's opset for that domain.)
-  const bool default_domain = c.node.domain().empty() || c.node.domain() == "ai.onnx";
+  const bool default_domain = is_default_domain(c.node);
   const auto imported = c.b.opsets().find(default_domain ? std::string() : c.node.domain());
   const int version = default_domain || imported == c.b.opsets().end() ? static_cast<int>(c.opset) : imported->second;
   const auto* schema = onnx::OpSchemaRegistry::Schema(c.node.op_type(), version, c.node.domain());

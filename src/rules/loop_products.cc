@@ -13,10 +13,6 @@
 namespace onnax {
 namespace {
 
-bool is_default_domain(const onnx::NodeProto& n) {
-  return n.domain().empty() || n.domain() == "ai.onnx";
-}
-
 // A 2-D Transpose that swaps its axes (perm [1, 0], or none: reversed).
 bool swaps_axes(const onnx::NodeProto& n) {
   if (n.op_type() != "Transpose" || !is_default_domain(n) || n.input_size() != 1) return false;

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <stdexcept>
 
+#include "ir/graph_edit.h"
+
 namespace onnax {
 namespace {
 
@@ -55,7 +57,7 @@ OpRules& OpRules::zero() {
 }
 
 OpRules& OpTable::op_in(std::string_view domain, std::string_view op) {
-  if (default_domain(domain)) domain = {};
+  if (is_default_domain(domain)) domain = {};
   auto [it, added] = entries_.try_emplace(key_of(domain, op));
   if (added) {
     it->second.domain = std::string(domain);
@@ -65,7 +67,7 @@ OpRules& OpTable::op_in(std::string_view domain, std::string_view op) {
 }
 
 const OpRules* OpTable::find(std::string_view domain, std::string_view op) const {
-  const auto it = default_domain(domain) ? entries_.find(op) : entries_.find(key_of(domain, op));
+  const auto it = is_default_domain(domain) ? entries_.find(op) : entries_.find(key_of(domain, op));
   return it == entries_.end() ? nullptr : &it->second;
 }
 

@@ -63,7 +63,6 @@ class OpTable {
   std::vector<const OpRules*> entries() const;
 
  private:
-  static bool default_domain(std::string_view domain) { return domain.empty() || domain == "ai.onnx"; }
   const OpRules* find(std::string_view domain, std::string_view op) const;
   // Hashed by "op" (default domain) or "domain::op", and looked up by string_view: every
   // differentiated node and every tape node asks, so a default-domain lookup neither allocates

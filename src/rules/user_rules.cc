@@ -5,6 +5,7 @@
 #include <unordered_map>
 
 #include "diagnostics/error.h"
+#include "ir/graph_edit.h"
 
 namespace onnax {
 namespace {
@@ -19,18 +20,14 @@ std::shared_ptr<const UserRules>& registry() {
   return current;
 }
 
-bool default_domain(const std::string& d) {
-  return d.empty() || d == "ai.onnx";
-}
-
 bool same_target(const UserRule& a, const UserRule& b) {
   if (!a.node.empty() || !b.node.empty()) return a.node == b.node;
-  return a.op == b.op && (a.domain == b.domain || (default_domain(a.domain) && default_domain(b.domain)));
+  return a.op == b.op && (a.domain == b.domain || (is_default_domain(a.domain) && is_default_domain(b.domain)));
 }
 
 std::string label(const UserRule& r) {
   if (!r.node.empty()) return "the rule for node '" + r.node + "'";
-  return "the rule for " + (default_domain(r.domain) ? std::string("ai.onnx") : r.domain) + "::" + r.op;
+  return "the rule for " + (is_default_domain(r.domain) ? std::string("ai.onnx") : r.domain) + "::" + r.op;
 }
 
 }  // namespace
@@ -71,7 +68,7 @@ const UserRule* UserRules::for_node(const onnx::NodeProto& node) const {
     if (!r.node.empty()) {
       if (!node.name().empty() && r.node == node.name()) return &r;
     } else if (r.op == node.op_type() &&
-               (r.domain == node.domain() || (default_domain(r.domain) && default_domain(node.domain())))) {
+               (r.domain == node.domain() || (is_default_domain(r.domain) && is_default_domain(node.domain())))) {
       by_op = &r;
     }
   }

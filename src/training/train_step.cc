@@ -371,12 +371,6 @@ void private_gradients(StepWriter& sw, const DpSgdOptions& dp, std::vector<Param
   sw.op("ReduceMean", {per_example_loss}, {attr_i("keepdims", 0)}, loss);
 }
 
-int64_t default_opset(const onnx::ModelProto& m) {
-  for (const auto& o : m.opset_import())
-    if (o.domain().empty() || o.domain() == "ai.onnx") return o.version();
-  return kMinOpset;
-}
-
 }  // namespace
 
 namespace {
@@ -598,7 +592,8 @@ onnx::ModelProto step_of(const onnx::ModelProto& loss_model, const TrainStepOpti
 }  // namespace
 
 onnx::ModelProto train_step(const onnx::ModelProto& loss_model, const TrainStepOptions& o) {
-  const int64_t source = default_opset(loss_model);
+  const int64_t declared = default_opset(loss_model);
+  const int64_t source = declared < 0 ? kMinOpset : declared;
   if (source >= kMinOpset) return step_of(loss_model, o);
   onnx::ModelProto upgraded = loss_model;
   convert_opset_in_place(upgraded, kMinOpset);

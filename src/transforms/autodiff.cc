@@ -392,7 +392,7 @@ void differentiate_graph(Prepared& p, Mode mode, const Selection& sel, bool for_
     for (int k = 0; k < node.output_size(); ++k)
       all_stopped = all_stopped && (output_ids[k] < 0 || stopped[static_cast<size_t>(output_ids[k])]);
     if (all_stopped) continue;
-    const bool default_domain = node.domain().empty() || node.domain() == "ai.onnx";
+    const bool default_domain = is_default_domain(node);
     const UserRule* custom = user->for_node(node);
     const JvpRule* rule = nullptr;
     if (custom && custom->jvp) {

@@ -26,22 +26,6 @@ namespace {
 
 enum class Direction { kForward, kReverse };
 
-onnx::AttributeProto int_attr(const std::string& name, int64_t v) {
-  onnx::AttributeProto a;
-  a.set_name(name);
-  a.set_type(onnx::AttributeProto::INT);
-  a.set_i(v);
-  return a;
-}
-
-onnx::AttributeProto ints_attr(const std::string& name, const std::vector<int64_t>& v) {
-  onnx::AttributeProto a;
-  a.set_name(name);
-  a.set_type(onnx::AttributeProto::INTS);
-  for (int64_t x : v) a.add_ints(x);
-  return a;
-}
-
 // The declared type of value `name` in `g` (a graph input, output or value_info; an
 // initializer's is written into `scratch`), or nullptr.
 const onnx::TypeProto* declared_type(const onnx::GraphProto& g, const std::string& name, onnx::TypeProto& scratch) {
@@ -112,15 +96,15 @@ void seed_with_basis(GraphWriter& w, onnx::GraphProto& g, const Blocks& blocks, 
   zero.mutable_t()->set_data_type(onnx::TensorProto::FLOAT);
   zero.mutable_t()->add_dims(1);
   zero.mutable_t()->add_float_data(0.0F);
-  const std::string square = w.op("Concat", {blocks.total, blocks.total}, {int_attr("axis", 0)});
+  const std::string square = w.op("Concat", {blocks.total, blocks.total}, {attr_i("axis", 0)});
   const std::string eye = w.op("EyeLike", {w.op("ConstantOfShape", {square}, {zero})});
   for (size_t k = 0; k < values.size(); ++k) {
     const std::string columns = w.op("Slice", {eye, blocks.starts[k], blocks.ends[k], w.i64s({1})});
-    const std::string shape = w.op("Concat", {blocks.total, blocks.shapes[k]}, {int_attr("axis", 0)});
-    const std::string rows = w.op("Reshape", {columns, shape}, {int_attr("allowzero", 1)});
+    const std::string shape = w.op("Concat", {blocks.total, blocks.shapes[k]}, {attr_i("axis", 0)});
+    const std::string rows = w.op("Reshape", {columns, shape}, {attr_i("allowzero", 1)});
     // (Cast, not CastLike: results go back to sources' opsets, and CastLike is from 15.)
     if (const int32_t dtype = seed_dtype[seeds[k]]; dtype != 0)
-      w.op("Cast", {rows}, {int_attr("to", dtype)}, seeds[k]);
+      w.op("Cast", {rows}, {attr_i("to", dtype)}, seeds[k]);
     else
       w.op("CastLike", {rows, values[k]}, {}, seeds[k]);
   }
@@ -191,14 +175,14 @@ onnx::ModelProto jacobian(const onnx::ModelProto& model, const Selection& select
       const Blocks& in_side = forward ? rows : other;
       std::string part = w.op("Slice", {batched, rows.starts[row_block], rows.ends[row_block], w.i64s({0})});
       if (forward) {
-        const std::string flat = w.op("Concat", {in_side.sizes[i], out_side.sizes[o]}, {int_attr("axis", 0)});
+        const std::string flat = w.op("Concat", {in_side.sizes[i], out_side.sizes[o]}, {attr_i("axis", 0)});
         part =
-            w.op("Transpose", {w.op("Reshape", {part, flat}, {int_attr("allowzero", 1)})}, {ints_attr("perm", {1, 0})});
+            w.op("Transpose", {w.op("Reshape", {part, flat}, {attr_i("allowzero", 1)})}, {attr_ints("perm", {1, 0})});
       }
-      const std::string layout = w.op("Concat", {out_side.shapes[o], in_side.shapes[i]}, {int_attr("axis", 0)});
+      const std::string layout = w.op("Concat", {out_side.shapes[o], in_side.shapes[i]}, {attr_i("axis", 0)});
       const std::string out_name = names.fresh(name(plan.outputs[o], plan.inputs[i]));
       // (allowzero: a dim of size 0, an empty batch, is a size, not "copy the input's dim".)
-      w.op("Reshape", {part, layout}, {int_attr("allowzero", 1)}, out_name);
+      w.op("Reshape", {part, layout}, {attr_i("allowzero", 1)}, out_name);
       onnx::ValueInfoProto vi;
       vi.set_name(out_name);
       *vi.mutable_type() = block_type(model.graph(), plan.outputs[o], plan.inputs[i]);
@@ -236,12 +220,6 @@ void record(onnx::ModelProto& result, const onnx::ModelProto& source, const std:
                                       ", \"inputs\": " + quoted(inputs) + ", \"outputs\": " + quoted(outputs) +
                                       ", \"seeds\": [], \"derivatives\": " + quoted(derivatives) + "}");
   provenance::set_derivative_outputs(result, derivatives);
-}
-
-int64_t default_opset(const onnx::ModelProto& m) {
-  for (const auto& o : m.opset_import())
-    if (o.domain().empty() || o.domain() == "ai.onnx") return o.version();
-  return -1;
 }
 
 // Runs `build` on the model at opset 18 or newer (a source below is upgraded first, once) and

@@ -19,10 +19,6 @@
 namespace onnax {
 namespace {
 
-bool default_domain(const onnx::NodeProto& n) {
-  return n.domain().empty() || n.domain() == "ai.onnx";
-}
-
 // Why a node cannot be lowered (thrown, caught by lower_opset).
 struct NoOlderForm {
   std::string why;
@@ -58,7 +54,7 @@ class Lowering {
         if (a.has_g()) graph(*a.mutable_g());
         for (auto& sub : *a.mutable_graphs()) graph(sub);
       }
-      if (default_domain(n)) node(n, out);
+      if (is_default_domain(n)) node(n, out);
       *out.Add() = std::move(n);
     }
     g.mutable_node()->Swap(&out);
@@ -70,7 +66,7 @@ class Lowering {
     for (const auto& t : g.initializer()) constants_[t.name()] = &t;
     for (const auto& n : g.node()) {
       for (const auto& o : n.output()) names_.insert(o);
-      if (n.op_type() == "Constant" && default_domain(n) && n.output_size() == 1)
+      if (n.op_type() == "Constant" && is_default_domain(n) && n.output_size() == 1)
         for (const auto& a : n.attribute())
           if (a.name() == "value" && a.has_t()) constants_[n.output(0)] = &a.t();
       for (const auto& a : n.attribute()) {

@@ -20,13 +20,14 @@
 #include "transforms/subgraph.h"
 
 namespace onnax {
-namespace {
 
 int64_t default_opset(const onnx::ModelProto& m) {
   for (const auto& o : m.opset_import())
-    if (o.domain().empty() || o.domain() == "ai.onnx") return o.version();
+    if (is_default_domain(o.domain())) return o.version();
   return -1;
 }
+
+namespace {
 
 // Reserves the names of `g` (and its subgraphs) that index_graph did not: output and
 // value_info names, and everything inside subgraphs (`nested`, where node names too; the
@@ -198,13 +199,13 @@ void copy_all_but_graph(const onnx::ModelProto& from, onnx::ModelProto* to) {
   to->GetReflection()->MutableUnknownFields(to)->MergeFrom(rf->GetUnknownFields(from));
 }
 
+}  // namespace
+
 void collect_runtime_inputs(Prepared& p) {
   p.runtime_inputs.clear();
   for (const auto& vi : p.graph->input())
     if (!p.initializer_names.count(vi.name())) p.runtime_inputs.push_back(&vi);
 }
-
-}  // namespace
 
 onnx::GraphProto& mutable_graph(Prepared& p) {
   if (p.graph != &p.model->graph()) {

@@ -59,6 +59,12 @@ Prepared prepare_in_place(onnx::ModelProto& model, const std::string& mode);
 std::string transform_serialized(const std::string& model, const std::string& mode,
                                  const std::function<void(Prepared&)>& transform);
 
+// The model's ai.onnx opset import (-1: none).
+int64_t default_opset(const onnx::ModelProto& m);
+
+// p.runtime_inputs from p's graph: its inputs that no initializer gives a value.
+void collect_runtime_inputs(Prepared& p);
+
 // After a transform rewrote p's (private) graph: its names, node indices and facts from scratch.
 void reindex(Prepared& p);
 

@@ -10,7 +10,7 @@ namespace onnax {
 namespace {
 
 bool is_default_domain_op(const onnx::NodeProto& n, const char* type) {
-  return n.op_type() == type && (n.domain().empty() || n.domain() == "ai.onnx");
+  return n.op_type() == type && is_default_domain(n);
 }
 
 // The names a node reads: its inputs and what its subgraphs read from enclosing scopes.

@@ -89,9 +89,7 @@ void lift_batched_initializers(Prepared& p, const VmapOptions& opt) {
     inits->DeleteSubrange(at, 1);
     p.initializer_names.erase(name);
   }
-  p.runtime_inputs.clear();
-  for (const auto& vi : g.input())
-    if (!p.initializer_names.count(vi.name())) p.runtime_inputs.push_back(&vi);
+  collect_runtime_inputs(p);
 }
 
 std::vector<Axis> resolve_in_axes(const Prepared& p, const VmapOptions& opt) {
