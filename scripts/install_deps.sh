@@ -2,7 +2,9 @@
 # System packages and the Python environment (.venv/) the project needs.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-apt_packages=(libprotobuf-dev protobuf-compiler cmake ninja-build g++ libgtest-dev python3-venv clang-format)
+# protobuf-compiler: protoc 3.21 for ONNX's generated code (the protobuf runtime itself is
+# built from source by cmake/third_party.cmake, position-independent for the extension).
+apt_packages=(protobuf-compiler cmake ninja-build g++ libgtest-dev python3-venv clang-format)
 missing=()
 for p in "${apt_packages[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then
