@@ -126,6 +126,41 @@ PYBIND11_MODULE(_core, m) {
       },
       py::arg("model"), py::arg("inputs"), py::arg("outputs"), py::arg("forward"));
   m.def(
+      "scan",
+      [](const py::bytes& model, const std::optional<std::vector<std::string>>& state,
+         const std::map<std::string, std::string>& next_state, const std::vector<std::string>& constants,
+         const std::optional<int64_t> length, const std::string& length_name) {
+        const std::string data(model);
+        onnax::ScanOptions options;
+        options.roles = {state, next_state, constants};
+        options.length = length;
+        options.length_name = length_name;
+        return without_gil([&] { return onnax::scan(onnax::parse_model(data), options).SerializeAsString(); });
+      },
+      py::arg("model"), py::arg("state"), py::arg("next_state"), py::arg("constants"), py::arg("length"),
+      py::arg("length_name"));
+  m.def(
+      "step",
+      [](const py::bytes& model) {
+        const std::string data(model);
+        return without_gil([&] { return onnax::step(onnax::parse_model(data)).SerializeAsString(); });
+      },
+      py::arg("model"));
+  m.def(
+      "signature_json",
+      [](const py::bytes& model, const std::optional<std::vector<std::string>>& state,
+         const std::map<std::string, std::string>& next_state, const std::vector<std::string>& constants) {
+        const std::string data(model);
+        const onnax::StepRoles roles{state, next_state, constants};
+        std::string json;
+        {
+          py::gil_scoped_release release;
+          json = onnax::signature_json(onnax::signature(onnax::parse_model(data), roles));
+        }
+        return json;
+      },
+      py::arg("model"), py::arg("state"), py::arg("next_state"), py::arg("constants"));
+  m.def(
       "hessian",
       [](const py::bytes& model, const Names& inputs, const std::optional<std::string>& output) {
         const std::string data(model);

@@ -7,6 +7,7 @@
 #include <onnax/diagnostics.h>
 #include <onnax/options.h>
 #include <onnax/rules.h>
+#include <onnax/sequence.h>
 #include <onnx/onnx_pb.h>
 
 #include <cstdint>

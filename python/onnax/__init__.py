@@ -14,6 +14,7 @@ from onnax._core import OnnaxError
 from onnax._core import version as _core_version
 
 if TYPE_CHECKING:
+    from onnax.sequences import Signature, scan, signature, step
     from onnax.training import (
         add_loss,
         apply_params,
@@ -70,10 +71,12 @@ _LAZY = {
         ),
         "onnax.transforms",
     ),
+    **dict.fromkeys(("Signature", "scan", "signature", "step"), "onnax.sequences"),
 }
 
 __all__ = [
     "OnnaxError",
+    "Signature",
     "__version__",
     "add_loss",
     "apply_params",
@@ -89,7 +92,10 @@ __all__ = [
     "jvp",
     "parameters",
     "register_rule",
+    "scan",
     "select_params",
+    "signature",
+    "step",
     "stop_gradient",
     "train_step",
     "vjp",

@@ -20,6 +20,8 @@ commands implemented in Python (this command only, not the standalone C++ binary
       a training step's first fed-back inputs (stored parameters, zero state) as arrays
   apply-params MODEL.onnx PARAMS.npz -o TRAINED.onnx [--ignore-unknown]
       trained parameters written back into the model's initializers (or Constant nodes)
+  signature MODEL.onnx ... --zeros STATE0.npz [--dim batch=2]
+      the signature (as the core's command prints it) and zero initial states as arrays
 """
 
 
@@ -35,6 +37,10 @@ def main() -> int:
         from onnax.testing._cli import main as python_main
 
         return python_main(args[0], args[1:])
+    if args and args[0] == "signature" and any(a == "--zeros" for a in args):
+        from onnax._sequence_cli import main as sequence_main
+
+        return sequence_main(args[1:])
     if args and args[0] in ("init-state", "apply-params"):
         from onnax._training_cli import main as training_main
 

@@ -3,6 +3,7 @@
 #include <onnax/onnax.h>
 
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -68,6 +69,36 @@ void check_output_paths_usage(const std::string& in, const std::vector<std::stri
   } catch (const Error& e) {
     throw UsageError{e.what()};
   }
+}
+
+std::vector<std::string> parse(const std::vector<std::string>& args, const Options& options,
+                               const std::string& command) {
+  std::vector<std::string> positional;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (auto f = options.flags.find(a); f != options.flags.end()) {
+      f->second();
+    } else if (auto v = options.valued.find(a); v != options.valued.end()) {
+      if (i + 1 >= args.size()) throw UsageError{a + " needs a value"};
+      v->second(args[++i]);
+    } else if (!a.empty() && a[0] == '-') {
+      throw UsageError{"unknown option '" + a + "' for " + command};
+    } else {
+      positional.push_back(a);
+    }
+  }
+  return positional;
+}
+
+Files files(const std::vector<std::string>& positional, const std::string& out, const std::string& command) {
+  if (positional.empty()) throw UsageError{command + " needs an input model"};
+  if (positional.size() > 1) throw UsageError{"unexpected argument '" + positional[1] + "'"};
+  if (out.empty()) throw UsageError{command + " needs -o OUT.onnx"};
+  std::error_code ec;
+  if (std::filesystem::equivalent(positional[0], out, ec))
+    throw UsageError{"-o '" + out +
+                     "' is the input file; onnax never overwrites its input. Choose another output path"};
+  return {positional[0], out};
 }
 
 }  // namespace onnax::cli

@@ -2,6 +2,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -29,5 +31,22 @@ std::vector<std::string> parse_list(const std::string& s, const std::string& opt
 // overwrite what the input reads is a choice of path, as -o naming the input is (exit 2).
 void check_output_paths_usage(const std::string& in, const std::vector<std::string>& data_files,
                               const std::string& out);
+
+// A command's options by name: those taking a value, and flags.
+struct Options {
+  std::map<std::string, std::function<void(const std::string&)>> valued;
+  std::map<std::string, std::function<void()>> flags;
+};
+
+// Parses `args` against `options`; returns the positional arguments.
+std::vector<std::string> parse(const std::vector<std::string>& args, const Options& options,
+                               const std::string& command);
+
+struct Files {
+  std::string in, out;
+};
+
+// The one input model among `positional` and the -o path `out`, which must not be the input.
+Files files(const std::vector<std::string>& positional, const std::string& out, const std::string& command);
 
 }  // namespace onnax::cli

@@ -12,6 +12,7 @@
 
 #include "cli/args.h"
 #include "cli/check_command.h"
+#include "cli/sequence_commands.h"
 #include "cli/training_commands.h"
 #include "io/model_io.h"
 #include "transforms/prepare.h"
@@ -79,6 +80,25 @@ commands:
       --apply                only the update, from the accumulators' mean
       --init INIT.onnx       also write a model without inputs whose outputs are the first
                              step's fed-back inputs (stored parameters, zero state)
+  scan STEP.onnx -o SEQ.onnx [--state h,c | h=h_next,...] [--constants w] [--length T]
+      The full-sequence model of a one-timestep model step(x_t, *state) -> (out, *new_state):
+      run(x_seq, *state) -> (out_seq, *final_state) as one Loop over a new first (time) axis.
+      Names are kept; weights stay initializers.
+      --state        the state inputs, in order (default: every input after the first), each
+                     optionally with the output of its next value ('h=h_next'; default: the
+                     last outputs, in order); 'none': no state
+      --constants    inputs that are the same at every step (default: the other inputs are
+                     sequences)
+      --length       the number of steps (default: symbolic, read from the first sequence)
+      --length-name  dim_param of a symbolic time axis (default: 'time')
+  step SEQ.onnx -o STEP.onnx
+      The one timestep inside a full-sequence model (one top-level Loop or Scan over time, as
+      spyx's export and `onnax scan` write): x_t for x_seq, the state in, its next value out.
+  signature MODEL.onnx [--state ...] [--constants ...] [-o SIG.json] [--zeros STATE0.npz]
+      The flat layout of a step or sequence model as JSON: input and output names in call
+      order, shapes (symbolic dims by name), dtypes, the state and the outputs holding its
+      next (or final) value, the sequence length. --state and --constants read a step as scan
+      does. --zeros [--dim batch=2] (Python command only) writes zero initial states (.npz).
   check MODEL.onnx [--symbolic INPUT:AXIS[,AXIS]]... [--embedded WEIGHT[,WEIGHT]]
       The ONNX checker (onnx::checker::check_model, full_check) and strict shape inference,
       as a report; exit 1 if anything fails.
@@ -104,7 +124,8 @@ parameter options (grad, jvp, vjp, jacobian, hessian: selected after --inputs; t
                            initializers
   --stop-gradient NAMES    treat these values as constants: their derivative is cut
 
-common options (vmap, grad, jvp, vjp, jacobian, hessian, loss, train-step):
+common options (vmap, grad, jvp, vjp, jacobian, hessian, loss, train-step; scan, step: -o and
+--external-data):
   -o PATH                where to write the result (required; vmap also takes --output)
   --external-data        write tensors to PATH.data (automatic above 2 GB)
   --target-opset N       write the result at ai.onnx opset N (vmap and the derivatives; default:
@@ -321,6 +342,9 @@ int run(const std::vector<std::string>& args) {
     if (cmd == "check") return cmd_check(rest);
     if (cmd == "loss") return cmd_loss(rest);
     if (cmd == "train-step") return cmd_train_step(rest);
+    if (cmd == "scan") return cmd_scan(rest);
+    if (cmd == "step") return cmd_step(rest);
+    if (cmd == "signature") return cmd_signature(rest);
     if (cmd == "validate" || cmd == "bench" || cmd == "init-state" || cmd == "apply-params")
       throw UsageError{"'" + cmd +
                        "' uses NumPy (and ONNX Runtime), so it lives in the Python command. Fix: run "

@@ -365,4 +365,16 @@ void add_output(onnx::GraphProto& g, const std::string& name, const onnx::ValueI
   *g.add_output() = std::move(vi);
 }
 
+void copy_model_fields(const onnx::ModelProto& from, onnx::ModelProto& to) {
+  to.set_ir_version(from.ir_version());
+  *to.mutable_opset_import() = from.opset_import();
+  *to.mutable_functions() = from.functions();
+  *to.mutable_metadata_props() = from.metadata_props();
+  to.set_producer_name(from.producer_name());
+  to.set_producer_version(from.producer_version());
+  to.set_domain(from.domain());
+  to.set_model_version(from.model_version());
+  to.set_doc_string(from.doc_string());
+}
+
 }  // namespace onnax

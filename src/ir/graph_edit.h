@@ -85,6 +85,10 @@ void add_output(onnx::GraphProto& g, const std::string& name, const onnx::ValueI
 // A default-domain node of `type` on `inputs` with one output, for graphs built by name.
 onnx::NodeProto make_node(const char* type, std::vector<std::string> inputs, const std::string& output);
 
+// Every field of `from` but its graph (versions, opset imports, functions, metadata, producer)
+// into `to`, for a model built around a new graph.
+void copy_model_fields(const onnx::ModelProto& from, onnx::ModelProto& to);
+
 // The ValueInfo of `name` among g's inputs and outputs (nullptr: none).
 const onnx::ValueInfoProto* find_value_info(const onnx::GraphProto& g, const std::string& name);
 

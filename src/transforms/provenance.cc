@@ -2,6 +2,8 @@
 
 #include <onnax/onnax.h>
 
+#include <charconv>
+
 namespace onnax::provenance {
 namespace {
 
@@ -18,6 +20,14 @@ std::vector<std::string> parse_string_list(const std::string& s) {
   while ((i = s.find('"', i)) != std::string::npos) {
     std::string item;
     for (++i; i < s.size() && s[i] != '"'; ++i) {
+      unsigned code = 0;
+      if (s[i] == '\\' && i + 5 < s.size() && s[i + 1] == 'u' &&
+          std::from_chars(s.data() + i + 2, s.data() + i + 6, code, 16).ptr == s.data() + i + 6 && code < 0x80) {
+        // \u00XX: a control character quote() escaped (metadata is untrusted: parsed, not assumed).
+        item += static_cast<char>(code);
+        i += 5;
+        continue;
+      }
       if (s[i] == '\\' && i + 1 < s.size()) ++i;
       item += s[i];
     }
@@ -65,8 +75,18 @@ std::optional<RecordedSelection> last_selection(const onnx::ModelProto& model) {
 std::string quote(const std::string& s) {
   std::string out = "\"";
   for (char c : s) {
-    if (c == '"' || c == '\\') out += '\\';
-    out += c;
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      // Control characters are not allowed raw in a JSON string.
+      static const char* hex = "0123456789abcdef";
+      out += "\\u00";
+      out += hex[(c >> 4) & 0xF];
+      out += hex[c & 0xF];
+    } else {
+      out += c;
+    }
   }
   return out + "\"";
 }

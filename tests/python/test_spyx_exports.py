@@ -1,4 +1,4 @@
-"""The spyx fixture corpus (``tests/python/models/spyx``, made by its ``generate.py`` with spyx 1.0.0
+"""The spyx fixture corpus (``tests/python/models/spyx``, made by its ``generate_spyx.py`` with spyx 1.0.0
 and jax2onnx 0.17.1): spyx's own ONNX exports of small spiking networks, run in ONNX Runtime and
 checked against spyx/JAX's numbers. Needs neither spyx nor the network.
 

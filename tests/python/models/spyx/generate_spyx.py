@@ -6,7 +6,7 @@ Run with a Python that has spyx 1.0.0 and the conversion stack, never the projec
 
     python3 -m venv /tmp/spyx-venv
     /tmp/spyx-venv/bin/pip install spyx==1.0.0 jax2onnx onnx onnxruntime
-    /tmp/spyx-venv/bin/python tests/python/models/spyx/generate.py [NAME ...]
+    /tmp/spyx-venv/bin/python tests/python/models/spyx/generate_spyx.py [NAME ...]
 
 (used: spyx 1.0.0, jax/jaxlib 0.10.2, flax 0.12.8, jax2onnx 0.17.1, onnx 1.23.2; see README.md.)
 
