@@ -140,6 +140,16 @@ PYBIND11_MODULE(_core, m) {
       py::arg("model"), py::arg("state"), py::arg("next_state"), py::arg("constants"), py::arg("length"),
       py::arg("length_name"));
   m.def(
+      "with_surrogates",
+      [](const py::bytes& model, const std::vector<std::string>& specs) {
+        const std::string data(model);
+        std::vector<onnax::Surrogate> surrogates;
+        for (const auto& s : specs) surrogates.push_back(onnax::parse_surrogate(s));
+        return without_gil(
+            [&] { return onnax::with_surrogates(onnax::parse_model(data), surrogates).SerializeAsString(); });
+      },
+      py::arg("model"), py::arg("specs"));
+  m.def(
       "step",
       [](const py::bytes& model) {
         const std::string data(model);

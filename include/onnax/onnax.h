@@ -8,6 +8,7 @@
 #include <onnax/options.h>
 #include <onnax/rules.h>
 #include <onnax/sequence.h>
+#include <onnax/surrogate.h>
 #include <onnx/onnx_pb.h>
 
 #include <cstdint>

@@ -37,6 +37,7 @@ if TYPE_CHECKING:
         stop_gradient,
         vjp,
         vmap,
+        with_surrogates,
     )
 
 # The public functions, imported on first use: they need onnx and NumPy, which take a second
@@ -68,6 +69,7 @@ _LAZY = {
             "stop_gradient",
             "vjp",
             "vmap",
+            "with_surrogates",
         ),
         "onnax.transforms",
     ),
@@ -100,6 +102,7 @@ __all__ = [
     "train_step",
     "vjp",
     "vmap",
+    "with_surrogates",
 ]
 
 __version__: str = _core_version()

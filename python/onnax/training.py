@@ -131,6 +131,7 @@ def train_step(
     noise_multiplier: float | None = None,
     noise_seed: int | None = None,
     form: Literal["step", "accumulate", "apply"] = "step",
+    surrogate: str | Sequence[str] | None = None,
 ) -> ModelT:
     """One training step of the loss model ``model`` as a pure-functional ONNX graph.
 
@@ -148,9 +149,14 @@ def train_step(
     size; it outputs ``per_example_grad_norm``. With ``noise_seed`` the graph draws the noise
     itself (RandomNormalLike, seeded; the runtime advances it from run to run) instead.
     ``form="accumulate"`` only adds the gradient into ``<p>_grad_sum`` (and counts
-    ``accumulated``); ``form="apply"`` updates from their mean.
+    ``accumulated``); ``form="apply"`` updates from their mean. ``surrogate`` differentiates
+    spikes by a surrogate (``onnax.with_surrogates``).
     """
     inc, exc, nd = _entries(params, "params"), _entries(exclude, "exclude"), _entries(no_decay, "no_decay")
+    if surrogate is not None:
+        from onnax.transforms import with_surrogates
+
+        model = with_surrogates(model, surrogate)
     return transform(
         model,
         lambda data: _core.train_step(

@@ -125,7 +125,34 @@ def _names(value: Names, what: str) -> list[str] | None:
     return names
 
 
-def jvp(model: ModelT, inputs: Names = None, outputs: Names = None) -> ModelT:
+Surrogates = str | Sequence[str] | None
+
+
+def with_surrogates(model: ModelT, surrogate: str | Sequence[str]) -> ModelT:
+    """``model`` with its spikes marked for a surrogate derivative (the forward pass unchanged).
+
+    A spike is a Cast or Where of a comparison (Greater, GreaterOrEqual, Less, LessOrEqual), as
+    spiking networks write the Heaviside step, or a Sign; its derivative is zero almost
+    everywhere. Marked, jvp/vjp/grad differentiate it as ``g(x)`` of the comparison's margin
+    ``x = a - b``, with ``g`` as spyx's surrogates define it: ``"superspike:k=25"`` (alias
+    fast_sigmoid; 1/(1+k|x|)^2), ``"arctan:k=2"`` (1/(pi(1+(k pi x)^2))), ``"triangular:k=2"``
+    (max(0, 1-|kx|)), ``"boxcar:width=2,height=0.5"``, ``"tanh:k=1"`` (1-tanh(kx)^2),
+    ``"straight_through"`` (1). ``"VALUE=KIND..."`` applies to the spike producing VALUE only.
+    The derivative functions take ``surrogate=`` to do this first."""
+    specs = [surrogate] if isinstance(surrogate, str) else list(surrogate)
+    for spec in specs:
+        if not isinstance(spec, str):
+            raise TypeError(f"surrogate must be a string such as 'superspike:k=25', got {spec!r}")
+    return transform(model, lambda data: _core.with_surrogates(data, specs))
+
+
+def _surrogates(model: ModelT, surrogate: Surrogates) -> ModelT:
+    return model if surrogate is None else with_surrogates(model, surrogate)
+
+
+def jvp(
+    model: ModelT, inputs: Names = None, outputs: Names = None, *, surrogate: Surrogates = None
+) -> ModelT:
     """Forward-mode derivative (Jacobian-vector product) of ``model``.
 
     Appends one tangent input per selected input (same shape and dtype, ``<input>_tangent``)
@@ -135,20 +162,24 @@ def jvp(model: ModelT, inputs: Names = None, outputs: Names = None) -> ModelT:
     ``jvp(grad(f), inputs=["w"])`` appends a Hessian-vector product), else every float output.
     """
     selected = _names(inputs, "inputs"), _names(outputs, "outputs")
-    return transform(model, lambda data: _core.jvp(data, *selected))
+    return transform(_surrogates(model, surrogate), lambda data: _core.jvp(data, *selected))
 
 
-def vjp(model: ModelT, inputs: Names = None, outputs: Names = None) -> ModelT:
+def vjp(
+    model: ModelT, inputs: Names = None, outputs: Names = None, *, surrogate: Surrogates = None
+) -> ModelT:
     """Reverse-mode derivative (vector-Jacobian product) of ``model``.
 
     Appends one cotangent input per selected output (``<output>_cotangent``) and returns all
     primal outputs, then the cotangents of the selected inputs (``<input>_cotangent``).
     """
     selected = _names(inputs, "inputs"), _names(outputs, "outputs")
-    return transform(model, lambda data: _core.vjp(data, *selected))
+    return transform(_surrogates(model, surrogate), lambda data: _core.vjp(data, *selected))
 
 
-def grad(model: ModelT, inputs: Names = None, output: str | None = None) -> ModelT:
+def grad(
+    model: ModelT, inputs: Names = None, output: str | None = None, *, surrogate: Surrogates = None
+) -> ModelT:
     """Gradient of one rank-0 output with an implicit unit seed.
 
     Returns all primal outputs, then ``<input>_grad`` for every selected input. ``output``
@@ -156,7 +187,7 @@ def grad(model: ModelT, inputs: Names = None, output: str | None = None) -> Mode
     """
     _check_output(output)
     selected = _names(inputs, "inputs")
-    return transform(model, lambda data: _core.grad(data, selected, output))
+    return transform(_surrogates(model, surrogate), lambda data: _core.grad(data, selected, output))
 
 
 def jacfwd(model: ModelT, inputs: Names = None, outputs: Names = None) -> ModelT:

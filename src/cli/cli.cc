@@ -123,6 +123,10 @@ parameter options (grad, jvp, vjp, jacobian, hessian: selected after --inputs; t
                            exporters write as Constants, e.g. inside functions) into
                            initializers
   --stop-gradient NAMES    treat these values as constants: their derivative is cut
+  --surrogate SPEC         differentiate spikes (Cast/Where of a comparison, Sign) by a
+                           surrogate: superspike[:k=25] (fast_sigmoid), arctan[:k=2],
+                           triangular[:k=2], boxcar[:width=2,height=0.5], tanh[:k=1],
+                           straight_through; VALUE=SPEC for one spike (repeatable)
 
 common options (vmap, grad, jvp, vjp, jacobian, hessian, loss, train-step; scan, step: -o and
 --external-data):

@@ -41,6 +41,7 @@ void add_param_options(Options& o, ParamArgs& args) {
     auto entries = parse_list(v, "--stop-gradient");
     args.stop_gradient.insert(args.stop_gradient.end(), entries.begin(), entries.end());
   };
+  o.valued["--surrogate"] = [&](const std::string& v) { args.surrogates.push_back(parse_surrogate(v)); };
 }
 
 }  // namespace
@@ -58,6 +59,7 @@ bool take_param_option(const std::vector<std::string>& args, size_t& i, ParamArg
 std::vector<std::string> selected_params(onnx::ModelProto& model, const ParamArgs& args) {
   if (args.constants_min_size) model = constants_to_initializers(model, *args.constants_min_size);
   if (!args.stop_gradient.empty()) model = stop_gradient(model, args.stop_gradient);
+  if (!args.surrogates.empty()) model = with_surrogates(model, args.surrogates);
   if (!args.given && !args.constants_min_size) return {};
   return select_params(model, args.spec);
 }

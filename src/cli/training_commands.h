@@ -15,13 +15,14 @@ struct ParamArgs {
   bool given = false;                         // --params was passed
   std::optional<int64_t> constants_min_size;  // --constants-as-params N
   std::vector<std::string> stop_gradient;     // --stop-gradient NAMES
+  std::vector<Surrogate> surrogates;          // --surrogate SPEC (repeatable)
 };
 
 // Consumes args[i] (and its value) when it is --params, --exclude, --min-size,
-// --constants-as-params or --stop-gradient.
+// --constants-as-params, --stop-gradient or --surrogate.
 bool take_param_option(const std::vector<std::string>& args, size_t& i, ParamArgs& out);
 // The parameters the options select. `model` is replaced by the model to transform: Constant
-// weights promoted when asked, stop_gradient marks added.
+// weights promoted when asked, stop_gradient and surrogate marks added.
 std::vector<std::string> selected_params(onnx::ModelProto& model, const ParamArgs& args);
 
 int cmd_loss(const std::vector<std::string>& args);

@@ -17,6 +17,7 @@
 #include "ir/graph_edit.h"
 #include "rules/derivative.h"
 #include "rules/op_table.h"
+#include "rules/surrogate_jvp.h"
 #include "rules/user_rules.h"
 #include "transforms/bodies.h"
 #include "transforms/contrib_ops.h"
@@ -331,6 +332,26 @@ void differentiate_graph(Prepared& p, Mode mode, const Selection& sel, bool for_
   // A private graph's nodes are taken out of it and handed to the result by pointer (the same
   // objects, so rules and registered constants keep reading them); others are copied.
   const int node_count = src->node_size();
+  // Spikes marked for a surrogate derivative (with_surrogates): their comparisons' operands,
+  // read before the nodes move out of the graph.
+  std::unordered_map<int, SpikeOperands> spikes;
+  {
+    std::unordered_map<std::string, const onnx::NodeProto*> producer;
+    for (int i = 0; i < node_count; ++i) {
+      const auto& n = src->node(i);
+      if (n.metadata_props_size() == 0 || !surrogate_mark(n)) continue;
+      if (producer.empty())
+        for (const auto& m2 : src->node())
+          for (const auto& o : m2.output()) producer.emplace(o, &m2);
+      auto operands = spike_operands(n, producer);
+      if (!operands)
+        diag::fail(Error::Kind::kInvalidModel,
+                   m + ": " + diag::node_location(n) +
+                       " is marked for a surrogate derivative but is not a spike (a "
+                       "Cast or Where of a comparison, or a Sign). Fix: mark spikes with onnax.with_surrogates");
+      spikes.emplace(i, std::move(*operands));
+    }
+  }
   std::vector<NodePtr> owned = take_nodes(p);
 
   for (int ni = 0; ni < node_count; ++ni) {
@@ -386,6 +407,34 @@ void differentiate_graph(Prepared& p, Mode mode, const Selection& sel, bool for_
       b.adopt_node(std::move(adopted), ys);
     else
       b.adopt_node(std::move(adopted));
+    const auto spike = spikes.empty() ? spikes.end() : spikes.find(ni);
+    if (spike != spikes.end()) {
+      // A spike's derivative comes from its comparison's operands, not its own inputs.
+      const SpikeOperands& s = spike->second;
+      Vs xs, ts;
+      active = false;
+      for (const std::string* name : {&s.a, &s.b, &s.v1, &s.v0}) {
+        const int id = name->empty() ? -1 : id_of(*name);
+        xs.push_back(id < 0 ? V{} : at(primal, id));
+        ts.push_back(id < 0 || ts.size() >= 2 ? V{} : at(tangent, id));
+        if (ts.back().valid()) {
+          active = true;
+          from = origin[static_cast<size_t>(id)];
+        }
+      }
+      if (!active || !useful || !float_out || stopped[static_cast<size_t>(output_ids[0])]) continue;
+      JvpCtx ctx{b, node, p.opset, xs, ys, ts, {}};
+      ctx.bodies = &body_transforms();
+      ctx.for_reverse_mode = for_reverse_mode;
+      b.set_origin(node.output(0), "_tangent");
+      const Vs touts = surrogate_jvp(ctx, s, *surrogate_mark(node));
+      if (touts[0].valid()) {
+        at(tangent, output_ids[0]) = touts[0];
+        origin[static_cast<size_t>(output_ids[0])] = from;
+        bind_tangent(b, touts[0], ys[0]);
+      }
+      continue;
+    }
     if (!active || !useful) continue;
     if (!float_out) continue;  // integer/bool results carry no derivative
     bool all_stopped = true;
