@@ -129,16 +129,17 @@ PYBIND11_MODULE(_core, m) {
       "scan",
       [](const py::bytes& model, const std::optional<std::vector<std::string>>& state,
          const std::map<std::string, std::string>& next_state, const std::vector<std::string>& constants,
-         const std::optional<int64_t> length, const std::string& length_name) {
+         const std::optional<int64_t> length, const std::string& length_name, const std::optional<int64_t> truncate) {
         const std::string data(model);
         onnax::ScanOptions options;
         options.roles = {state, next_state, constants};
         options.length = length;
         options.length_name = length_name;
+        options.truncate = truncate;
         return without_gil([&] { return onnax::scan(onnax::parse_model(data), options).SerializeAsString(); });
       },
       py::arg("model"), py::arg("state"), py::arg("next_state"), py::arg("constants"), py::arg("length"),
-      py::arg("length_name"));
+      py::arg("length_name"), py::arg("truncate"));
   m.def(
       "with_surrogates",
       [](const py::bytes& model, const std::vector<std::string>& specs) {

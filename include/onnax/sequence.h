@@ -35,6 +35,10 @@ struct ScanOptions {
   // (required then: with no sequence input there is nothing to read the length from).
   std::optional<int64_t> length;
   std::string length_name = "time";
+  // Truncated backpropagation through time: derivatives flow through the last `truncate` steps
+  // only (the steps before run in a loop of their own whose results are stop_gradient marked).
+  // The forward pass is the same.
+  std::optional<int64_t> truncate;
 };
 
 // The full-sequence model of a step: one Loop over the time axis (first) whose body is the

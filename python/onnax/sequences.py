@@ -136,6 +136,7 @@ def scan(
     constants: Sequence[str] = (),
     length: int | None = None,
     length_name: str = "time",
+    truncate: int | None = None,
 ) -> ModelT:
     """The full-sequence model of a step model: one ``Loop`` over a new first (time) axis.
 
@@ -145,9 +146,12 @@ def scan(
     sequences. ``length`` fixes the number of steps; by default the time axis is the symbolic
     dim ``length_name``, read at run time from the first sequence. Names are kept: sequence
     inputs gain the time axis, state outputs become the final state, the other outputs are
-    stacked over time."""
+    stacked over time. ``truncate=K``: truncated backpropagation through time, derivatives
+    flow through the last K steps only (the forward pass is the same)."""
     names, next_state, consts = _roles(state, constants)
-    return transform(model, lambda data: _core.scan(data, names, next_state, consts, length, length_name))
+    return transform(
+        model, lambda data: _core.scan(data, names, next_state, consts, length, length_name, truncate)
+    )
 
 
 def step(model: ModelT) -> ModelT:

@@ -80,7 +80,7 @@ commands:
       --apply                only the update, from the accumulators' mean
       --init INIT.onnx       also write a model without inputs whose outputs are the first
                              step's fed-back inputs (stored parameters, zero state)
-  scan STEP.onnx -o SEQ.onnx [--state h,c | h=h_next,...] [--constants w] [--length T]
+  scan STEP.onnx -o SEQ.onnx [--state h,c | h=h_next,...] [--constants w] [--length T] [--truncate K]
       The full-sequence model of a one-timestep model step(x_t, *state) -> (out, *new_state):
       run(x_seq, *state) -> (out_seq, *final_state) as one Loop over a new first (time) axis.
       Names are kept; weights stay initializers.
@@ -91,6 +91,7 @@ commands:
                      sequences)
       --length       the number of steps (default: symbolic, read from the first sequence)
       --length-name  dim_param of a symbolic time axis (default: 'time')
+      --truncate K   truncated BPTT: derivatives flow through the last K steps only
   step SEQ.onnx -o STEP.onnx
       The one timestep inside a full-sequence model (one top-level Loop or Scan over time, as
       spyx's export and `onnax scan` write): x_t for x_seq, the state in, its next value out.

@@ -61,6 +61,7 @@ int cmd_scan(const std::vector<std::string>& args) {
     else
       opt.length = parse_int(v, "--length");
   };
+  o.valued["--truncate"] = [&](const std::string& v) { opt.truncate = parse_int(v, "--truncate"); };
   o.valued["--length-name"] = [&](const std::string& v) {
     if (v.empty()) throw UsageError{"--length-name needs a name"};
     opt.length_name = v;

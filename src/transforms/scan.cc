@@ -84,6 +84,10 @@ onnx::NodeProto int64_scalar_constant(const std::string& output, int64_t value) 
 onnx::ModelProto scan(const onnx::ModelProto& step, const ScanOptions& options) {
   if (const std::string problem = check::checker(step); !problem.empty())
     diag::fail(Error::Kind::kInvalidModel, "scan: the step model is not valid ONNX: " + problem);
+  if (options.truncate && *options.truncate < 1)
+    diag::fail(Error::Kind::kSelection, "scan: truncate " + std::to_string(*options.truncate) +
+                                            " is not a number of steps (expected 1 or more). Fix: pass the number "
+                                            "of last steps the derivatives flow through, or none");
   if (options.length && *options.length < 1)
     diag::fail(Error::Kind::kSelection, "scan: length " + std::to_string(*options.length) +
                                             " is not a number of steps (expected 1 or more). Fix: pass a "
@@ -199,19 +203,75 @@ onnx::ModelProto scan(const onnx::ModelProto& step, const ScanOptions& options) 
     length.set_name(node_scope.fresh(trip_count));
     *outer.add_node() = std::move(length);
   }
-  onnx::NodeProto loop;
-  loop.set_op_type("Loop");
-  loop.set_name(node_scope.fresh("time_loop"));
-  loop.add_input(trip_count);
-  loop.add_input("");
-  for (const int s : layout.states) loop.add_input(layout.inputs[s]->name());
-  for (const int o : layout.next_state_outputs) loop.add_output(outer_names[o]);
-  for (const int o : layout.per_step_outputs) loop.add_output(outer_names[o]);
-  auto* attr = loop.add_attribute();
-  attr->set_name("body");
-  attr->set_type(onnx::AttributeProto::GRAPH);
-  *attr->mutable_g() = std::move(body);
-  *outer.add_node() = std::move(loop);
+  auto add_loop = [&](const std::string& trips, const std::vector<std::string>& state_in,
+                      const std::vector<std::string>& outputs, onnx::GraphProto loop_body) {
+    onnx::NodeProto loop;
+    loop.set_op_type("Loop");
+    loop.set_name(node_scope.fresh("time_loop"));
+    loop.add_input(trips);
+    loop.add_input("");
+    for (const auto& name : state_in) loop.add_input(name);
+    for (const auto& name : outputs) loop.add_output(name);
+    auto* attr = loop.add_attribute();
+    attr->set_name("body");
+    attr->set_type(onnx::AttributeProto::GRAPH);
+    *attr->mutable_g() = std::move(loop_body);
+    *outer.add_node() = std::move(loop);
+  };
+  auto add_node = [&](const char* type, std::vector<std::string> inputs, const std::string& output) {
+    onnx::NodeProto n = make_node(type, std::move(inputs), output);
+    n.set_name(node_scope.fresh(output));
+    *outer.add_node() = std::move(n);
+  };
+  std::vector<std::string> state_in, loop_outputs;
+  for (const int s : layout.states) state_in.push_back(layout.inputs[s]->name());
+  for (const int o : layout.next_state_outputs) loop_outputs.push_back(outer_names[o]);
+  for (const int o : layout.per_step_outputs) loop_outputs.push_back(outer_names[o]);
+  if (!options.truncate) {
+    add_loop(trip_count, state_in, loop_outputs, std::move(body));
+  } else {
+    // Truncated: the first T - K steps in one loop whose results are constants to the
+    // derivatives (stop_gradient marks), the last K in a second loop reading the sequences
+    // from step T - K on; the stacked outputs are the two loops' joined.
+    const std::string k = scope.fresh("truncate_steps"), zero = scope.fresh("no_steps");
+    const std::string over = scope.fresh("steps_over"), early = scope.fresh("early_steps");
+    const std::string late = scope.fresh("late_steps");
+    *outer.add_node() = int64_scalar_constant(k, *options.truncate);
+    *outer.add_node() = int64_scalar_constant(zero, 0);
+    add_node("Sub", {trip_count, k}, over);
+    add_node("Max", {over, zero}, early);
+    add_node("Sub", {trip_count, early}, late);
+    onnx::GraphProto late_body = body;
+    if (gathers > 0) {
+      const std::string index = scope.fresh("time_index");
+      onnx::NodeProto shift = make_node("Add", {iteration, early}, index);
+      shift.set_name(node_scope.fresh(index));
+      for (int i = 0; i < gathers; ++i) late_body.mutable_node(i)->set_input(1, index);
+      *late_body.add_node() = std::move(shift);
+      for (int i = late_body.node_size() - 1; i > 0; --i) late_body.mutable_node()->SwapElements(i, i - 1);
+    }
+    rename_definitions(late_body, scope, node_scope);
+    std::vector<std::string> early_outputs, marked = provenance::names_at(result, provenance::kStopGradientKey);
+    for (const auto& name : loop_outputs) early_outputs.push_back(scope.fresh(name + "_early"));
+    add_loop(early, state_in, early_outputs, std::move(body));
+    marked.insert(marked.end(), early_outputs.begin(), early_outputs.end());
+    provenance::set_names_at(result, provenance::kStopGradientKey, marked);
+    const size_t n_states = layout.states.size();
+    std::vector<std::string> late_outputs(loop_outputs.begin(), loop_outputs.begin() + static_cast<long>(n_states));
+    for (size_t i = n_states; i < loop_outputs.size(); ++i)
+      late_outputs.push_back(scope.fresh(loop_outputs[i] + "_late"));
+    add_loop(late, std::vector<std::string>(early_outputs.begin(), early_outputs.begin() + static_cast<long>(n_states)),
+             late_outputs, std::move(late_body));
+    for (size_t i = n_states; i < loop_outputs.size(); ++i) {
+      onnx::NodeProto join = make_node("Concat", {early_outputs[i], late_outputs[i]}, loop_outputs[i]);
+      join.set_name(node_scope.fresh(loop_outputs[i]));
+      auto* axis = join.add_attribute();
+      axis->set_name("axis");
+      axis->set_type(onnx::AttributeProto::INT);
+      axis->set_i(0);
+      *outer.add_node() = std::move(join);
+    }
+  }
   // Outputs in the step's order: state outputs are the final state, the others stacked.
   std::unordered_set<int> per_step(layout.per_step_outputs.begin(), layout.per_step_outputs.end());
   for (int o = 0; o < g.output_size(); ++o) {
@@ -224,10 +284,11 @@ onnx::ModelProto scan(const onnx::ModelProto& step, const ScanOptions& options) 
   std::vector<std::string> states, constants;
   for (const int s : layout.states) states.push_back(provenance::quote(layout.inputs[s]->name()));
   for (const int c : layout.constants) constants.push_back(provenance::quote(layout.inputs[c]->name()));
-  provenance::record_step(result, "{\"transform\": \"scan\", \"state\": " + provenance::list(states) +
-                                      ", \"constants\": " + provenance::list(constants) + ", \"length\": " +
-                                      (options.length ? std::to_string(*options.length) : provenance::quote(dim_name)) +
-                                      "}");
+  provenance::record_step(
+      result, "{\"transform\": \"scan\", \"state\": " + provenance::list(states) +
+                  ", \"constants\": " + provenance::list(constants) +
+                  ", \"length\": " + (options.length ? std::to_string(*options.length) : provenance::quote(dim_name)) +
+                  (options.truncate ? ", \"truncate\": " + std::to_string(*options.truncate) : "") + "}");
   if (const std::string problem = check::checker(result); !problem.empty())
     diag::fail(Error::Kind::kInvalidModel, "scan: internal: the sequence model fails the ONNX checker: " + problem);
   return result;

@@ -465,3 +465,39 @@ def test_cli_scan_step_signature(tmp_path: Path) -> None:
     bad = [*cli, "scan", str(step_path), "-o", str(tmp_path / "x.onnx"), "--state", "nope"]
     r = subprocess.run(bad, capture_output=True, text=True, timeout=120, check=False)
     assert r.returncode == 1 and "not a runtime input" in r.stderr and "Fix" in r.stderr
+
+
+@pytest.mark.parametrize(("t", "k"), [(6, 2), (3, 3), (2, 5)])
+def test_truncated_bptt_against_jax(t: int, k: int) -> None:
+    """scan(truncate=K): the same forward pass; gradients through the last K steps only, as JAX
+    computes them with stop_gradient on everything the first T - K steps produce."""
+    jax = pytest.importorskip("jax")
+    jax.config.update("jax_enable_x64", True)
+    import jax.numpy as jnp
+
+    step_model, w = lstm_step()
+    full, truncated = onnax.scan(step_model), onnax.scan(step_model, truncate=k)
+    b = 2
+    xs = RNG.standard_normal((t, b, IN)).astype(np.float32)
+    h0, c0 = (RNG.standard_normal((b, H)).astype(np.float32) for _ in range(2))
+    feeds = {"x": xs, "h": h0, "c": c0}
+    for a, r in zip(run(truncated, feeds), run(full, feeds), strict=True):
+        np.testing.assert_array_equal(a, r)
+    g = onnax.grad(append_half_sum_of_squares(truncated, "y"), inputs=["W", "x", "h"], output="loss")
+    values = dict(zip([o.name for o in g.graph.output], run(g, feeds), strict=True))
+    w64 = {n: jnp.asarray(v.astype(np.float32), jnp.float64) for n, v in w.items()}
+    sg = jax.lax.stop_gradient
+
+    def loss(wd: dict[str, Any], x: Any, h: Any, c: Any) -> Any:
+        early = max(t - k, 0)
+        ys1, h1, c1 = jax_lstm(wd, x[:early], h, c)
+        ys2, _, _ = jax_lstm(wd, x[early:], sg(h1), sg(c1))
+        return 0.5 * (jnp.sum(sg(ys1) ** 2) + jnp.sum(ys2**2))
+
+    x64, h64, c64 = (jnp.asarray(a, jnp.float64) for a in (xs, h0, c0))
+    dw, dx, dh = jax.grad(loss, argnums=(0, 1, 2))(w64, x64, h64, c64)
+    np.testing.assert_allclose(values["W_grad"], dw["W"], rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(values["x_grad"], dx, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(values["h_grad"], dh, rtol=1e-4, atol=1e-5)
+    if t > k:
+        assert not values["x_grad"][: t - k].any() and not values["h_grad"].any()
