@@ -192,3 +192,14 @@ def test_cli_and_training_step_with_a_surrogate(tmp_path: Path) -> None:
     np.testing.assert_allclose(
         new[f"{kernel}_new"], start - 0.1 * grads["grad/layers.0.kernel"], rtol=1e-5, atol=1e-6
     )
+
+
+def test_validate_says_it_cannot_replay_surrogates_or_scan(tmp_path: Path) -> None:
+    from onnax import testing
+
+    model = spike_model("greater_cast")
+    with pytest.raises(testing.ValidationInputError, match=r"surrogate gradients.*Fix"):
+        testing.validate(model, onnax.jvp(model, inputs=["x"], surrogate="superspike"))
+    step_model, _, _, _ = spyx("lif")
+    with pytest.raises(testing.ValidationInputError, match=r"step 0 is scan, which validate does not replay"):
+        testing.validate(step_model, onnax.scan(step_model))

@@ -60,6 +60,12 @@ def parse_chain(model: onnx.ModelProto) -> list[Step]:
         raise ValidationInputError(f"metadata_props['{TRANSFORMS_KEY}'] must be a JSON list of steps")
     steps = []
     for i, item in enumerate(raw):
+        if isinstance(item, dict) and item.get("transform") in ("scan", "step"):
+            raise ValidationInputError(
+                f"{TRANSFORMS_KEY} step {i} is {item['transform']}, which validate does not replay yet. "
+                "Fix: compare the sequence model with a loop of the step model in ONNX Runtime (feed each "
+                "step's state outputs back), as tests/python/test_sequences.py does"
+            )
         if isinstance(item, dict) and item.get("transform") in ("jacfwd", "jacrev", "hessian"):
             raise ValidationInputError(
                 f"{TRANSFORMS_KEY} step {i} is {item['transform']}, which validate does not replay yet "
@@ -95,7 +101,26 @@ def parse_chain(model: onnx.ModelProto) -> list[Step]:
                     onnax_version=version,
                 )
             )
+    if any(step.transform != "vmap" for step in steps) and _has_surrogates(model.graph):
+        raise ValidationInputError(
+            "the generated model differentiates spikes by surrogate gradients (nodes marked "
+            "metadata_props['onnax.surrogate']), which validate's references (JAX, finite differences) "
+            "do not model: they would disagree at every spike. Fix: validate the model differentiated "
+            "without a surrogate, or compare with JAX using the same surrogate (docs/stateful.md)"
+        )
     return steps
+
+
+def _has_surrogates(graph: onnx.GraphProto) -> bool:
+    for node in graph.node:
+        if any(p.key == "onnax.surrogate" for p in node.metadata_props):
+            return True
+        for a in node.attribute:
+            if a.HasField("g") and _has_surrogates(a.g):
+                return True
+            if any(_has_surrogates(g) for g in a.graphs):
+                return True
+    return False
 
 
 def describe_chain(steps: list[Step]) -> str:
