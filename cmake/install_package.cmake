@@ -17,7 +17,8 @@ install(FILES ${onnax_onnx_prefix}/lib/libonnx.a ${onnax_onnx_prefix}/lib/libonn
         DESTINATION lib/onnax-third-party COMPONENT development)
 install(DIRECTORY ${onnax_onnx_prefix}/include/onnx ${onnax_protobuf_include}/google
         DESTINATION include/onnax-third-party COMPONENT development
-        FILES_MATCHING PATTERN "*.h" PATTERN "*.inc" PATTERN "*.proto")
+        FILES_MATCHING PATTERN "*.h" PATTERN "*.inc" PATTERN "*.proto"
+        PATTERN "*unittest*" EXCLUDE PATTERN "*test_util*" EXCLUDE PATTERN "testing" EXCLUDE)
 
 configure_package_config_file(cmake/onnaxConfig.cmake.in ${CMAKE_BINARY_DIR}/onnaxConfig.cmake
                               INSTALL_DESTINATION ${onnax_config_dir})

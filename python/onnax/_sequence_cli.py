@@ -51,7 +51,7 @@ def _dims(entries: list[str]) -> dict[str, int]:
     dims = {}
     for e in entries:
         name, eq, size = e.partition("=")
-        if not eq or not name or not size.lstrip("-").isdigit() or int(size) < 0:
+        if not eq or not name or not size.isdigit():
             raise ValueError(f"--dim '{e}' is not NAME=SIZE with a size >= 0. Fix: e.g. --dim batch=2")
         dims[name] = int(size)
     return dims
@@ -59,8 +59,8 @@ def _dims(entries: list[str]) -> dict[str, int]:
 
 def main(argv: list[str]) -> int:
     import numpy as np
-    import onnx
 
+    from onnax import OnnaxError
     from onnax.sequences import signature_from_json, signature_text
 
     args = _parser().parse_args(argv)
@@ -72,17 +72,55 @@ def main(argv: list[str]) -> int:
         )
         return 2
     try:
+        with open(args.model, "rb") as f:
+            data = f.read()
         constants = args.constants.split(",") if args.constants else []
-        text = signature_text(onnx.load(args.model), state=_state(args.state), constants=constants)
-        zeros = signature_from_json(json.loads(text)).zeros(dims=_dims(args.dim))
+        text = signature_text(_parse(args.model, data), state=_state(args.state), constants=constants)
+        sig = signature_from_json(json.loads(text))
+        dims = _dims(args.dim)
+        known = {d for shape in sig.state_shapes if shape for d in shape if isinstance(d, str)}
+        unknown = sorted(set(dims) - known)
+        if unknown:
+            raise ValueError(
+                f"--dim names {unknown}, which no state's shape has (symbolic dims: {sorted(known)}). "
+                "Fix: give the sizes of those dims"
+            )
+        zeros = sig.zeros(dims=dims)
         if args.output:
             with open(args.output, "w") as f:
                 f.write(text)
         else:
             sys.stdout.write(text)
-        np.savez(args.zeros, **zeros)  # type: ignore[arg-type]
-    except (OSError, ValueError) as err:
+        with open(args.zeros, "wb") as f:  # (np.savez on a name would append .npz)
+            np.savez(f, **zeros)  # type: ignore[arg-type]
+    except IsADirectoryError as err:
+        print(f"onnax: error: '{err.filename}' is a directory. Fix: name a file", file=sys.stderr)
+        return 1
+    except FileNotFoundError as err:
+        print(f"onnax: error: '{err.filename}' does not exist. Fix: check the path", file=sys.stderr)
+        return 1
+    except MemoryError:
+        print(
+            "onnax: error: the zero states do not fit in memory. Fix: check the --dim sizes", file=sys.stderr
+        )
+        return 1
+    except (OSError, ValueError, OnnaxError) as err:
         print(f"onnax: error: {err}", file=sys.stderr)
         return 1
     print(f"onnax: wrote {args.zeros}", file=sys.stderr)
     return 0
+
+
+def _parse(path: str, data: bytes) -> object:
+    import onnx
+    from google.protobuf.message import DecodeError
+
+    model = onnx.ModelProto()
+    try:
+        model.ParseFromString(data)
+    except DecodeError as err:
+        raise ValueError(
+            f"'{path}' is not a valid ONNX model ({err}). Fix: re-export it, or check that the file is "
+            "complete"
+        ) from None
+    return model

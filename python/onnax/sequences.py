@@ -90,7 +90,12 @@ def _concrete(name: str, shape: Shape | None, dims: Mapping[str, int]) -> tuple[
         if isinstance(d, int):
             out.append(d)
         elif isinstance(d, str) and d in dims:
-            out.append(int(dims[d]))
+            size = dims[d]
+            if isinstance(size, bool) or not isinstance(size, int | np.integer) or size < 0:
+                raise ValueError(
+                    f"dims[{d!r}] is {size!r}; expected a size (an int >= 0). Fix: e.g. {{{d!r}: 1}}"
+                )
+            out.append(int(size))
         else:
             raise ValueError(
                 f"state '{name}' has the dim {d!r} in its shape {list(shape)}, which has no size. Fix: "

@@ -16,6 +16,10 @@ namespace onnax::check {
 // onnx::checker::check_model structure checks (the part of full_check before inference).
 std::string checker(const onnx::ModelProto& model);
 
+// checker() for a model whose external-data tensors are not at hand (their files, or the
+// Python package's data-less stand-ins): those are checked as declared inputs.
+std::string structure_checker(const onnx::ModelProto& model);
+
 // Strict shape inference: type checks on, node-level errors thrown (what full_check adds).
 std::string strict_shape_inference(const onnx::ModelProto& model);
 

@@ -95,6 +95,11 @@ int cmd_signature(const std::vector<std::string>& args) {
         "--zeros writes NumPy arrays, so it lives in the Python command. Fix: run `.venv/bin/onnax signature "
         "... --zeros FILE.npz` (or `python -m onnax`)"};
   };
+  o.valued["--dim"] = [&](const std::string&) {
+    throw UsageError{
+        "--dim gives sizes for --zeros, which the Python command writes. Fix: run `.venv/bin/onnax "
+        "signature ... --zeros FILE.npz --dim NAME=SIZE`"};
+  };
   const auto positional = parse(args, o, "signature");
   if (positional.empty()) throw UsageError{"signature needs an input model"};
   if (positional.size() > 1) throw UsageError{"unexpected argument '" + positional[1] + "'"};

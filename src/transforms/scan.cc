@@ -82,7 +82,7 @@ onnx::NodeProto int64_scalar_constant(const std::string& output, int64_t value) 
 }  // namespace
 
 onnx::ModelProto scan(const onnx::ModelProto& step, const ScanOptions& options) {
-  if (const std::string problem = check::checker(step); !problem.empty())
+  if (const std::string problem = check::structure_checker(step); !problem.empty())
     diag::fail(Error::Kind::kInvalidModel, "scan: the step model is not valid ONNX: " + problem);
   if (options.truncate && *options.truncate < 1)
     diag::fail(Error::Kind::kSelection, "scan: truncate " + std::to_string(*options.truncate) +
@@ -93,7 +93,7 @@ onnx::ModelProto scan(const onnx::ModelProto& step, const ScanOptions& options) 
                                             " is not a number of steps (expected 1 or more). Fix: pass a "
                                             "positive length, or none for a length read at run time");
   const onnx::GraphProto& g = step.graph();
-  const StepLayout layout = read_step_roles(g, options.roles, "scan");
+  const StepLayout layout = read_step_roles(g, given_or_recorded(step, options.roles), "scan");
   if (layout.sequences.empty() && !options.length)
     diag::fail(Error::Kind::kSelection,
                "scan: every runtime input of the step is state or constant, so there is no sequence to read the "
@@ -172,7 +172,14 @@ onnx::ModelProto scan(const onnx::ModelProto& step, const ScanOptions& options) 
   outer.set_doc_string(g.doc_string());
   *outer.mutable_initializer() = g.initializer();
   *outer.mutable_sparse_initializer() = g.sparse_initializer();
-  const std::string dim_name = fresh_dim_param(g, options.length_name.empty() ? "time" : options.length_name);
+  // A time axis named like one of the step's dims would merge two sizes: refused when asked
+  // for by name, a fresh default name otherwise.
+  const bool default_name = options.length_name.empty() || options.length_name == "time";
+  const std::string dim_name = fresh_dim_param(g, default_name ? "time" : options.length_name);
+  if (!default_name && dim_name != options.length_name)
+    diag::fail(Error::Kind::kSelection, "scan: the time axis name '" + options.length_name +
+                                            "' is already a dim of the step's inputs or outputs, so the two would "
+                                            "be one size. Fix: choose another --length-name (Python length_name=)");
   std::unordered_set<std::string> sequences;
   for (const int s : layout.sequences) sequences.insert(layout.inputs[s]->name());
   for (const auto& vi : g.input())
@@ -281,6 +288,7 @@ onnx::ModelProto scan(const onnx::ModelProto& step, const ScanOptions& options) 
   }
 
   tidy(result);
+  forget_roles(result);
   std::vector<std::string> states, constants;
   for (const int s : layout.states) states.push_back(provenance::quote(layout.inputs[s]->name()));
   for (const int c : layout.constants) constants.push_back(provenance::quote(layout.inputs[c]->name()));
@@ -289,7 +297,7 @@ onnx::ModelProto scan(const onnx::ModelProto& step, const ScanOptions& options) 
                   ", \"constants\": " + provenance::list(constants) +
                   ", \"length\": " + (options.length ? std::to_string(*options.length) : provenance::quote(dim_name)) +
                   (options.truncate ? ", \"truncate\": " + std::to_string(*options.truncate) : "") + "}");
-  if (const std::string problem = check::checker(result); !problem.empty())
+  if (const std::string problem = check::structure_checker(result); !problem.empty())
     diag::fail(Error::Kind::kInvalidModel, "scan: internal: the sequence model fails the ONNX checker: " + problem);
   return result;
 }

@@ -76,7 +76,7 @@ const SignatureTensor* find(const std::vector<SignatureTensor>& tensors, const s
 }  // namespace
 
 Signature signature(const onnx::ModelProto& model, const StepRoles& roles) {
-  if (const std::string problem = check::checker(model); !problem.empty())
+  if (const std::string problem = check::structure_checker(model); !problem.empty())
     diag::fail(Error::Kind::kInvalidModel, "signature: the model is not valid ONNX: " + problem);
   const onnx::GraphProto& g = model.graph();
   const bool roles_given = roles.state || !roles.next_state.empty() || !roles.constants.empty();
@@ -112,7 +112,7 @@ Signature signature(const onnx::ModelProto& model, const StepRoles& roles) {
         if (sig.outputs[o].has_shape && !sig.outputs[o].shape.empty()) sig.outputs[o].shape[0] = *sig.sequence_length;
     return sig;
   }
-  const StepLayout layout = read_step_roles(g, roles, "signature");
+  const StepLayout layout = read_step_roles(g, given_or_recorded(model, roles), "signature");
   for (const int s : layout.states) sig.state_inputs.push_back(layout.inputs[s]->name());
   for (const int o : layout.next_state_outputs) sig.state_outputs.push_back(g.output(o).name());
   for (const int c : layout.constants) sig.constants.push_back(layout.inputs[c]->name());

@@ -96,15 +96,26 @@ class Extractor {
     const auto* body = attribute(*loop_, "body");
     if (!body || !body->has_g()) throw NotASequence{"its " + loop_->op_type() + " has no body"};
     body_ = &body->g();
+    // The loop's results, and Identity copies of them (exporters name outputs so).
     std::unordered_set<std::string> loop_outputs(loop_->output().begin(), loop_->output().end());
+    for (const auto& o : loop_->output()) result_of_[o] = o;
+    for (bool grew = true; grew;) {
+      grew = false;
+      for (const auto& n : g_.node())
+        if (n.op_type() == "Identity" && is_default_domain(n) && n.input_size() == 1 && n.output_size() == 1 &&
+            result_of_.count(n.input(0)) && !result_of_.count(n.output(0))) {
+          result_of_[n.output(0)] = result_of_.at(n.input(0));
+          grew = true;
+        }
+    }
     for (const auto& vi : g_.output())
-      if (!loop_outputs.count(vi.name()))
+      if (!result_of_.count(vi.name()))
         throw NotASequence{"graph output '" + vi.name() + "' is not an output of the " + loop_->op_type() +
                            " (it is computed around it); step needs the loop's results to be the model's outputs"};
     for (const auto& n : g_.node()) {
-      if (&n == loop_) continue;
+      if (&n == loop_ || (n.op_type() == "Identity" && n.output_size() == 1 && result_of_.count(n.output(0)))) continue;
       for (const auto& in : n.input())
-        if (loop_outputs.count(in))
+        if (result_of_.count(in))
           throw NotASequence{"node '" + n.name() + "' (" + n.op_type() + ") uses the " + loop_->op_type() +
                              "'s result '" + in + "'; step needs the loop's results to be the model's outputs"};
     }
@@ -403,11 +414,14 @@ class Extractor {
     for (const auto& [body_value, outer] : per_step_)
       if (!outer.empty()) per_step_by_output[outer] = body_value;
     std::unordered_set<const State*> emitted;
+    std::unordered_map<const State*, std::string> state_output_name;
     for (const auto& vi : g_.output()) {
-      if (auto it = state_by_output.find(vi.name()); it != state_by_output.end()) {
+      const std::string& result = result_of_.at(vi.name());
+      if (auto it = state_by_output.find(result); it != state_by_output.end()) {
         emit(it->second->body_output, vi.name(), false);
         emitted.insert(it->second);
-      } else if (auto p = per_step_by_output.find(vi.name()); p != per_step_by_output.end()) {
+        state_output_name.emplace(it->second, vi.name());
+      } else if (auto p = per_step_by_output.find(result); p != per_step_by_output.end()) {
         emit(p->second, vi.name(), true);
       } else {
         throw NotASequence{"graph output '" + vi.name() + "' is a value the loop carries unchanged, not a result"};
@@ -420,8 +434,8 @@ class Extractor {
       out.dropped_final_states.push_back(name);
     }
     for (const auto& st : states_) {
-      const std::string name = st.outer_output.empty() ? std::string() : st.outer_output;
-      out.state_outputs.push_back(name);
+      auto named = state_output_name.find(&st);
+      out.state_outputs.push_back(named != state_output_name.end() ? named->second : std::string());
     }
     // Fill in the names chosen for unnamed final states.
     for (size_t i = 0, k = 0; i < out.state_outputs.size(); ++i)
@@ -454,6 +468,7 @@ class Extractor {
   std::unordered_set<int> dropped_;                                 // body nodes left out of the step
   std::unordered_map<std::string, std::string> sequence_of_;        // x_t in the body -> sequence
   std::unordered_map<std::string, std::string> carried_invariant_;  // Loop: body input -> outer
+  std::unordered_map<std::string, std::string> result_of_;          // the loop's outputs and copies -> its output
   std::unordered_map<std::string, std::string> rename_;             // body name -> step name
   std::vector<std::string> sequences_, constants_;
   std::vector<State> states_;
@@ -473,7 +488,7 @@ std::optional<ExtractedStep> extract_step(const onnx::ModelProto& sequence, std:
 }
 
 onnx::ModelProto step(const onnx::ModelProto& sequence) {
-  if (const std::string problem = check::checker(sequence); !problem.empty())
+  if (const std::string problem = check::structure_checker(sequence); !problem.empty())
     diag::fail(Error::Kind::kInvalidModel, "step: the sequence model is not valid ONNX: " + problem);
   std::string why;
   auto extracted = extract_step(sequence, &why);
@@ -483,11 +498,12 @@ onnx::ModelProto step(const onnx::ModelProto& sequence) {
                    ". Fix: pass a model whose graph is one Loop (or Scan) over the time axis, reading the graph's "
                    "inputs and returning the graph's outputs (as spyx's full-sequence export and `onnax scan` write)");
   onnx::ModelProto result = std::move(extracted->step);
+  record_roles(result, extracted->states, extracted->state_outputs, extracted->constants);
   tidy(result);  // the loop's own constants the step no longer reads, say
   std::vector<std::string> states;
   for (const auto& s : extracted->states) states.push_back(provenance::quote(s));
   provenance::record_step(result, "{\"transform\": \"step\", \"state\": " + provenance::list(states) + "}");
-  if (const std::string problem = check::checker(result); !problem.empty())
+  if (const std::string problem = check::structure_checker(result); !problem.empty())
     diag::fail(Error::Kind::kInvalidModel, "step: internal: the step model fails the ONNX checker: " + problem);
   return result;
 }

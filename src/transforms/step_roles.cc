@@ -1,10 +1,13 @@
 #include "transforms/step_roles.h"
 
+#include <algorithm>
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
 
 #include "diagnostics/error.h"
+#include "notice.h"
+#include "transforms/provenance.h"
 
 namespace onnax {
 namespace {
@@ -78,7 +81,9 @@ StepLayout read_step_roles(const onnx::GraphProto& g, const StepRoles& roles, co
   if (roles.state) {
     for (const auto& name : *roles.state) {
       const int i = runtime_input(name, "state input");
-      if (role[i]) diag::fail(Error::Kind::kSelection, prefix + "state input '" + name + "' is named twice");
+      if (role[i])
+        diag::fail(Error::Kind::kSelection,
+                   prefix + "state input '" + name + "' is named twice. Fix: name each state input once");
       role[i] = 1;
       layout.states.push_back(i);
     }
@@ -109,34 +114,63 @@ StepLayout read_step_roles(const onnx::GraphProto& g, const StepRoles& roles, co
       diag::fail(Error::Kind::kSelection, prefix + "'" + state + "=" + out + "': the step has no output '" + out +
                                               "'. Fix: name one of its outputs on the right");
   }
-  const int n_states = static_cast<int>(layout.states.size());
-  const int unnamed = n_states - static_cast<int>(roles.next_state.size());
-  if (unnamed > g.output_size())
-    diag::fail(Error::Kind::kSelection,
-               prefix + "the step has " + std::to_string(n_states) + " state inputs but only " +
-                   std::to_string(g.output_size()) +
-                   " outputs, so not every state has a next value. Fix: name the state inputs (--state h,c) and "
-                   "their outputs (--state h=h_next)");
   std::vector<char> used(static_cast<size_t>(g.output_size()), 0);
-  int next_positional = g.output_size() - unnamed;
-  for (const int s : layout.states) {
-    const std::string& name = layout.inputs[s]->name();
-    auto named = roles.next_state.find(name);
-    const int o = named != roles.next_state.end() ? output_index.at(named->second) : next_positional++;
-    const auto& out = g.output(o);
+  std::vector<int> next(layout.states.size(), -1);
+  auto take = [&](size_t i, int o) {
+    const std::string& name = layout.inputs[layout.states[i]]->name();
     if (used[o])
-      diag::fail(Error::Kind::kSelection, prefix + "output '" + out.name() +
+      diag::fail(Error::Kind::kSelection, prefix + "output '" + g.output(o).name() +
                                               "' would be the next value of two states. Fix: pair each state with "
                                               "its own output (--state " +
                                               name + "=OUTPUT)");
     used[o] = 1;
-    if (!compatible(*layout.inputs[s], out))
-      diag::fail(Error::Kind::kSelection, prefix + "state input '" + name + "' is " + type_text(*layout.inputs[s]) +
-                                              " but output '" + out.name() + "', taken as its next value, is " +
-                                              type_text(out) +
+    next[i] = o;
+  };
+  // Named pairs first, then outputs named after their state (h_next, h_new, next_h, new_h),
+  // then the last unpaired outputs, in order.
+  for (size_t i = 0; i < layout.states.size(); ++i)
+    if (auto named = roles.next_state.find(layout.inputs[layout.states[i]]->name()); named != roles.next_state.end())
+      take(i, output_index.at(named->second));
+  for (size_t i = 0; i < layout.states.size(); ++i) {
+    if (next[i] >= 0) continue;
+    const std::string& name = layout.inputs[layout.states[i]]->name();
+    for (const std::string& candidate : {name + "_next", name + "_new", "next_" + name, "new_" + name})
+      if (auto it = output_index.find(candidate); it != output_index.end() && !used[it->second]) {
+        take(i, it->second);
+        break;
+      }
+  }
+  std::vector<size_t> positional;
+  for (size_t i = 0; i < layout.states.size(); ++i)
+    if (next[i] < 0) positional.push_back(i);
+  std::vector<int> free;
+  for (int o = 0; o < g.output_size(); ++o)
+    if (!used[o]) free.push_back(o);
+  if (positional.size() > free.size())
+    diag::fail(Error::Kind::kSelection,
+               prefix + "the step has " + std::to_string(layout.states.size()) + " state inputs but only " +
+                   std::to_string(g.output_size()) +
+                   " outputs, so not every state has a next value. Fix: name the state inputs (--state h,c) and "
+                   "their outputs (--state h=h_next)");
+  for (size_t j = 0; j < positional.size(); ++j) {
+    const size_t i = positional[j];
+    const int o = free[free.size() - positional.size() + j];
+    take(i, o);
+    if (roles.state)  // (the states were named, their outputs not: say which were taken)
+      notice(std::string(what) + ": state '" + layout.inputs[layout.states[i]]->name() + "' takes output '" +
+             g.output(o).name() + "' as its next value (by position: the last outputs, in order). Name the pair (" +
+             "--state " + layout.inputs[layout.states[i]]->name() + "=OUTPUT, Python state={...}) if it is another");
+  }
+  for (size_t i = 0; i < layout.states.size(); ++i) {
+    const std::string& name = layout.inputs[layout.states[i]]->name();
+    const auto& out = g.output(next[i]);
+    if (!compatible(*layout.inputs[layout.states[i]], out))
+      diag::fail(Error::Kind::kSelection, prefix + "state input '" + name + "' is " +
+                                              type_text(*layout.inputs[layout.states[i]]) + " but output '" +
+                                              out.name() + "', taken as its next value, is " + type_text(out) +
                                               ". Fix: pair the state with the output of its type (--state " + name +
                                               "=OUTPUT), or name the state inputs (--state)");
-    layout.next_state_outputs.push_back(o);
+    layout.next_state_outputs.push_back(next[i]);
   }
   for (int o = 0; o < g.output_size(); ++o) {
     if (input_index.count(g.output(o).name()) || stored.count(g.output(o).name()))
@@ -147,6 +181,44 @@ StepLayout read_step_roles(const onnx::GraphProto& g, const StepRoles& roles, co
     if (!used[o]) layout.per_step_outputs.push_back(o);
   }
   return layout;
+}
+
+StepRoles given_or_recorded(const onnx::ModelProto& model, const StepRoles& roles) {
+  if (roles.state || !roles.next_state.empty() || !roles.constants.empty()) return roles;
+  const auto& props = model.metadata_props();
+  if (std::none_of(props.begin(), props.end(), [](const auto& e) { return e.key() == kStepStateKey; })) return roles;
+  const auto states = provenance::names_at(model, kStepStateKey);
+  const auto next = provenance::names_at(model, kStepNextStateKey);
+  const auto constants = provenance::names_at(model, kStepConstantsKey);
+  if (states.size() != next.size()) return roles;
+  std::unordered_set<std::string> inputs, outputs;
+  for (const auto& vi : model.graph().input()) inputs.insert(vi.name());
+  for (const auto& vi : model.graph().output()) outputs.insert(vi.name());
+  for (const auto* names : {&states, &constants})
+    for (const auto& n : *names)
+      if (!inputs.count(n)) return roles;  // (a record a later edit made stale)
+  for (const auto& n : next)
+    if (!outputs.count(n)) return roles;
+  StepRoles recorded;
+  recorded.state = states;
+  for (size_t i = 0; i < states.size(); ++i) recorded.next_state[states[i]] = next[i];
+  recorded.constants = constants;
+  return recorded;
+}
+
+void record_roles(onnx::ModelProto& model, const std::vector<std::string>& states,
+                  const std::vector<std::string>& next_state, const std::vector<std::string>& constants) {
+  provenance::set_names_at(model, kStepStateKey, states);
+  provenance::set_names_at(model, kStepNextStateKey, next_state);
+  provenance::set_names_at(model, kStepConstantsKey, constants);
+}
+
+void forget_roles(onnx::ModelProto& model) {
+  auto* props = model.mutable_metadata_props();
+  for (int i = props->size() - 1; i >= 0; --i) {
+    const std::string& key = props->Get(i).key();
+    if (key == kStepStateKey || key == kStepNextStateKey || key == kStepConstantsKey) props->DeleteSubrange(i, 1);
+  }
 }
 
 }  // namespace onnax

@@ -24,6 +24,21 @@ struct StepLayout {
   std::vector<int> per_step_outputs;
 };
 
+// Where step() records the roles of the step it writes (JSON lists of names in metadata_props),
+// so that scan and signature read the step as it was meant.
+inline constexpr const char* kStepStateKey = "onnax.step.state";
+inline constexpr const char* kStepNextStateKey = "onnax.step.next_state";
+inline constexpr const char* kStepConstantsKey = "onnax.step.constants";
+
+// `roles` when given, else the roles step() recorded in `model` when they still name its inputs
+// and outputs, else the defaults.
+StepRoles given_or_recorded(const onnx::ModelProto& model, const StepRoles& roles);
+// Records `roles` (states with their next-value outputs, constants) in `model`.
+void record_roles(onnx::ModelProto& model, const std::vector<std::string>& states,
+                  const std::vector<std::string>& next_state, const std::vector<std::string>& constants);
+// Removes a record of roles (a sequence model made from a step is no step).
+void forget_roles(onnx::ModelProto& model);
+
 // `roles` applied to `g`, or a diagnostic (prefixed with `what`) naming the input or output at
 // fault, what was expected, and the fix.
 StepLayout read_step_roles(const onnx::GraphProto& g, const StepRoles& roles, const char* what);

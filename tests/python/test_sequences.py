@@ -501,3 +501,103 @@ def test_truncated_bptt_against_jax(t: int, k: int) -> None:
     np.testing.assert_allclose(values["h_grad"], dh, rtol=1e-4, atol=1e-5)
     if t > k:
         assert not values["x_grad"][: t - k].any() and not values["h_grad"].any()
+
+
+def test_large_weights_from_python() -> None:
+    """Weights of 1024+ elements cross into the core as data-less stand-ins: scan, step and
+    signature must read them as the weights they stand for."""
+    step_model, _ = lstm_step()
+    big = RNG.standard_normal((IN, 512)).astype(np.float32)
+    step_model.graph.initializer.append(numpy_helper.from_array(big, "P"))
+    step_model.graph.initializer.append(numpy_helper.from_array(np.array([-1], np.int64), "ax"))
+    step_model.graph.node.extend(
+        [
+            helper.make_node("MatMul", ["x", "P"], ["xp"]),
+            helper.make_node("ReduceSum", ["xp", "ax"], ["xs"], keepdims=1),
+        ]
+    )
+    step_model.graph.output.append(helper.make_tensor_value_info("xs", TensorProto.FLOAT, ["batch", 1]))
+    seq = onnax.scan(step_model, state={"h": "h_next", "c": "c_next"})
+    stored = {t.name: numpy_helper.to_array(t) for t in seq.graph.initializer}
+    np.testing.assert_array_equal(stored["P"], big)
+    xs = RNG.standard_normal((3, 2, IN)).astype(np.float32)
+    h0 = np.zeros((2, H), np.float32)
+    got = dict(zip([o.name for o in seq.graph.output], run(seq, {"x": xs, "h": h0, "c": h0}), strict=True))
+    np.testing.assert_allclose(got["xs"], (xs @ big).sum(-1, keepdims=True), rtol=1e-4, atol=1e-4)
+    back = onnax.step(seq)
+    assert {t.name for t in back.graph.initializer} >= {"P", "W"}
+    assert onnax.signature(seq).state_names == ["h", "c"]
+
+
+def test_step_records_its_roles_for_scan_and_signature() -> None:
+    """A sequence whose weight is a graph input: step finds it constant, and scan of that step
+    reads it so again (not by the default roles)."""
+    step_model, _ = gru_step()
+    seq = onnax.scan(step_model, state={"h": "h_new"}, constants=["gain"])
+    back = onnax.step(seq)
+    sig = onnax.signature(back)
+    assert (sig.state_names, sig.state_output_names, sig.constants) == (["h"], ["h_new"], ["gain"])
+    again = onnax.scan(back)
+    assert not any(p.key.startswith("onnax.step.") for p in again.metadata_props)
+    xs = RNG.standard_normal((4, 2, IN)).astype(np.float32)
+    feeds = {
+        "h": RNG.standard_normal((2, H)).astype(np.float32),
+        "x": xs,
+        "gain": RNG.standard_normal(H).astype(np.float32),
+    }
+    for a, b in zip(run(again, feeds), run(seq, feeds), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_states_pair_with_outputs_named_after_them() -> None:
+    step_model, _ = lstm_step()  # outputs y, h_next, c_next
+    seq = onnax.scan(step_model, state=["c", "h"])  # not in output order: paired by name
+    assert [o.name for o in seq.graph.output] == ["y", "h_next", "c_next"]
+    sig = onnax.signature(step_model, state=["c", "h"])
+    assert sig.state_output_names == ["c_next", "h_next"]
+
+
+def test_identity_outputs_and_the_time_axis_name() -> None:
+    step_model, _ = lstm_step()
+    seq = onnax.scan(step_model)
+    # Outputs renamed through Identity nodes, as exporters write them.
+    for o in seq.graph.output:
+        seq.graph.node.append(helper.make_node("Identity", [o.name], [o.name + "_out"]))
+        o.name += "_out"
+    back = onnax.step(seq)
+    assert [o.name for o in back.graph.output] == ["y_out", "h_next_out", "c_next_out"]
+    one = {
+        "x": RNG.standard_normal((2, IN)).astype(np.float32),
+        "h": np.ones((2, H), np.float32),
+        "c": np.ones((2, H), np.float32),
+    }
+    for a, b in zip(run(back, one), run(step_model, one), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-6)
+    with pytest.raises(onnax.OnnaxError, match=r"time axis name 'batch' is already a dim.*Fix"):
+        onnax.scan(step_model, length_name="batch")
+
+
+def test_zeros_command_errors_follow_the_contract(tmp_path: Path) -> None:
+    cli = [sys.executable, "-m", "onnax", "signature"]
+    step_path = SPYX / "lif_step.onnx"
+
+    def fails(*args: str) -> str:
+        r = subprocess.run([*cli, *args], capture_output=True, text=True, timeout=120, check=False)
+        assert r.returncode in (1, 2) and "Traceback" not in r.stderr, r.stderr
+        return r.stderr
+
+    (tmp_path / "trunc.onnx").write_bytes(step_path.read_bytes()[:100])
+    assert "not a valid ONNX model" in fails(str(tmp_path / "trunc.onnx"), "--zeros", str(tmp_path / "z.npz"))
+    assert "is a directory" in fails(str(step_path), "--zeros", str(tmp_path))
+    assert "no state's shape has" in fails(str(step_path), "--zeros", str(tmp_path / "z.npz"), "--dim", "M=2")
+    assert "NAME=SIZE" in fails(str(step_path), "--zeros", str(tmp_path / "z.npz"), "--dim", "batch=-1")
+    r = subprocess.run(
+        [*cli, str(step_path), "--zeros", str(tmp_path / "state0")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert r.returncode == 0 and (tmp_path / "state0").exists() and not (tmp_path / "state0.npz").exists()
+    with np.load(tmp_path / "state0") as z:
+        assert sorted(z.files) == ["state_0", "state_1"]

@@ -269,6 +269,16 @@ def main(command: str, argv: Sequence[str]) -> int:
     if any(x in ("-h", "--help") for x in argv):
         print(helps[command], end="")
         return 0
+    import importlib.util
+
+    if importlib.util.find_spec("onnxruntime") is None:
+        # (The wheel does not depend on ONNX Runtime; validate and bench run models with it.)
+        print(
+            f"onnax {command}: error: onnxruntime is not installed in this environment, and {command} runs "
+            "models with it. Fix: pip install onnxruntime",
+            file=sys.stderr,
+        )
+        return 1
     try:
         return validate_main(argv) if command == "validate" else bench_main(argv)
     except _Usage as err:
