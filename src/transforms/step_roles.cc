@@ -90,7 +90,11 @@ StepLayout read_step_roles(const onnx::GraphProto& g, const StepRoles& roles, co
   } else {
     for (int i = 1; i < static_cast<int>(layout.inputs.size()); ++i) layout.states.push_back(i), role[i] = 1;
   }
+  std::unordered_set<std::string> declared;
+  for (const auto& vi : g.input()) declared.insert(vi.name());
   for (const auto& name : roles.constants) {
+    // An input with a stored default is a constant already (the outer graph keeps both).
+    if (stored.count(name) && declared.count(name)) continue;
     const int i = runtime_input(name, "constant input");
     if (role[i] == 1)
       diag::fail(Error::Kind::kSelection,

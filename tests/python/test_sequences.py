@@ -601,3 +601,22 @@ def test_zeros_command_errors_follow_the_contract(tmp_path: Path) -> None:
     assert r.returncode == 0 and (tmp_path / "state0").exists() and not (tmp_path / "state0.npz").exists()
     with np.load(tmp_path / "state0") as z:
         assert sorted(z.files) == ["state_0", "state_1"]
+
+
+def test_an_input_with_a_default_is_a_constant() -> None:
+    k = np.array([0.5, 2.0], np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("Mul", ["h", "k"], ["hk"]), helper.make_node("Add", ["hk", "x"], ["h_next"])],
+        "g",
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, [2]) for n in ("x", "h", "k")],
+        [helper.make_tensor_value_info("h_next", TensorProto.FLOAT, [2])],
+        [numpy_helper.from_array(k, "k")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
+    seq = onnax.scan(model, state=["h"], constants=["k"])
+    assert [i.name for i in seq.graph.input] == ["x", "h", "k"]
+    xs, h0 = np.ones((3, 2), np.float32), np.zeros(2, np.float32)
+    expected = h0
+    for t in range(3):
+        expected = expected * k + xs[t]
+    np.testing.assert_allclose(run(seq, {"x": xs, "h": h0})[0], expected, rtol=1e-6)
