@@ -687,7 +687,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=None, help="timed rounds (default 11; quick 5)")
     p.add_argument("--repeat-seconds", type=float, default=None, help="per repeat (default 0.4; quick 0.2)")
     p.add_argument("--warmup", type=int, default=None, help="warm-up runs (default 5; quick 2)")
-    p.add_argument("--profile", action="store_true", help="ONNX Runtime profile of the grad model")
+    p.add_argument("--profile", action="store_true", help="ONNX Runtime profile of both onnax models")
     p.add_argument("--output", type=Path, default=None, help="write the results as JSON here")
     args = p.parse_args(argv)
     if args.jax_worker is not None:
