@@ -399,28 +399,11 @@ def count_nodes(graph: Any) -> int:
 
 
 def scan_step(step: Any, d: Path) -> tuple[Any, float, str]:
-    """``onnax.scan(step)``; if the Python call refuses the model because of the stand-ins the
-    Python layer substitutes for initializers of 1024 or more elements (builds before d8772b0:
-    the core's ONNX checker read them as missing external data), the same transform through
-    the command line, ``onnax scan`` (its time then includes the process start)."""
+    """``onnax.scan(step)`` and its time."""
     import onnax
-    import onnx
 
     t0 = time.perf_counter()
-    try:
-        return onnax.scan(step), time.perf_counter() - t0, "python"
-    except onnax.OnnaxError as exc:
-        if "onnax-held-back" not in str(exc):
-            raise
-    onnx.save(step, str(d / "step_for_cli.onnx"))
-    t0 = time.perf_counter()
-    cmd = [sys.executable, "-m", "onnax", "scan", str(d / "step_for_cli.onnx"), "-o", str(d / "seq.onnx")]
-    for attempt in range(3):  # (a rebuild of the package under way makes the import fail for a while)
-        r = subprocess.run(cmd, capture_output=True, text=True)
-        if r.returncode == 0:
-            return onnx.load(str(d / "seq.onnx")), time.perf_counter() - t0, "cli"
-        time.sleep(5.0 * (attempt + 1))
-    raise RuntimeError(f"onnax scan (command line) failed: {r.stderr.strip()[-1000:]}")
+    return onnax.scan(step), time.perf_counter() - t0, "python"
 
 
 def prepare_onnax(key: str, job: Path) -> dict[str, Any]:
