@@ -9,6 +9,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnax
@@ -203,3 +204,52 @@ def test_validate_says_it_cannot_replay_surrogates_or_scan(tmp_path: Path) -> No
     step_model, _, _, _ = spyx("lif")
     with pytest.raises(testing.ValidationInputError, match=r"step 0 is scan, which validate does not replay"):
         testing.validate(step_model, onnax.scan(step_model))
+
+
+def test_second_order_through_a_surrogate_is_jax_custom_jvp() -> None:
+    """hessian and jvp(grad) of a model with a spike: the surrogate's derivative is itself
+    differentiated, as JAX differentiates a custom_jvp rule."""
+    jax = pytest.importorskip("jax")
+    jax.config.update("jax_enable_x64", True)
+    import jax.numpy as jnp
+
+    graph = helper.make_graph(
+        [
+            helper.make_node("Mul", ["w", "x"], ["wx"]),
+            helper.make_node("Greater", ["wx", "zero"], ["c"]),
+            helper.make_node("Cast", ["c"], ["s"], to=F),
+            helper.make_node("Mul", ["s", "wx"], ["p"]),
+            helper.make_node("ReduceSum", ["p"], ["loss"], keepdims=0),
+        ],
+        "g",
+        [helper.make_tensor_value_info("w", F, [5]), helper.make_tensor_value_info("x", F, [5])],
+        [helper.make_tensor_value_info("loss", F, [])],
+        [numpy_helper.from_array(np.array(0, np.float32), "zero")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
+
+    @jax.custom_jvp
+    def heaviside(x: Any) -> Any:
+        return (x > 0).astype(x.dtype)
+
+    @heaviside.defjvp
+    def heaviside_jvp(primals: Any, tangents: Any) -> Any:
+        (x,), (tx,) = primals, tangents
+        return heaviside(x), tx / (1 + 25 * jnp.abs(x)) ** 2
+
+    def f(w: Any, x: Any) -> Any:
+        return jnp.sum(heaviside(w * x) * w * x)
+
+    w = np.array([0.3, -0.2, 0.05, 0.5, -0.01], np.float32)
+    x = np.array([1.0, 2.0, -1.0, 0.5, 3.0], np.float32)
+    hessian = np.asarray(jax.hessian(f)(jnp.asarray(w, jnp.float64), jnp.asarray(x, jnp.float64)))
+    h = onnax.hessian(onnax.with_surrogates(model, "superspike"), inputs=["w"])
+    np.testing.assert_allclose(run(h, {"w": w, "x": x})[-1], hessian, rtol=1e-5, atol=1e-6)
+    hvp = onnax.jvp(onnax.grad(model, inputs=["w"], surrogate="superspike"), inputs=["w"])
+    v = RNG_V.standard_normal(5).astype(np.float32)
+    np.testing.assert_allclose(
+        run(hvp, {"w": w, "x": x, "w_tangent": v})[-1], hessian @ v, rtol=1e-5, atol=1e-6
+    )
+
+
+RNG_V = np.random.default_rng(5)
