@@ -45,9 +45,26 @@ def to_bytes(model: Any) -> bytes:
 
 def from_bytes(data: bytes, like: Any) -> Any:
     """Deserialize the core's result as the same kind of model as ``like``."""
+    return _like(_parse_result(data), like)
+
+
+def _parse_result(data: bytes) -> onnx.ModelProto:
+    from google.protobuf.message import DecodeError
+
+    from onnax._core import OnnaxError
+
     proto = onnx.ModelProto()
-    proto.ParseFromString(data)
-    return _like(proto, like)
+    try:
+        proto.ParseFromString(data)
+    except DecodeError as err:
+        # The core wrote it, so what protobuf refuses is its depth: bodies nested past the
+        # parser's limit of 100 messages (the command line refuses to save such a result).
+        raise OnnaxError(
+            f"the result cannot be read back ({err}): Loop/Scan/If bodies nest past the 100 messages "
+            "protobuf readers accept, so no runtime could load it. Fix: flatten the model's control flow "
+            "(fewer nested bodies) before transforming it"
+        ) from None
+    return proto
 
 
 def _guarded(call: Callable[[bytes], T], data: bytes) -> T:
@@ -83,8 +100,7 @@ def transform(model: ModelT, call: Callable[[bytes], bytes]) -> ModelT:
     if light is None:
         return from_bytes(_guarded(call, to_bytes(model)), model)  # type: ignore[no-any-return]
     data = _guarded(call, light.SerializeToString())
-    result = onnx.ModelProto()
-    result.ParseFromString(data)
+    result = _parse_result(data)
     stand_ins = _stand_ins(result, held)
     if data.count(held.prefix.encode()) != len(stand_ins):
         # The core placed a stand-in somewhere other than the result's initializers, or

@@ -7,6 +7,7 @@
 #include <onnax/onnax.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <charconv>
 #include <climits>
@@ -395,7 +396,45 @@ void check_output_paths(const std::string& in, const std::vector<std::string>& d
                                      "' would overwrite the input model '" + in + "'. Fix: choose another output path");
 }
 
+namespace {
+
+int type_depth(const onnx::TypeProto& t) {
+  if (t.has_tensor_type()) return 3;  // TypeProto, Tensor, TensorShapeProto (+ Dimension below)
+  if (t.has_sequence_type()) return 2 + type_depth(t.sequence_type().elem_type());
+  if (t.has_optional_type()) return 2 + type_depth(t.optional_type().elem_type());
+  if (t.has_map_type()) return 2 + type_depth(t.map_type().value_type());
+  return 1;
+}
+
+// The deepest message nesting of `g` counted from the graph itself (protobuf parsers refuse
+// input nested past their recursion limit, 100 by default).
+int graph_depth(const onnx::GraphProto& g) {
+  int deepest = 1;
+  auto infos = [&](const auto& list) {
+    for (const auto& vi : list) deepest = std::max(deepest, 2 + type_depth(vi.type()) + 1);
+  };
+  infos(g.input());
+  infos(g.output());
+  infos(g.value_info());
+  for (const auto& n : g.node())
+    for (const auto& a : n.attribute()) {
+      if (a.has_g()) deepest = std::max(deepest, 3 + graph_depth(a.g()));
+      for (const auto& sg : a.graphs()) deepest = std::max(deepest, 3 + graph_depth(sg));
+    }
+  return deepest;
+}
+
+}  // namespace
+
 void save_model(const onnx::ModelProto& model, const std::string& path, bool external_data) {
+  constexpr int kProtobufDepthLimit = 100;
+  if (const int depth = 1 + graph_depth(model.graph()); depth > kProtobufDepthLimit)
+    diag::fail(Error::Kind::kUnsupported,
+               "the result nests " + std::to_string(depth) +
+                   " protobuf messages deep (Loop/Scan/If bodies within bodies), past the " +
+                   std::to_string(kProtobufDepthLimit) +
+                   " that protobuf readers accept, so no runtime could load the file; nothing was written. Fix: "
+                   "flatten the model's control flow (fewer nested bodies) before transforming it");
   const fs::path out_path(path);
   std::error_code ec;
   if (out_path.has_parent_path()) fs::create_directories(out_path.parent_path(), ec);

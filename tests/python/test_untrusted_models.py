@@ -285,3 +285,60 @@ def test_control_characters_in_model_names_are_escaped_in_messages() -> None:
     assert "x\\x1b[2J\\x00hidden" in message, message
     assert "\x00" not in message and "\x1b" not in message
     assert "Fix:" in message
+
+
+def _nested_ifs(levels: int) -> onnx.ModelProto:
+    """If inside If, `levels` deep (one branch nests, the other is a leaf)."""
+    g = helper.make_graph(
+        [helper.make_node("Identity", ["x"], ["y0"])],
+        "b0",
+        [],
+        [helper.make_tensor_value_info("y0", TensorProto.FLOAT, [2])],
+    )
+    for i in range(1, levels + 1):
+        leaf = helper.make_graph(
+            [helper.make_node("Identity", ["x"], [f"e{i}"])],
+            f"e{i}",
+            [],
+            [helper.make_tensor_value_info(f"e{i}", TensorProto.FLOAT, [2])],
+        )
+        node = helper.make_node("If", ["c"], [f"y{i}"], then_branch=g, else_branch=leaf)
+        g = helper.make_graph(
+            [node], f"b{i}", [], [helper.make_tensor_value_info(f"y{i}", TensorProto.FLOAT, [2])]
+        )
+    main = helper.make_graph(
+        list(g.node),
+        "main",
+        [
+            helper.make_tensor_value_info("c", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [2]),
+        ],
+        [helper.make_tensor_value_info(f"y{levels}", TensorProto.FLOAT, [2])],
+    )
+    return helper.make_model(main, opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
+
+
+def test_a_result_nested_past_protobufs_limit_is_refused(tmp_path: Path) -> None:
+    """31 nested Ifs parse; vmapped with a batched condition each example runs in a loop of its
+    own, one level more: past the 100 messages protobuf readers accept. Refused (exit 1, no file)
+    instead of written unreadable; 30 levels work and load."""
+    import onnax
+
+    deep = _nested_ifs(31)
+    onnx.save(deep, tmp_path / "deep.onnx")
+    cmd = [
+        sys.executable,
+        "-m",
+        "onnax",
+        "vmap",
+        str(tmp_path / "deep.onnx"),
+        "-o",
+        str(tmp_path / "out.onnx"),
+    ]
+    r = subprocess.run([*cmd, "--in-axes", "0,0"], capture_output=True, text=True, timeout=120, check=False)
+    assert r.returncode == 1 and "protobuf readers accept" in r.stderr and "Fix:" in r.stderr, r.stderr
+    assert not (tmp_path / "out.onnx").exists()
+    with pytest.raises(onnax.OnnaxError, match=r"nest past the 100 messages"):
+        onnax.vmap(deep, in_axes=0)
+    ok = onnax.vmap(_nested_ifs(30), in_axes=0)
+    onnx.checker.check_model(onnx.load_from_string(ok.SerializeToString()))
