@@ -10,6 +10,7 @@
 
 #include "check/model_check.h"
 #include "diagnostics/error.h"
+#include "emit/graph_writer.h"
 #include "ir/graph_edit.h"
 #include "ir/graph_names.h"
 #include "transforms/provenance.h"
@@ -67,15 +68,9 @@ std::string fresh_dim_param(const onnx::GraphProto& g, const std::string& base) 
 }
 
 onnx::NodeProto int64_scalar_constant(const std::string& output, int64_t value) {
-  onnx::NodeProto n;
-  n.set_op_type("Constant");
-  n.add_output(output);
+  onnx::NodeProto n = make_node("Constant", {}, output);
   n.set_name(output);
-  auto* a = n.add_attribute();
-  a->set_name("value");
-  a->set_type(onnx::AttributeProto::TENSOR);
-  a->mutable_t()->set_data_type(onnx::TensorProto::INT64);
-  a->mutable_t()->add_int64_data(value);
+  *n.add_attribute() = value_attr(onnx::TensorProto::INT64, static_cast<double>(value), /*scalar=*/true);
   return n;
 }
 
@@ -272,10 +267,7 @@ onnx::ModelProto scan(const onnx::ModelProto& step, const ScanOptions& options) 
     for (size_t i = n_states; i < loop_outputs.size(); ++i) {
       onnx::NodeProto join = make_node("Concat", {early_outputs[i], late_outputs[i]}, loop_outputs[i]);
       join.set_name(node_scope.fresh(loop_outputs[i]));
-      auto* axis = join.add_attribute();
-      axis->set_name("axis");
-      axis->set_type(onnx::AttributeProto::INT);
-      axis->set_i(0);
+      *join.add_attribute() = attr_i("axis", 0);
       *outer.add_node() = std::move(join);
     }
   }

@@ -342,3 +342,8 @@ def test_a_result_nested_past_protobufs_limit_is_refused(tmp_path: Path) -> None
         onnax.vmap(deep, in_axes=0)
     ok = onnax.vmap(_nested_ifs(30), in_axes=0)
     onnx.checker.check_model(onnx.load_from_string(ok.SerializeToString()))
+    # Every branch returns x: each example gets its own x back, whatever its condition.
+    xs = np.arange(6, dtype=np.float32).reshape(3, 2)
+    session = ort.InferenceSession(ok.SerializeToString(), providers=["CPUExecutionProvider"])
+    got = session.run(None, {"c": np.array([True, False, True]), "x": xs})[0]
+    np.testing.assert_array_equal(got, xs)
