@@ -1,9 +1,10 @@
 """Benchmark (not a test): grad through Loops nested `depth` deep, h <- tanh(h * w) twice per
 level; transform time, result size and Loop nodes per nesting level of the result.
 
-Reverse mode re-runs each inner Loop's forward pass inside the enclosing reverse body to get its
-residuals, so the result doubles per level (Loop nodes per level 2, 3, 5, 9, ...: 2^k + 1); the
-fix is to stack inner residuals in the outer forward loop, as JAX keeps them.
+Each nesting level of the result holds two Loops: the forward pass (which stacks the inner loops'
+stacks as its residuals) and the reverse pass. (Before the inner stacking loops were hoisted out
+of the reverse bodies, the reverse body re-ran the inner forward pass and the result doubled per
+level: Loops per level 2, 3, 5, 9, ...)
 
     python bench/nested_loops.py [--max-depth 7]
 """

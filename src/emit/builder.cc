@@ -16,6 +16,8 @@
 #include "emit/int64_fold.h"
 #include "facts/fast_shapes.h"
 #include "facts/schemas.h"
+#include "ir/graph_edit.h"
+#include "ir/loop_state.h"
 
 namespace onnax {
 
@@ -223,17 +225,8 @@ Dim Builder::exact_trips(const onnx::NodeProto& node, const Vs& inputs) const {
     const std::vector<int64_t>* cond = known_i64(inputs[1]);
     if (!cond || cond->size() != 1 || (*cond)[0] == 0) return Dim{};
   }
-  const onnx::GraphProto* body = nullptr;
-  for (const auto& a : node.attribute())
-    if (a.name() == "body" && a.has_g()) body = &a.g();
-  if (!body || body->input_size() < 2 || body->output_size() < 1) return Dim{};
-  const std::string& in = body->input(1).name();
-  const std::string& out = body->output(0).name();
-  bool passed_along = out == in;
-  for (const auto& n : body->node())
-    if (n.output_size() == 1 && n.output(0) == out)
-      passed_along = n.op_type() == "Identity" && n.input_size() == 1 && n.input(0) == in;
-  return passed_along ? Dim::of(std::max<int64_t>((*trips)[0], 0)) : Dim{};
+  const onnx::GraphProto* body = graph_attribute(node, "body");
+  return body && passes_condition_along(*body) ? Dim::of(std::max<int64_t>((*trips)[0], 0)) : Dim{};
 }
 
 void Builder::refine_loop_outputs(const onnx::NodeProto& node, const Vs& inputs, const Vs& outputs) {

@@ -1,5 +1,6 @@
 #include <google/protobuf/arena.h>
 #include <onnx/defs/schema.h>
+#include <onnx/defs/tensor_proto_util.h>
 #include <onnx/shape_inference/implementation.h>
 
 #include <algorithm>
@@ -12,6 +13,8 @@
 #include "facts/facts.h"
 #include "facts/fast_shapes.h"
 #include "facts/schemas.h"
+#include "ir/graph_edit.h"
+#include "ir/loop_state.h"
 
 namespace onnax {
 namespace {
@@ -93,6 +96,36 @@ bool has_rank(const onnx::TypeProto& t) {
 // The shape of loop-carried state (Loop, Scan) whose body reads and writes it with declared
 // shapes of the same rank (dims they disagree on are unknown). ONNX's inference leaves such outputs without a shape,
 // since in general state may change shape between iterations; reverse mode needs the rank of what it differentiates.
+// How many times Loop `n` runs when constants (`data`) decide it: a trip count, no condition or
+// a true one, and a body that passes its condition along. Its scan outputs then have that many
+// rows: the same in every run of an enclosing body, so reverse mode can stack them.
+Dim known_trips(const onnx::NodeProto& n, const std::unordered_map<std::string, const onnx::TensorProto*>& data) {
+  auto scalar = [&](int i, int32_t dtype) -> std::optional<int64_t> {
+    if (i >= n.input_size()) return std::nullopt;
+    const auto it = data.find(n.input(i));
+    if (it == data.end() || it->second->data_type() != dtype || it->second->dims_size() > 1) return std::nullopt;
+    const onnx::TensorProto& t = *it->second;
+    if (dtype == onnx::TensorProto::BOOL) {
+      if (t.has_raw_data())
+        return t.raw_data().size() == 1 ? std::optional<int64_t>(t.raw_data()[0] != 0) : std::nullopt;
+      return t.int32_data_size() == 1 ? std::optional<int64_t>(t.int32_data(0) != 0) : std::nullopt;
+    }
+    try {
+      const std::vector<int64_t> v = onnx::ParseData<int64_t>(&t);
+      if (v.size() == 1) return v[0];
+    } catch (const std::exception&) {
+      // (malformed data: unknown)
+    }
+    return std::nullopt;
+  };
+  const auto trips = scalar(0, onnx::TensorProto::INT64);
+  if (!trips) return Dim{};
+  const bool no_condition = n.input_size() < 2 || n.input(1).empty();
+  if (!no_condition && scalar(1, onnx::TensorProto::BOOL) != std::optional<int64_t>(1)) return Dim{};
+  const onnx::GraphProto* body = graph_attribute(n, "body");
+  return body && passes_condition_along(*body) ? Dim::of(std::max<int64_t>(*trips, 0)) : Dim{};
+}
+
 // A Loop's scan outputs left untyped (inference without subgraph support, as in the builder)
 // get the body's declared type with a leading unknown dim.
 void keep_rank(const onnx::NodeProto& n, const Facts& in, std::vector<Facts>& inferred) {
@@ -312,7 +345,7 @@ void infer_facts(const onnx::GraphProto& g, const std::unordered_map<std::string
         const int id = names.id(name);
         return id < 0 ? nullptr : &table.at(id);
       };
-      const std::vector<Facts> refined = loops(n, in, Dim{}, outer);
+      const std::vector<Facts> refined = loops(n, in, known_trips(n, data), outer);
       for (size_t i = 0; i < refined.size() && i < inferred.size(); ++i) refine_with(inferred[i], refined[i]);
     }
 

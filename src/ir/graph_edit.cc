@@ -199,24 +199,95 @@ std::vector<char> outputs_depending_on(const onnx::GraphProto& g, const std::uno
   return out;
 }
 
-std::unordered_set<std::string> values_depending_on(const onnx::GraphProto& g,
-                                                    const std::unordered_set<std::string>& active) {
-  std::unordered_set<std::string> live = active;
+namespace {
+
+// Per Loop node and pattern of live reads (its inputs, then its body's outer reads: '1' live),
+// which outputs are live: a nested loop is asked again in each round of its enclosing loop's
+// fixed point, mostly with the same pattern, and would otherwise cost rounds^depth.
+using LiveMemo = std::unordered_map<const onnx::NodeProto*, std::unordered_map<std::string, std::vector<char>>>;
+
+void depending_on(const onnx::GraphProto& g, std::unordered_set<std::string>& live, LiveMemo& memo);
+
+bool any_outer_read_live(const onnx::NodeProto& n, const std::unordered_set<std::string>& live) {
+  for (const auto& a : n.attribute()) {
+    if (a.has_g())
+      for (const auto& r : graph_outer_reads(a.g()))
+        if (live.count(r)) return true;
+    for (const auto& sg : a.graphs())
+      for (const auto& r : graph_outer_reads(sg))
+        if (live.count(r)) return true;
+  }
+  return false;
+}
+
+// Which outputs of Loop `n` (with `body`) depend on `live` values, output by output: a state's
+// final value when its initial value or a live value the body reads from outside reaches it
+// over any number of iterations (a fixed point over the states), a scan output likewise. So a
+// loop computing a primal state and its tangent side by side (jvp's) keeps the primal state
+// independent of the tangents. Empty when the loop is not well formed or its trip count or
+// condition is live (then every output is).
+std::vector<char> live_loop_outputs(const onnx::NodeProto& n, const onnx::GraphProto& body,
+                                    const std::unordered_set<std::string>& live, LiveMemo& memo) {
+  const int states = n.input_size() - 2;
+  const int scans = n.output_size() - states;
+  if (states < 0 || scans < 0 || body.input_size() != n.input_size() || body.output_size() != 1 + n.output_size())
+    return {};
+  for (int i = 0; i < 2; ++i)
+    if (!n.input(i).empty() && live.count(n.input(i))) return {};
+  const std::vector<std::string> outer = graph_outer_reads(body);
+  std::string pattern;
+  for (const auto& in : n.input()) pattern += live.count(in) ? '1' : '0';
+  for (const auto& r : outer) pattern += live.count(r) ? '1' : '0';
+  if (auto node = memo.find(&n); node != memo.end())
+    if (auto hit = node->second.find(pattern); hit != node->second.end()) return hit->second;
+  std::unordered_set<std::string> outer_live;
+  for (const auto& r : outer)
+    if (live.count(r)) outer_live.insert(r);
+  std::vector<char> state_live(static_cast<size_t>(states), 0);
+  for (int k = 0; k < states; ++k) state_live[static_cast<size_t>(k)] = live.count(n.input(2 + k)) ? 1 : 0;
+  std::unordered_set<std::string> body_live;
+  for (bool changed = true; changed;) {
+    changed = false;
+    body_live = outer_live;
+    for (int k = 0; k < states; ++k)
+      if (state_live[static_cast<size_t>(k)]) body_live.insert(body.input(2 + k).name());
+    depending_on(body, body_live, memo);
+    for (int k = 0; k < states; ++k)
+      if (!state_live[static_cast<size_t>(k)] && body_live.count(body.output(1 + k).name())) {
+        state_live[static_cast<size_t>(k)] = 1;
+        changed = true;
+      }
+  }
+  std::vector<char> out(static_cast<size_t>(n.output_size()), 0);
+  for (int k = 0; k < states; ++k) out[static_cast<size_t>(k)] = state_live[static_cast<size_t>(k)];
+  for (int j = 0; j < scans; ++j)
+    out[static_cast<size_t>(states + j)] = body_live.count(body.output(1 + states + j).name()) ? 1 : 0;
+  memo[&n][pattern] = out;
+  return out;
+}
+
+void depending_on(const onnx::GraphProto& g, std::unordered_set<std::string>& live, LiveMemo& memo) {
   for (const auto& n : g.node()) {
     bool hit = false;
     for (const auto& in : n.input()) hit = hit || (!in.empty() && live.count(in));
-    if (!hit)
-      for (const auto& a : n.attribute()) {
-        for (const auto* sg : {a.has_g() ? &a.g() : nullptr})
-          if (sg)
-            for (const auto& r : graph_outer_reads(*sg)) hit = hit || live.count(r);
-        for (const auto& sg : a.graphs())
-          for (const auto& r : graph_outer_reads(sg)) hit = hit || live.count(r);
-      }
-    if (hit)
-      for (const auto& o : n.output())
-        if (!o.empty()) live.insert(o);
+    const bool subgraphs = has_subgraphs(n);
+    if (!hit && subgraphs) hit = any_outer_read_live(n, live);
+    if (!hit) continue;
+    const onnx::GraphProto* body =
+        subgraphs && n.op_type() == "Loop" && is_default_domain(n) ? graph_attribute(n, "body") : nullptr;
+    const std::vector<char> per_output = body ? live_loop_outputs(n, *body, live, memo) : std::vector<char>{};
+    for (int o = 0; o < n.output_size(); ++o)
+      if (!n.output(o).empty() && (per_output.empty() || per_output[static_cast<size_t>(o)])) live.insert(n.output(o));
   }
+}
+
+}  // namespace
+
+std::unordered_set<std::string> values_depending_on(const onnx::GraphProto& g,
+                                                    const std::unordered_set<std::string>& active) {
+  std::unordered_set<std::string> live = active;
+  LiveMemo memo;
+  depending_on(g, live, memo);
   return live;
 }
 

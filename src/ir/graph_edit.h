@@ -55,7 +55,9 @@ void strip_known_values(onnx::GraphProto& g);
 // values read from enclosing scopes), through its nodes and their subgraphs.
 std::vector<char> outputs_depending_on(const onnx::GraphProto& g, const std::unordered_set<std::string>& active);
 // The names of `active` and of every value of `g` that depends on one of them (nodes in
-// topological order; a node's subgraph reads count as its inputs).
+// topological order; a node's subgraph reads count as its inputs). A Loop's outputs are judged
+// one by one (its final state k depends on what reaches state k over the iterations), so the
+// primal outputs of a loop that also carries tangents do not depend on the tangents.
 std::unordered_set<std::string> values_depending_on(const onnx::GraphProto& g,
                                                     const std::unordered_set<std::string>& active);
 

@@ -39,9 +39,8 @@ std::string node_label(const onnx::NodeProto& node) {
 
 // jvp or vjp of a body as a model of its own, by the transform's `bodies`; failures name the
 // node whose body it is (`where`). `for_reverse_mode`: a tape is recorded around it (an
-// enclosing reverse mode), so the body must keep its primal part apart from its tangent part,
-// since the loop reverse mode makes of it reruns the primal part alone: no loop inside it may
-// compute its primal outputs in its JVP loop (see the end of loop_jvp).
+// enclosing reverse mode), which transposes the result: its loops carry the values they read
+// from the enclosing graph as state, so their bodies are closed.
 onnx::GraphProto derive_body(const BodyTransforms& bodies, bool forward, onnx::ModelProto model,
                              const Selection& selection, const std::string& where, bool for_reverse_mode) {
   try {
@@ -302,18 +301,20 @@ Vs loop_jvp(JvpCtx& c) {
     }
   if (!outside)
     for (const auto* cap : tcaps) known(res[pos++], cap->x);
+  const int scans_at = pos;
   for (int j = 0; j < k_scan; ++j) known(res[pos++], c.y(n + j));
   for (int j = 0; j < k_scan; ++j)
     if (sact[static_cast<size_t>(j)]) {
       known(res[pos], c.y(n + j));
       tangents[static_cast<size_t>(n + j)] = res[pos++];
     }
-  // Forward mode: the JVP loop computes the primal outputs too, so the source loop need not run
-  // (reverse mode keeps it: the JVP loop goes to the tape).
+  // The JVP loop computes the primal outputs too, so the source loop need not run: in forward
+  // mode, and in a JVP body that reverse mode transposes (the enclosing loop's stacking loop then
+  // runs this loop's forward part once, stacking what its reverse reads: rules/loop_transpose.cc).
+  // Reverse mode's own tape keeps the source loop: the JVP loop goes to the tape.
   // (take_over_outputs checks that the node at source_index is the one defining them.)
-  if (outside) {
+  if (!b.has_tape()) {
     Vs source_outputs, same;
-    const int scans_at = n + static_cast<int>(std::count(act.begin(), act.end(), 1));
     for (int k = 0; k < n; ++k) {
       source_outputs.push_back(c.y(k));
       same.push_back(res[static_cast<size_t>(k)]);

@@ -24,7 +24,7 @@ bool IterationShapes::same_every_iteration(const Facts& f) const {
 
 std::vector<LoopResidual> take_loop_residuals(onnx::GraphProto& g, const std::unordered_set<std::string>& primal_inputs,
                                               const std::unordered_set<std::string>& forward_defined,
-                                              const Prepared& facts) {
+                                              const Prepared& facts, const std::unordered_set<std::string>& any_type) {
   std::vector<LoopResidual> residuals;
   // Nodes that compute from the primal inputs alone (constants and initializers included):
   // those depending on none of g's other inputs.
@@ -40,14 +40,22 @@ std::vector<LoopResidual> take_loop_residuals(onnx::GraphProto& g, const std::un
   }
   // Read by the linear part (or an output): worth stacking when the forward body computes it
   // and it is floating point (shape arithmetic and constants are cheap to recompute).
+  // (A node's reads include its subgraphs' reads of g: an inner reverse loop reads the stacks
+  // of the inner stacking loop there.)
+  auto reads_of = [](const onnx::NodeProto& n) {
+    std::vector<std::string> r(n.input().begin(), n.input().end());
+    if (has_subgraphs(n))
+      for (auto& o : outer_scope_reads(n)) r.push_back(std::move(o));
+    return r;
+  };
   std::unordered_set<std::string> wanted;
   for (int i = 0; i < g.node_size(); ++i)
     if (!primal_node[static_cast<size_t>(i)])
-      for (const auto& in : g.node(i).input()) wanted.insert(in);
+      for (auto& in : reads_of(g.node(i))) wanted.insert(std::move(in));
   for (const auto& o : g.output()) wanted.insert(o.name());
   std::unordered_set<std::string> read;  // by any node or output
   for (const auto& n : g.node())
-    for (const auto& in : n.input()) read.insert(in);
+    for (auto& in : reads_of(n)) read.insert(std::move(in));
   for (const auto& o : g.output()) read.insert(o.name());
   std::unordered_set<std::string> taken;
   const IterationShapes shapes(g, facts);
@@ -59,7 +67,8 @@ std::vector<LoopResidual> take_loop_residuals(onnx::GraphProto& g, const std::un
     for (const auto& o : n.output()) {
       if (o.empty() || !read.count(o)) continue;
       const Facts& f = facts.fact(o);
-      const bool takeable = forward_defined.count(o) && !primal_inputs.count(o) && differentiable_dtype(f.dtype) &&
+      const bool takeable = forward_defined.count(o) && !primal_inputs.count(o) &&
+                            (differentiable_dtype(f.dtype) || (any_type.count(o) && f.dtype != 0)) &&
                             shapes.same_every_iteration(f);
       all = all && takeable;
       any = any || wanted.count(o) > 0;
@@ -83,6 +92,82 @@ std::vector<LoopResidual> take_loop_residuals(onnx::GraphProto& g, const std::un
   for (const auto& r : residuals) *g.add_input() = typed_value_info(r.name, r.facts);
   prune(g);
   return residuals;
+}
+
+std::unordered_set<std::string> hoist_inner_stacking_loops(const onnx::GraphProto& g,
+                                                           const std::unordered_set<std::string>& primal_inputs,
+                                                           onnx::GraphProto& forward_body) {
+  std::unordered_set<std::string> hoisted;
+  std::unordered_map<std::string, int> producer;  // in forward_body
+  for (int i = 0; i < forward_body.node_size(); ++i)
+    for (const auto& o : forward_body.node(i).output())
+      if (!o.empty()) producer[o] = i;
+  std::unordered_set<std::string> available;  // values forward_body has (inputs, initializers)
+  for (const auto& vi : forward_body.input()) available.insert(vi.name());
+  for (const auto& t : forward_body.initializer()) available.insert(t.name());
+  std::unordered_map<std::string, const onnx::NodeProto*> g_constants;
+  for (const auto& n : g.node())
+    if (n.op_type() == "Constant" && n.output_size() == 1) g_constants[n.output(0)] = &n;
+  std::unordered_set<int> replaced;
+  for (const auto& h : g.node()) {
+    if (h.op_type() != "Loop" || !is_default_domain(h)) continue;
+    // The forward loop whose outputs h took: each of them must be one of h's.
+    int d = -1;
+    for (const auto& o : h.output())
+      if (auto it = producer.find(o); d < 0 && it != producer.end()) d = it->second;
+    if (d < 0 || replaced.count(d) || forward_body.node(d).op_type() != "Loop") continue;
+    const std::unordered_set<std::string> outs(h.output().begin(), h.output().end());
+    bool covers = true;
+    for (const auto& o : forward_body.node(d).output()) covers = covers && (o.empty() || outs.count(o));
+    // h must read only what forward_body defines before d (or its inputs).
+    auto defined_before_d = [&](const std::string& r) {
+      const auto it = producer.find(r);
+      return r.empty() || available.count(r) || (it != producer.end() && it->second < d);
+    };
+    bool reads_ok = true;
+    for (const auto& r : h.input()) reads_ok = reads_ok && defined_before_d(r);
+    for (const auto& r : outer_scope_reads(h)) reads_ok = reads_ok && defined_before_d(r);
+    if (!covers || !reads_ok) continue;
+    *forward_body.mutable_node(d) = h;
+    replaced.insert(d);
+    for (const auto& o : h.output())
+      if (!o.empty()) {
+        producer[o] = d;
+        hoisted.insert(o);
+      }
+  }
+  if (hoisted.empty()) return hoisted;
+  // The primal nodes of g computing from a hoisted loop's outputs (a tanh's derivative 1 - y^2
+  // of the stacked y): after it in forward_body, so their results are residuals too.
+  std::unordered_set<std::string> others;
+  for (const auto& vi : g.input())
+    if (!primal_inputs.count(vi.name())) others.insert(vi.name());
+  const std::unordered_set<std::string> linear = values_depending_on(g, others);
+  for (const auto& n : g.node()) {
+    if (has_subgraphs(n) || n.op_type() == "Constant") continue;
+    bool reads_hoisted = false, ok = true;
+    for (const auto& o : n.output()) ok = ok && !linear.count(o) && !producer.count(o);
+    for (const auto& r : n.input()) {
+      if (r.empty() || available.count(r) || producer.count(r)) {
+        reads_hoisted = reads_hoisted || hoisted.count(r) > 0;
+        continue;
+      }
+      ok = ok && g_constants.count(r) > 0;
+    }
+    if (!ok || !reads_hoisted) continue;
+    for (const auto& r : n.input())
+      if (!r.empty() && !available.count(r) && !producer.count(r)) {
+        *forward_body.add_node() = *g_constants.at(r);
+        producer[r] = forward_body.node_size() - 1;
+      }
+    *forward_body.add_node() = n;
+    for (const auto& o : n.output())
+      if (!o.empty()) {
+        producer[o] = forward_body.node_size() - 1;
+        hoisted.insert(o);
+      }
+  }
+  return hoisted;
 }
 
 namespace {

@@ -44,9 +44,27 @@ struct LoopResidual {
 // Each becomes an input of g appended after its present ones (so g must be given it by the
 // reverse loop: a row of the stack), and the nodes only it needed are pruned. (`facts`: g
 // prepared as a model of its own.)
+// `any_type`: values stacked whatever their element type (what a hoisted loop defines: its
+// stacks of iteration numbers too).
 std::vector<LoopResidual> take_loop_residuals(onnx::GraphProto& g, const std::unordered_set<std::string>& primal_inputs,
                                               const std::unordered_set<std::string>& forward_defined,
-                                              const Prepared& facts);
+                                              const Prepared& facts,
+                                              const std::unordered_set<std::string>& any_type = {});
+
+// Nested loops: the reverse body `g` runs a stacking loop for each inner loop (the inner loop's
+// forward part, stacking what the inner reverse loop reads), which took the place of that loop
+// in g. Run there, it would repeat the inner forward pass in every reverse iteration, and one
+// level further in, that repetition's own inner loops again: time and size doubling per nesting
+// level. Such a loop is copied into `forward_body` in place of the loop whose outputs it took
+// (it computes them too), so the enclosing stacking loop runs it once per iteration and stacks
+// its stacks, which take_loop_residuals then takes from g as residuals (as JAX's scan keeps an
+// inner scan's residuals). Only loops that read nothing but values `forward_body` has are
+// copied, and with them g's primal nodes (not reading `primal_inputs`' complement) that compute
+// from their outputs (a tanh's derivative from the stacked tanh), placed after them. Returns the
+// names the copies define.
+std::unordered_set<std::string> hoist_inner_stacking_loops(const onnx::GraphProto& g,
+                                                           const std::unordered_set<std::string>& primal_inputs,
+                                                           onnx::GraphProto& forward_body);
 
 // Residuals that need not be stacked: elementwise functions of the other (stacked) residuals
 // and of values every iteration reads alike (`invariant`: a name and its rank; the forward body's

@@ -14,6 +14,7 @@
 
 #include "diagnostics/error.h"
 #include "ir/graph_edit.h"
+#include "ir/loop_state.h"
 #include "rules/control_flow_parts.h"
 #include "rules/derivative.h"
 #include "rules/loop_products.h"
@@ -106,7 +107,9 @@ StackingLoop stacking_loop(TransposeCtx& c, const onnx::GraphProto& body, const 
   for (int k : varying) add_output(fwd, body.input(2 + k).name(), body.input(2 + k), scope);
   for (const auto& r : residuals) add_output(fwd, r.name, typed_value_info(r.name, r.facts), scope);
   for (int j : primal_scans) add_output(fwd, body.output(1 + n + j).name(), body.output(1 + n + j), scope);
-  prune(fwd);
+  // (Inner loops that compute tangents beside their primal part, a JVP body's, keep the part
+  // these outputs need: they no longer read the tangent state.)
+  drop_unread_loop_state(fwd);
   {
     std::unordered_set<std::string> read;
     for (const auto& nd : fwd.node())
@@ -270,6 +273,7 @@ Vs loop_transpose(TransposeCtx& c) {
   std::vector<LoopSum> sums;
   std::vector<LoopResidual> residuals;
   std::optional<Prepared> g_facts;
+  onnx::GraphProto forward_body = *body;  // what the stacking loop runs (hoisted loops in it)
   try {
     g_facts.emplace(prepare(standalone_model(g, {}, {}, b.opsets()), "vjp"));
   } catch (const std::exception&) {
@@ -292,10 +296,14 @@ Vs loop_transpose(TransposeCtx& c) {
     std::unordered_set<std::string> primal_inputs = {g.input(0).name(), g.input(1).name()};
     for (int k = 0; k < n; ++k)
       if (!lin[static_cast<size_t>(k)]) primal_inputs.insert(g.input(2 + k).name());
+    const std::unordered_set<std::string> hoisted = hoist_inner_stacking_loops(g, primal_inputs, forward_body);
+    // (What g reads of a hoisted loop is its primal part: the rest goes, with the tangent
+    // inputs it read.)
+    if (!hoisted.empty()) drop_unread_loop_state(g);
     std::unordered_set<std::string> forward_defined;
-    for (const auto& nd : body->node())
+    for (const auto& nd : forward_body.node())
       for (const auto& o : nd.output()) forward_defined.insert(o);
-    residuals = take_loop_residuals(g, primal_inputs, forward_defined, *g_facts);
+    residuals = take_loop_residuals(g, primal_inputs, forward_defined, *g_facts, hoisted);
   }
   const int first_residual = g.input_size() - static_cast<int>(residuals.size());
   rename_definitions(g, scope, b.node_scope());
@@ -339,7 +347,7 @@ Vs loop_transpose(TransposeCtx& c) {
   std::unordered_map<std::string, int64_t> invariant;
   for (int k = 0; k < n; ++k)
     if (constant_state(k)) invariant[body->input(2 + k).name()] = b.facts(c.in(2 + k)).rank();
-  const DerivedResiduals derived = derivable_residuals(*body, residuals, invariant);
+  const DerivedResiduals derived = derivable_residuals(forward_body, residuals, invariant);
   std::vector<LoopResidual> stacked_residuals;
   for (size_t q = 0; q < residuals.size(); ++q)
     if (!derived.derived[q]) stacked_residuals.push_back(residuals[q]);
@@ -357,7 +365,7 @@ Vs loop_transpose(TransposeCtx& c) {
           constant_state(k) && !of_source[static_cast<size_t>(k)] && !b.name(c.in(2 + k)).empty();
   }
   const StackingLoop stacks =
-      stacking_loop(c, *body, lin, outer, stacked_states, stack_cond, stacked_residuals, primal_scans);
+      stacking_loop(c, forward_body, lin, outer, stacked_states, stack_cond, stacked_residuals, primal_scans);
   const Vs& f = stacks.outputs;
   const int n_primal = stacks.n_primal;
   if (source_loop >= 0) {
