@@ -1,12 +1,13 @@
 """Benchmark (not a test): grad through Loops nested `depth` deep, h <- tanh(h * w) twice per
-level; transform time, result size and Loop nodes per nesting level of the result.
+level (or Ifs nested `depth` deep: --kind if-chain, if-tree); transform time, result size and
+Loop nodes per nesting level of the result.
 
 Each nesting level of the result holds two Loops: the forward pass (which stacks the inner loops'
 stacks as its residuals) and the reverse pass. (Before the inner stacking loops were hoisted out
 of the reverse bodies, the reverse body re-ran the inner forward pass and the result doubled per
 level: Loops per level 2, 3, 5, 9, ...)
 
-    python bench/nested_loops.py [--max-depth 7]
+    python bench/nested_loops.py [--max-depth 7] [--kind loops|if-chain|if-tree]
 """
 
 from __future__ import annotations
@@ -63,6 +64,54 @@ def nested(depth: int) -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
 
 
+def if_branch(level: int, depth: int, then: bool, tree: bool) -> onnx.GraphProto:
+    """A branch of nested Ifs on the input c: the then branch (both branches for a `tree`)
+    holds the next level's If and takes sin of it; the innermost computes tanh(x * w)."""
+    out = f"o{level}_{int(then)}"
+    if level == depth or not (then or tree):
+        nodes = [
+            helper.make_node("Mul", ["x", "w"], [f"m{level}_{int(then)}"]),
+            helper.make_node("Tanh", [f"m{level}_{int(then)}"], [out]),
+        ]
+    else:
+        nodes = [
+            helper.make_node(
+                "If",
+                ["c"],
+                [f"i{level}_{int(then)}"],
+                then_branch=if_branch(level + 1, depth, True, tree),
+                else_branch=if_branch(level + 1, depth, False, tree),
+            ),
+            helper.make_node("Sin", [f"i{level}_{int(then)}"], [out]),
+        ]
+    return helper.make_graph(
+        nodes, f"b{level}_{int(then)}", [], [helper.make_tensor_value_info(out, T.FLOAT, [3])]
+    )
+
+
+def nested_ifs(depth: int, tree: bool) -> onnx.ModelProto:
+    graph = helper.make_graph(
+        [
+            helper.make_node(
+                "If",
+                ["c"],
+                ["y"],
+                then_branch=if_branch(1, depth, True, tree),
+                else_branch=if_branch(1, depth, False, tree),
+            ),
+            helper.make_node("ReduceSum", ["y"], ["loss"], keepdims=0),
+        ],
+        "nested_ifs",
+        [
+            helper.make_tensor_value_info("c", T.BOOL, []),
+            helper.make_tensor_value_info("x", T.FLOAT, [3]),
+            helper.make_tensor_value_info("w", T.FLOAT, [3]),
+        ],
+        [helper.make_tensor_value_info("loss", T.FLOAT, [])],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
+
+
 def loops_by_level(g: onnx.GraphProto, level: int = 0, out: dict[int, int] | None = None) -> dict[int, int]:
     out = {} if out is None else out
     for n in g.node:
@@ -76,15 +125,25 @@ def loops_by_level(g: onnx.GraphProto, level: int = 0, out: dict[int, int] | Non
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--max-depth", type=int, default=7)
+    parser.add_argument(
+        "--kind",
+        choices=["loops", "if-chain", "if-tree"],
+        default="loops",
+        help="nested Loops; nested Ifs in one branch per level (a chain); in both (a tree)",
+    )
     args = parser.parse_args()
     for depth in range(1, args.max_depth + 1):
-        model = nested(depth)
+        model = nested(depth) if args.kind == "loops" else nested_ifs(depth, args.kind == "if-tree")
         t0 = time.perf_counter()
         result = onnax.grad(model, inputs=["w"])
         seconds = time.perf_counter() - t0
-        loops = loops_by_level(result.graph)
         size = len(result.SerializeToString())
-        print(f"depth {depth}: {seconds * 1e3:.0f} ms, {size} bytes, Loops by level {loops}")
+        line = f"depth {depth}: {seconds * 1e3:.0f} ms, {size} bytes"
+        if args.kind == "loops":
+            line += f", Loops by level {loops_by_level(result.graph)}"
+        else:
+            line += f" (source {len(model.SerializeToString())} bytes)"
+        print(line)
 
 
 if __name__ == "__main__":

@@ -16,8 +16,8 @@
 #include "emit/int64_fold.h"
 #include "facts/fast_shapes.h"
 #include "facts/schemas.h"
+#include "ir/control_flow_outputs.h"
 #include "ir/graph_edit.h"
-#include "ir/loop_state.h"
 
 namespace onnax {
 

@@ -13,8 +13,8 @@
 #include "facts/facts.h"
 #include "facts/fast_shapes.h"
 #include "facts/schemas.h"
+#include "ir/control_flow_outputs.h"
 #include "ir/graph_edit.h"
-#include "ir/loop_state.h"
 
 namespace onnax {
 namespace {

@@ -18,6 +18,7 @@
 #include <unordered_set>
 
 #include "diagnostics/error.h"
+#include "ir/control_flow_outputs.h"
 #include "ir/graph_edit.h"
 #include "rules/control_flow_parts.h"
 #include "rules/derivative.h"
@@ -712,19 +713,33 @@ Vs if_transpose(TransposeCtx& c) {
     std::unordered_map<int, std::string> ct_out;  // position in c.ins -> output name in g
     if (!sel.inputs->empty()) {
       sel.outputs = outs.names;
-      g = derive_body(*c.bodies, false, standalone_model(br, {}, extra, b.opsets(), known_values), sel, tape_label(c),
-                      true);
-      // g: inputs [reads, cotangents of the selected outputs]; outputs [branch outputs,
+      // Only the outputs with a cotangent are differentiated: the branch gives just those (a
+      // JVP branch's primal outputs and lower-order tangents go, with the inner Ifs' and Loops'
+      // outputs only they read), or each nesting level would linearize every order below it
+      // again.
+      onnx::GraphProto trimmed = br;
+      trimmed.clear_output();
+      for (const auto& name : outs.names)
+        for (const auto& o : br.output())
+          if (o.name() == name) {
+            *trimmed.add_output() = o;
+            break;
+          }
+      drop_unread_control_flow_outputs(trimmed);
+      g = derive_body(*c.bodies, false, standalone_model(trimmed, {}, extra, b.opsets(), known_values), sel,
+                      tape_label(c), true);
+      // g: inputs [reads, cotangents of the selected outputs]; outputs [the selected outputs,
       // cotangents of the selected tangents].
       const int n_reads = static_cast<int>(outer.size());
+      const int n_given = trimmed.output_size();
       for (size_t u = 0; u < outs.names.size(); ++u) {
         V sum;
         for (int j : positions[u]) sum = b.add(sum, c.ct(j));
         rename_reads(g, g.input(n_reads + static_cast<int>(u)).name(), std::string(b.name(sum)));
       }
-      for (size_t i = 0; i < selected.size(); ++i) ct_out[selected[i]] = g.output(n_out + static_cast<int>(i)).name();
+      for (size_t i = 0; i < selected.size(); ++i) ct_out[selected[i]] = g.output(n_given + static_cast<int>(i)).name();
       onnx::GraphProto kept;
-      for (size_t i = 0; i < selected.size(); ++i) *kept.add_output() = g.output(n_out + static_cast<int>(i));
+      for (size_t i = 0; i < selected.size(); ++i) *kept.add_output() = g.output(n_given + static_cast<int>(i));
       g.mutable_output()->Swap(kept.mutable_output());
       prune(g);
       g.clear_input();  // (the branch reads these from the enclosing graph)

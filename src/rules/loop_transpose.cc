@@ -13,8 +13,8 @@
 #include <unordered_set>
 
 #include "diagnostics/error.h"
+#include "ir/control_flow_outputs.h"
 #include "ir/graph_edit.h"
-#include "ir/loop_state.h"
 #include "rules/control_flow_parts.h"
 #include "rules/derivative.h"
 #include "rules/loop_products.h"
@@ -109,7 +109,7 @@ StackingLoop stacking_loop(TransposeCtx& c, const onnx::GraphProto& body, const 
   for (int j : primal_scans) add_output(fwd, body.output(1 + n + j).name(), body.output(1 + n + j), scope);
   // (Inner loops that compute tangents beside their primal part, a JVP body's, keep the part
   // these outputs need: they no longer read the tangent state.)
-  drop_unread_loop_state(fwd);
+  drop_unread_control_flow_outputs(fwd);
   {
     std::unordered_set<std::string> read;
     for (const auto& nd : fwd.node())
@@ -299,7 +299,7 @@ Vs loop_transpose(TransposeCtx& c) {
     const std::unordered_set<std::string> hoisted = hoist_inner_stacking_loops(g, primal_inputs, forward_body);
     // (What g reads of a hoisted loop is its primal part: the rest goes, with the tangent
     // inputs it read.)
-    if (!hoisted.empty()) drop_unread_loop_state(g);
+    if (!hoisted.empty()) drop_unread_control_flow_outputs(g);
     std::unordered_set<std::string> forward_defined;
     for (const auto& nd : forward_body.node())
       for (const auto& o : nd.output()) forward_defined.insert(o);

@@ -1,5 +1,6 @@
-#include "ir/loop_state.h"
+#include "ir/control_flow_outputs.h"
 
+#include <algorithm>
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
@@ -129,12 +130,35 @@ void shrink_loop(onnx::NodeProto& n, const std::vector<char>& used) {
     body->mutable_input()->Swap(kept_body.mutable_input());
     body->mutable_output()->Swap(kept_body.mutable_output());
   }
-  drop_unread_loop_state(*body);
+  drop_unread_control_flow_outputs(*body);
+}
+
+// If `n` cut down to the outputs `used` marks (its branches give only those).
+void shrink_if(onnx::NodeProto& n, const std::vector<char>& used) {
+  std::vector<onnx::GraphProto*> branches;
+  for (auto& a : *n.mutable_attribute())
+    if ((a.name() == "then_branch" || a.name() == "else_branch") && a.has_g()) branches.push_back(a.mutable_g());
+  bool fits = branches.size() == 2;
+  for (const auto* br : branches) fits = fits && br->output_size() == n.output_size();
+  if (!fits) return;
+  if (std::find(used.begin(), used.end(), 0) != used.end()) {
+    onnx::NodeProto kept_node;
+    for (int o = 0; o < n.output_size(); ++o)
+      if (used[static_cast<size_t>(o)]) kept_node.add_output(n.output(o));
+    n.mutable_output()->Swap(kept_node.mutable_output());
+    for (auto* br : branches) {
+      onnx::GraphProto kept;
+      for (int o = 0; o < br->output_size(); ++o)
+        if (used[static_cast<size_t>(o)]) *kept.add_output() = br->output(o);
+      br->mutable_output()->Swap(kept.mutable_output());
+    }
+  }
+  for (auto* br : branches) drop_unread_control_flow_outputs(*br);
 }
 
 }  // namespace
 
-void drop_unread_loop_state(onnx::GraphProto& g) {
+void drop_unread_control_flow_outputs(onnx::GraphProto& g) {
   std::unordered_map<std::string, int> readers;
   for (const auto& o : g.output()) ++readers[o.name()];
   for (const auto& n : g.node())
@@ -160,10 +184,12 @@ void drop_unread_loop_state(onnx::GraphProto& g) {
     if (!has_subgraphs(n)) continue;
     if (n.op_type() == "Loop" && is_default_domain(n)) {
       shrink_loop(n, used);
+    } else if (n.op_type() == "If" && is_default_domain(n)) {
+      shrink_if(n, used);
     } else {
       for (auto& a : *n.mutable_attribute()) {
-        if (a.has_g()) drop_unread_loop_state(*a.mutable_g());
-        for (auto& sg : *a.mutable_graphs()) drop_unread_loop_state(sg);
+        if (a.has_g()) drop_unread_control_flow_outputs(*a.mutable_g());
+        for (auto& sg : *a.mutable_graphs()) drop_unread_control_flow_outputs(sg);
       }
     }
     for (const auto& r : before) --readers[r];
