@@ -4,7 +4,9 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 # protobuf-compiler: protoc 3.21 for ONNX's generated code (the protobuf runtime itself is
 # built from source by cmake/third_party.cmake, position-independent for the extension).
-apt_packages=(protobuf-compiler cmake ninja-build g++ libgtest-dev python3-venv clang-format)
+# clang and libclang-rt-dev (libFuzzer and the sanitizer runtimes): the fuzzing target that
+# ./test.sh runs briefly (scripts/fuzz.sh).
+apt_packages=(protobuf-compiler cmake ninja-build g++ libgtest-dev python3-venv clang-format clang libclang-rt-dev)
 missing=()
 for p in "${apt_packages[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then
