@@ -1,11 +1,19 @@
 // The Python extension: models cross the boundary as serialized bytes, so the extension's
 // private copies of protobuf and ONNX never meet the Python `onnx` package's.
+#include <onnax/limits.h>
 #include <onnax/onnax.h>
 #include <onnax/training.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <exception>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <vector>
 
 #include "check/model_check.h"
 #include "cli/cli.h"
@@ -16,10 +24,13 @@ namespace py = pybind11;
 
 namespace {
 
+// Notices raised while a transform runs on a worker thread (`interruptible`): that thread has no
+// Python frames to attribute a warning to, so they wait there and are warned in the caller.
+thread_local std::vector<std::string>* held_notices = nullptr;
+
 // Notices become UserWarnings attributed to the caller's code: the first frame outside the
 // onnax package (the transforms reach the core through a helper or two).
-void notice_to_python(const std::string& message) {
-  py::gil_scoped_acquire gil;
+void warn_in_caller(const std::string& message) {
   static const std::string package = [] {
     const std::string init = py::module_::import("onnax").attr("__file__").cast<std::string>();
     return init.substr(0, init.find_last_of("/\\") + 1);
@@ -34,16 +45,73 @@ void notice_to_python(const std::string& message) {
       .attr("warn")(py::str("onnax: " + message), py::module_::import("builtins").attr("UserWarning"), level);
 }
 
-// Runs `work` (which returns serialized bytes) with the GIL released, so other Python threads
-// run meanwhile; the model's bytes are copied out of Python first. (Notices take the GIL back.)
+void notice_to_python(const std::string& message) {
+  if (held_notices) {
+    held_notices->push_back(message);
+    return;
+  }
+  py::gil_scoped_acquire gil;
+  warn_in_caller(message);
+}
+
+// The bounds onnax.limits sets for the transforms this Python thread calls.
+thread_local onnax::Limits python_limits;
+
+// Runs `work` (which returns serialized bytes or an exit code) on a worker thread with the GIL
+// released, so other Python threads run meanwhile and Ctrl-C is seen: the calling thread checks
+// Python's signals every 50 ms, and a KeyboardInterrupt cancels the transform (it stops at its
+// next check between nodes) and is raised once the worker has finished. The model's bytes are
+// copied out of Python first; python_limits apply.
 template <typename Work>
-py::bytes without_gil(Work&& work) {
-  std::string out;
+auto interruptible(Work&& work) -> decltype(work()) {
+  using Result = decltype(work());
+  std::atomic<bool> cancel{false};
+  onnax::Limits limits = python_limits;
+  limits.cancel = &cancel;
+  std::optional<Result> result;
+  std::exception_ptr failure;
+  std::vector<std::string> notices;
+  std::mutex mutex;
+  std::condition_variable finished;
+  bool done = false, interrupted = false;
   {
     py::gil_scoped_release release;
-    out = work();
+    std::thread worker([&] {
+      held_notices = &notices;
+      try {
+        const onnax::LimitsScope scope(limits);
+        result.emplace(work());
+      } catch (...) {
+        failure = std::current_exception();
+      }
+      const std::lock_guard<std::mutex> lock(mutex);
+      done = true;
+      finished.notify_one();
+    });
+    std::unique_lock<std::mutex> lock(mutex);
+    while (!finished.wait_for(lock, std::chrono::milliseconds(50), [&] { return done; })) {
+      if (interrupted) continue;
+      lock.unlock();
+      {
+        py::gil_scoped_acquire gil;
+        // (On a signal, its Python handler's exception stays set in this thread: raised below.)
+        if (PyErr_CheckSignals() != 0) interrupted = true;
+      }
+      if (interrupted) cancel = true;
+      lock.lock();
+    }
+    lock.unlock();
+    worker.join();
   }
-  return py::bytes(out);
+  if (interrupted) throw py::error_already_set();
+  for (const auto& n : notices) warn_in_caller(n);
+  if (failure) std::rethrow_exception(failure);
+  return std::move(*result);
+}
+
+template <typename Work>
+py::bytes without_gil(Work&& work) {
+  return py::bytes(interruptible(std::forward<Work>(work)));
 }
 
 // in_axes arrives as exactly one of: an int/None for every input (`all`), a list (one per
@@ -320,8 +388,20 @@ PYBIND11_MODULE(_core, m) {
       py::arg("dp_clip_norm"), py::arg("noise_multiplier"), py::arg("noise_seed"), py::arg("form"));
 
   m.def(
-      "cli_main", [](const std::vector<std::string>& args) { return onnax::cli::run(args); }, py::arg("args"),
-      "Runs the onnax command line (without the program name); returns the exit code.");
+      "cli_main",
+      [](const std::vector<std::string>& args) { return interruptible([&] { return onnax::cli::run(args); }); },
+      py::arg("args"), "Runs the onnax command line (without the program name); returns the exit code.");
+
+  m.def(
+      "set_limits",
+      [](double max_seconds, uint64_t max_output_bytes) {
+        const onnax::Limits previous = python_limits;
+        python_limits.max_seconds = max_seconds;
+        python_limits.max_output_bytes = max_output_bytes;
+        return py::make_tuple(previous.max_seconds, previous.max_output_bytes);
+      },
+      py::arg("max_seconds"), py::arg("max_output_bytes"),
+      "Bounds for the transforms this thread calls (0: none); returns the previous ones.");
 
   // The checks behind `onnax check`, for onnax.testing: each returns "" or a list of problems.
   m.def(

@@ -16,6 +16,7 @@ class Error : public std::runtime_error {
     kVersion,       // unsupported opset or IR version
     kUnsupported,   // operator or construct without a rule
     kIo,            // file system
+    kLimit,         // a bound onnax::Limits set: time, size of the result, cancelled
   };
   Error(Kind kind, const std::string& message) : std::runtime_error(message), kind_(kind) {}
   Kind kind() const { return kind_; }

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from onnax._core import OnnaxError
 from onnax._core import version as _core_version
+from onnax._limits import limits
 
 if TYPE_CHECKING:
     from onnax.sequences import Signature, scan, signature, step
@@ -92,6 +93,7 @@ __all__ = [
     "jacfwd",
     "jacrev",
     "jvp",
+    "limits",
     "parameters",
     "register_rule",
     "scan",

@@ -45,7 +45,13 @@ def main() -> int:
         from onnax._training_cli import main as training_main
 
         return training_main(args[0], args[1:])
-    code = int(_core.cli_main(args))
+    try:
+        code = int(_core.cli_main(args))
+    except KeyboardInterrupt:
+        # (The transform stopped at its next check, before writing; a result written just before
+        # the signal is complete: writes are atomic.)
+        print("onnax: interrupted", file=sys.stderr)
+        return 130
     if not args or args[0] in ("-h", "--help", "help"):
         print(PYTHON_COMMANDS, end="")
     return code

@@ -1,6 +1,7 @@
 #include "cli/cli.h"
 
 #include <google/protobuf/arena.h>
+#include <onnax/limits.h>
 #include <onnax/onnax.h>
 
 #include <cctype>
@@ -133,6 +134,9 @@ common options (vmap, grad, jvp, vjp, jacobian, hessian, loss, train-step; scan,
 --external-data):
   -o PATH                where to write the result (required; vmap also takes --output)
   --external-data        write tensors to PATH.data (automatic above 2 GB)
+  --max-seconds S        stop the transform (exit 1, nothing written) once it has run S
+                         seconds: a bound for services running onnax on models they did not write
+  --max-output-mb N      refuse (exit 1, nothing written) a result over N MB, tensors included
   --target-opset N       write the result at ai.onnx opset N (vmap and the derivatives; default:
                          the model's own when it is older than 18 and every node has a form
                          there, else 18 with a notice); exit 1 naming the first node that has
@@ -328,6 +332,29 @@ int cmd_derivative(const std::string& mode, const std::vector<std::string>& args
 
 }  // namespace
 
+// --max-seconds and --max-output-mb (any transform command): taken out of `args` before the
+// command reads its own options.
+Limits take_limit_options(std::vector<std::string>& args) {
+  Limits limits;
+  std::vector<std::string> rest;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (a != "--max-seconds" && a != "--max-output-mb") {
+      rest.push_back(a);
+      continue;
+    }
+    if (i + 1 >= args.size()) throw UsageError{a + " needs a value"};
+    const double v = parse_double(args[++i], a);
+    if (v <= 0) throw UsageError{a + " must be positive, got " + args[i]};
+    if (a == "--max-seconds")
+      limits.max_seconds = v;
+    else
+      limits.max_output_bytes = static_cast<uint64_t>(v * 1024 * 1024);
+  }
+  args.swap(rest);
+  return limits;
+}
+
 int run(const std::vector<std::string>& args) {
   try {
     if (args.empty() || args[0] == "-h" || args[0] == "--help" || args[0] == "help") {
@@ -341,6 +368,8 @@ int run(const std::vector<std::string>& args) {
         std::cout << command_help(cmd) << std::flush;
         return 0;
       }
+    const bool python_command = cmd == "validate" || cmd == "bench" || cmd == "init-state" || cmd == "apply-params";
+    const LimitsScope limits(python_command ? Limits{} : take_limit_options(rest));
     if (cmd == "vmap") return cmd_vmap(rest);
     if (cmd == "jvp" || cmd == "vjp" || cmd == "grad" || cmd == "jacobian" || cmd == "hessian")
       return cmd_derivative(cmd, rest);
@@ -350,7 +379,7 @@ int run(const std::vector<std::string>& args) {
     if (cmd == "scan") return cmd_scan(rest);
     if (cmd == "step") return cmd_step(rest);
     if (cmd == "signature") return cmd_signature(rest);
-    if (cmd == "validate" || cmd == "bench" || cmd == "init-state" || cmd == "apply-params")
+    if (python_command)
       throw UsageError{"'" + cmd +
                        "' uses NumPy (and ONNX Runtime), so it lives in the Python command. Fix: run "
                        "`.venv/bin/onnax " +

@@ -10,6 +10,7 @@
 #include <set>
 
 #include "check/node_check.h"
+#include "diagnostics/limits.h"
 #include "facts/facts.h"
 #include "facts/fast_shapes.h"
 #include "facts/schemas.h"
@@ -267,6 +268,7 @@ void infer_facts(const onnx::GraphProto& g, const std::unordered_map<std::string
   std::vector<Facts> inferred;
   std::vector<std::optional<onnx::TypeProto>> non_tensor;  // outputs ONNX types as non-tensors
   for (int ni = 0; ni < g.node_size(); ++ni) {
+    limits::poll();
     const onnx::NodeProto& n = g.node(ni);
     const int32_t* input_ids = node_ids.inputs(ni);
     const int32_t* output_ids = node_ids.outputs(ni, n.input_size());

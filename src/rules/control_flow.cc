@@ -18,6 +18,7 @@
 #include <unordered_set>
 
 #include "diagnostics/error.h"
+#include "diagnostics/limits.h"
 #include "ir/control_flow_outputs.h"
 #include "ir/graph_edit.h"
 #include "rules/control_flow_parts.h"
@@ -45,10 +46,12 @@ std::string node_label(const onnx::NodeProto& node) {
 onnx::GraphProto derive_body(const BodyTransforms& bodies, bool forward, onnx::ModelProto model,
                              const Selection& selection, const std::string& where, bool for_reverse_mode) {
   try {
+    limits::poll();
     onnx::ModelProto r = bodies.derive(forward, std::move(model), selection, for_reverse_mode);
     strip_known_values(*r.mutable_graph());
     return std::move(*r.mutable_graph());
   } catch (const Error& e) {
+    if (e.kind() == Error::Kind::kLimit) throw;  // (about the whole transform, not this body)
     diag::fail(e.kind(), "in the body of " + where + ": " + e.what());
   }
 }

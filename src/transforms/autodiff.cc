@@ -12,6 +12,7 @@
 
 #include "check/node_check.h"
 #include "diagnostics/error.h"
+#include "diagnostics/limits.h"
 #include "emit/builder.h"
 #include "facts/schemas.h"
 #include "ir/graph_edit.h"
@@ -169,7 +170,7 @@ Resolved resolve(const Prepared& p, Mode mode, const Selection& sel) {
   for (const auto& n : g.node())
     if (n.output_size() > 0 && n.output(0) == value) source = &n;
   const std::string what = e.what();
-  if (!source) throw e;
+  if (!source || e.kind() == Error::Kind::kLimit) throw e;
   const std::string op =
       (source->domain().empty() ? std::string("ai.onnx") : source->domain()) + "::" + source->op_type();
   if (what.find(op) != std::string::npos) throw e;
@@ -355,6 +356,7 @@ void differentiate_graph(Prepared& p, Mode mode, const Selection& sel, bool for_
   std::vector<NodePtr> owned = take_nodes(p);
 
   for (int ni = 0; ni < node_count; ++ni) {
+    limits::poll();
     // Nodes are scattered over the heap: start loading one a few nodes ahead.
     constexpr int kAhead = 4;
     if (ni + kAhead < node_count)

@@ -4,6 +4,7 @@
 #include <google/protobuf/arena.h>
 
 #include "diagnostics/error.h"
+#include "diagnostics/limits.h"
 #include "io/model_io.h"
 #include "transforms/prepare.h"
 
@@ -18,6 +19,7 @@ std::string transform_serialized(const std::string& model, const std::string& mo
   {
     Prepared p = prepare_in_place(source, mode);
     transform(p);
+    if (limits::max_output_bytes() > 0) limits::check_output_size(p.model->ByteSizeLong(), mode);
     if (!p.model->SerializeToString(&out))
       diag::fail(Error::Kind::kUnsupported,
                  mode +

@@ -13,6 +13,7 @@
 
 #include "check/node_check.h"
 #include "diagnostics/error.h"
+#include "diagnostics/limits.h"
 #include "emit/builder.h"
 #include "facts/schemas.h"
 #include "ir/graph_edit.h"
@@ -356,6 +357,7 @@ void vmap_prepared(Prepared& p, const VmapOptions& opt) {
   std::vector<NodePtr> owned = take_nodes(p);
   std::vector<V> shared_constants;  // outputs of the source's Constant nodes, copied unchanged
   for (int ni = 0; ni < node_count; ++ni) {
+    limits::poll();
     const onnx::NodeProto& node = owned.empty() ? src_graph->node(ni) : *owned[static_cast<size_t>(ni)];
     bool any_batched = false;
     const int32_t* input_ids = p.node_ids.inputs(ni);
