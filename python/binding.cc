@@ -194,6 +194,16 @@ PYBIND11_MODULE(_core, m) {
       },
       py::arg("model"), py::arg("inputs"), py::arg("outputs"), py::arg("forward"));
   m.def(
+      "linearize",
+      [](const py::bytes& model, const Names& inputs, const Names& outputs, bool primal) {
+        const std::string data(model);
+        return without_gil([&] {
+          return onnax::linearize_serialized(data, onnax::Selection{inputs, outputs}, primal);
+        });
+      },
+      py::arg("model"), py::arg("inputs"), py::arg("outputs"), py::arg("primal"),
+      "One part of linearize (the primal model when primal, else the linear one), serialized.");
+  m.def(
       "scan",
       [](const py::bytes& model, const std::optional<std::vector<std::string>>& state,
          const std::map<std::string, std::string>& next_state, const std::vector<std::string>& constants,

@@ -55,6 +55,20 @@ onnx::ModelProto jacrev(const onnx::ModelProto& model, const Selection& selectio
 onnx::ModelProto hessian(const onnx::ModelProto& model, const std::optional<std::vector<std::string>>& inputs,
                          const std::optional<std::string>& output);
 
+// jvp split in two, as jax.linearize: `primal` maps the source's inputs to all its outputs,
+// then the `residuals` (the primal values the derivative reads, by their names in jvp's
+// result); `linear` maps the residuals, then one tangent per selected input ("<input>_tangent"),
+// to the tangents of the selected outputs ("<output>_tangent"), and is linear in the tangents.
+// Evaluate `primal` once and `linear` for as many tangents as needed. Selections as jvp's.
+struct Linearized {
+  onnx::ModelProto primal;
+  onnx::ModelProto linear;
+  std::vector<std::string> residuals;
+};
+Linearized linearize(const onnx::ModelProto& model, const Selection& selection);
+// One part of linearize (the primal one when `primal`), serialized, for the Python package.
+std::string linearize_serialized(const std::string& model, const Selection& selection, bool primal);
+
 // The model with `values` (names of values of its main graph: node outputs or graph inputs)
 // marked so that jvp, vjp and grad treat them as constants: their derivative is cut, as JAX's
 // lax.stop_gradient cuts it (the primal values are unchanged). The marks are kept in

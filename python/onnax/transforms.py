@@ -214,6 +214,21 @@ def jacrev(model: ModelT, inputs: Names = None, outputs: Names = None) -> ModelT
     return transform(model, lambda data: _core.jacobian(data, *selected, False))
 
 
+def linearize(model: ModelT, inputs: Names = None, outputs: Names = None) -> tuple[ModelT, ModelT]:
+    """``jvp`` split in two, as ``jax.linearize``: returns ``(primal, linear)``.
+
+    ``primal`` maps the model's inputs to all its outputs, then the residuals (the primal values
+    the derivative reads). ``linear`` maps those residuals (inputs named as ``primal``'s extra
+    outputs) and one ``<input>_tangent`` per selected input to the ``<output>_tangent`` of the
+    selected outputs, and is linear in the tangents: run ``primal`` once and ``linear`` for as
+    many tangents as needed. Selections default as ``jvp``'s do.
+    """
+    selected = _names(inputs, "inputs"), _names(outputs, "outputs")
+    primal = transform(model, lambda data: _core.linearize(data, *selected, True))
+    linear = transform(model, lambda data: _core.linearize(data, *selected, False))
+    return primal, linear
+
+
 def hessian(model: ModelT, inputs: Names = None, output: str | None = None) -> ModelT:
     """Hessian of one output, ``jacfwd(jacrev(f))`` as ``jax.hessian`` defines it.
 

@@ -50,6 +50,10 @@ commands:
   hessian IN.onnx -o OUT.onnx [--inputs x] [--params SPEC] [--output loss]
       Hessian of one output (default: the only float one): appends its Jacobians
       <y>_jacobian_<a>, then <y>_hessian_<a>_<b> of shape y.shape + a.shape + b.shape.
+  linearize IN.onnx -o PRIMAL.onnx --linear LINEAR.onnx [--inputs x] [--params SPEC] [--outputs y]
+      jax.linearize: jvp split in two. PRIMAL computes the outputs, then the residuals (the
+      primal values the derivative reads); LINEAR maps the residuals and <input>_tangent to
+      <output>_tangent, linearly: run PRIMAL once, LINEAR for every tangent.
   loss IN.onnx -o OUT.onnx --kind KIND [--output NAME] [--reduction mean|sum] ...
       Appends a label input and a rank-0 loss as the first output. KIND: mse, l1, huber,
       softmax_cross_entropy / binary_cross_entropy_with_logits (the output holds logits),
@@ -115,7 +119,8 @@ commands:
       and ONNX Runtime. The standalone build/onnax points there (exit 2).
   version         print the onnax version
 
-parameter options (grad, jvp, vjp, jacobian, hessian: selected after --inputs; train-step):
+parameter options (grad, jvp, vjp, jacobian, hessian, linearize: selected after --inputs;
+train-step):
   --params SPEC            float initializers of rank >= 1: 'all', names, globs
                            ('layers.*.weight'), 're:REGEX' (globs and re: match whole
                            names), '@FILE' (one entry per line)
@@ -130,8 +135,8 @@ parameter options (grad, jvp, vjp, jacobian, hessian: selected after --inputs; t
                            triangular[:k=2], boxcar[:width=2,height=0.5], tanh[:k=1],
                            straight_through; VALUE=SPEC for one spike (repeatable)
 
-common options (vmap, grad, jvp, vjp, jacobian, hessian, loss, train-step; scan, step: -o and
---external-data):
+common options (vmap, grad, jvp, vjp, jacobian, hessian, linearize, loss, train-step; scan,
+step: -o and --external-data):
   -o PATH                where to write the result (required; vmap also takes --output)
   --external-data        write tensors to PATH.data (automatic above 2 GB)
   --max-seconds S        stop the transform (exit 1, nothing written) once it has run S
@@ -156,7 +161,8 @@ std::string command_help(const std::string& cmd) {
          !(usage[end + 1] == ' ' && usage[end + 2] == ' ' && usage[end + 3] != ' '))
     ++end;
   std::string help = "usage: onnax" + usage.substr(start + 2, end - start - 1);
-  if (cmd == "grad" || cmd == "jvp" || cmd == "vjp" || cmd == "jacobian" || cmd == "hessian" || cmd == "train-step") {
+  if (cmd == "grad" || cmd == "jvp" || cmd == "vjp" || cmd == "jacobian" || cmd == "hessian" || cmd == "linearize" ||
+      cmd == "train-step") {
     const size_t from = usage.find("\nparameter options");
     help += usage.substr(from, usage.find("\ncommon options") - from);
   }
@@ -264,9 +270,9 @@ int cmd_vmap(const std::vector<std::string>& args) {
   return transform_file("vmap", in, out, external, target_opset, [&](onnx::ModelProto& m) { vmap_in_place(m, opt); });
 }
 
-// jvp / vjp / grad / jacobian / hessian: selections by graph name.
+// jvp / vjp / grad / jacobian / hessian / linearize: selections by graph name.
 int cmd_derivative(const std::string& mode, const std::vector<std::string>& args) {
-  std::string in, out;
+  std::string in, out, linear_out;
   bool external = false;
   std::optional<int64_t> target_opset;
   std::optional<std::vector<std::string>> inputs, outputs;
@@ -296,7 +302,9 @@ int cmd_derivative(const std::string& mode, const std::vector<std::string>& args
       const std::string v = value();
       if (v != "rev" && v != "fwd") throw UsageError{"--mode is '" + v + "'; expected rev or fwd"};
       forward = v == "fwd";
-    } else if (a == "--external-data")
+    } else if (a == "--linear" && mode == "linearize")
+      linear_out = value();
+    else if (a == "--external-data")
       external = true;
     else if (a == "--target-opset")
       target_opset = parse_target_opset(value());
@@ -309,11 +317,25 @@ int cmd_derivative(const std::string& mode, const std::vector<std::string>& args
     else
       throw UsageError{"unexpected argument '" + a + "'"};
   }
-  return transform_file(mode, in, out, external, target_opset, [&](onnx::ModelProto& m) {
+  std::optional<onnx::ModelProto> linear;  // linearize's second part
+  if (mode == "linearize") {
+    if (linear_out.empty()) throw UsageError{"linearize needs --linear LINEAR.onnx (where the linear part goes)"};
+    if (!in.empty()) check_output_paths_usage(in, {}, linear_out);
+    const auto canonical = [](const std::string& p) { return std::filesystem::weakly_canonical(p); };
+    if (!out.empty() && canonical(out) == canonical(linear_out))
+      throw UsageError{"--linear names the same file as -o; give the two parts different paths"};
+  }
+  const int code = transform_file(mode, in, out, external, target_opset, [&](onnx::ModelProto& m) {
     const std::vector<std::string> chosen = selected_params(m, params);
     if (!chosen.empty()) {
       if (!inputs) inputs.emplace();
       inputs->insert(inputs->end(), chosen.begin(), chosen.end());
+    }
+    if (mode == "linearize") {
+      Linearized parts = linearize(m, Selection{inputs, outputs});
+      m = std::move(parts.primal);
+      linear = std::move(parts.linear);
+      return;
     }
     if (mode == "jvp") return jvp_in_place(m, Selection{inputs, outputs});
     if (mode == "vjp") return vjp_in_place(m, Selection{inputs, outputs});
@@ -328,6 +350,12 @@ int cmd_derivative(const std::string& mode, const std::vector<std::string>& args
     }
     grad_in_place(m, inputs, output);
   });
+  if (linear) {
+    if (target_opset) convert_opset_in_place(*linear, *target_opset);
+    save_model(*linear, linear_out, external);
+    std::cerr << "onnax: wrote " << linear_out << "\n";
+  }
+  return code;
 }
 
 }  // namespace
@@ -371,7 +399,7 @@ int run(const std::vector<std::string>& args) {
     const bool python_command = cmd == "validate" || cmd == "bench" || cmd == "init-state" || cmd == "apply-params";
     const LimitsScope limits(python_command ? Limits{} : take_limit_options(rest));
     if (cmd == "vmap") return cmd_vmap(rest);
-    if (cmd == "jvp" || cmd == "vjp" || cmd == "grad" || cmd == "jacobian" || cmd == "hessian")
+    if (cmd == "jvp" || cmd == "vjp" || cmd == "grad" || cmd == "jacobian" || cmd == "hessian" || cmd == "linearize")
       return cmd_derivative(cmd, rest);
     if (cmd == "check") return cmd_check(rest);
     if (cmd == "loss") return cmd_loss(rest);
