@@ -16,6 +16,7 @@
 #include "cli/sequence_commands.h"
 #include "cli/training_commands.h"
 #include "io/model_io.h"
+#include "rules/user_rules.h"
 #include "transforms/prepare.h"
 
 namespace onnax::cli {
@@ -139,6 +140,9 @@ common options (vmap, grad, jvp, vjp, jacobian, hessian, linearize, loss, train-
 step: -o and --external-data):
   -o PATH                where to write the result (required; vmap also takes --output)
   --external-data        write tensors to PATH.data (automatic above 2 GB)
+  --rules FILE           rules for operators onnax lacks, or replacing its own, from an ONNX
+                         model's functions: D::Op defines operator D::Op, D::Op.jvp is its JVP,
+                         onnax.node::NAME.jvp the JVP of node NAME (as onnax.register_rule)
   --max-seconds S        stop the transform (exit 1, nothing written) once it has run S
                          seconds: a bound for services running onnax on models they did not write
   --max-output-mb N      refuse (exit 1, nothing written) a result over N MB, tensors included
@@ -383,6 +387,37 @@ Limits take_limit_options(std::vector<std::string>& args) {
   return limits;
 }
 
+// --rules FILE (any transform command, repeatable): the rules the file's functions define
+// (rules/user_rules.h: rules_of_model), registered for this command only.
+class CommandRules {
+ public:
+  explicit CommandRules(std::vector<std::string>& args) : previous_(user_rules()) {
+    std::vector<std::string> rest;
+    for (size_t i = 0; i < args.size(); ++i) {
+      if (args[i] != "--rules") {
+        rest.push_back(args[i]);
+        continue;
+      }
+      if (i + 1 >= args.size()) throw UsageError{"--rules needs a file (an ONNX model whose functions are rules)"};
+      const std::string& path = args[++i];
+      for (const UserRule& r : rules_of_model(load_model(path), path)) {
+        register_rule(r);
+        registered_ = true;
+      }
+    }
+    args.swap(rest);
+  }
+  ~CommandRules() {
+    if (registered_) restore_rules(previous_);
+  }
+  CommandRules(const CommandRules&) = delete;
+  CommandRules& operator=(const CommandRules&) = delete;
+
+ private:
+  std::shared_ptr<const UserRules> previous_;
+  bool registered_ = false;
+};
+
 int run(const std::vector<std::string>& args) {
   try {
     if (args.empty() || args[0] == "-h" || args[0] == "--help" || args[0] == "help") {
@@ -398,6 +433,8 @@ int run(const std::vector<std::string>& args) {
       }
     const bool python_command = cmd == "validate" || cmd == "bench" || cmd == "init-state" || cmd == "apply-params";
     const LimitsScope limits(python_command ? Limits{} : take_limit_options(rest));
+    std::vector<std::string> no_args;
+    const CommandRules rules(python_command ? no_args : rest);
     if (cmd == "vmap") return cmd_vmap(rest);
     if (cmd == "jvp" || cmd == "vjp" || cmd == "grad" || cmd == "jacobian" || cmd == "hessian" || cmd == "linearize")
       return cmd_derivative(cmd, rest);

@@ -2,6 +2,7 @@
 
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 
 #include "diagnostics/error.h"
@@ -59,6 +60,44 @@ void clear_rules() {
 std::shared_ptr<const UserRules> user_rules() {
   std::lock_guard<std::mutex> lock(registry_mutex());
   return registry();
+}
+
+void restore_rules(std::shared_ptr<const UserRules> rules) {
+  std::lock_guard<std::mutex> lock(registry_mutex());
+  registry() = std::move(rules);
+}
+
+std::vector<UserRule> rules_of_model(const onnx::ModelProto& model, const std::string& path) {
+  static constexpr std::string_view kJvp = ".jvp", kNodeDomain = "onnax.node";
+  std::vector<UserRule> rules;
+  auto rule_for = [&](const std::string& domain, const std::string& op, const std::string& node) -> UserRule& {
+    for (auto& r : rules)
+      if (r.domain == domain && r.op == op && r.node == node) return r;
+    rules.push_back(UserRule{domain, op, node, std::nullopt, std::nullopt});
+    return rules.back();
+  };
+  for (const auto& f : model.functions()) {
+    const std::string& name = f.name();
+    const bool jvp = name.size() > kJvp.size() && name.compare(name.size() - kJvp.size(), kJvp.size(), kJvp) == 0;
+    const std::string target = jvp ? name.substr(0, name.size() - kJvp.size()) : name;
+    if (f.domain() == kNodeDomain) {
+      if (!jvp)
+        diag::fail(Error::Kind::kInvalidModel,
+                   "--rules '" + path + "': function onnax.node::" + name +
+                       " names a node but is no JVP (a node's definition is its operator's). Fix: name it " + name +
+                       ".jvp, or register a body for the operator as D::Op");
+      rule_for("", "", target).jvp = f;
+    } else {
+      UserRule& r = rule_for(f.domain(), target, "");
+      (jvp ? r.jvp : r.body) = f;
+    }
+  }
+  if (rules.empty())
+    diag::fail(Error::Kind::kInvalidModel,
+               "--rules '" + path +
+                   "' defines no functions, so no rules. Fix: save a model whose functions are the rules: D::Op "
+                   "(a definition), D::Op.jvp (a JVP), onnax.node::NAME.jvp (the JVP of node NAME)");
+  return rules;
 }
 
 const UserRule* UserRules::for_node(const onnx::NodeProto& node) const {

@@ -7,6 +7,7 @@
 #include <onnx/onnx_pb.h>
 
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "rules/derivative.h"
@@ -23,6 +24,14 @@ struct UserRules {
 
 // The registered rules now (never null; empty when none).
 std::shared_ptr<const UserRules> user_rules();
+// Makes `rules` (a snapshot user_rules gave) the registered rules again: for a scope that
+// registers rules for one command only.
+void restore_rules(std::shared_ptr<const UserRules> rules);
+
+// The rules a file defines (the command line's --rules): an ONNX model whose functions are
+// rules by name. A function D::Op is the definition (body) of operator D::Op; D::Op.jvp its JVP;
+// onnax.node::NAME.jvp the JVP of the node named NAME. `path` names the file in messages.
+std::vector<UserRule> rules_of_model(const onnx::ModelProto& model, const std::string& path);
 
 // The JVP of `c.node` by the function `jvp` (see UserRule::jvp): its nodes are emitted on the
 // node's primal inputs and tangents, each with its own rules (the linear ones go on the tape).

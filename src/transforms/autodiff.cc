@@ -473,7 +473,7 @@ void differentiate_graph(Prepared& p, Mode mode, const Selection& sel, bool for_
                  m + ": cannot differentiate " + label() + ": " + why + "; it lies on the path from input '" +
                      std::string(p.value_names.name(from)) + "' to the selected outputs " + quoted_names(r.outputs) +
                      ". Fix: select inputs/outputs that avoid it, compute it outside the differentiated model, "
-                     "or register its JVP or definition (onnax.register_rule)");
+                     "or register its JVP or definition (onnax.register_rule; --rules FILE on the command line)");
     }
     // Rules read the inputs and attributes their schema guarantees.
     auto [known_schema, first_use] = schema_of_rule.try_emplace(rule, nullptr);

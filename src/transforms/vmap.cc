@@ -434,13 +434,14 @@ void vmap_prepared(Prepared& p, const VmapOptions& opt) {
             in_mapped[static_cast<size_t>(i)] && in_mapped[static_cast<size_t>(i)]->batched)
           batched_inputs += (batched_inputs.empty() ? "'" : ", '") + in + "' (per-example shape " +
                             src_facts(in).shape_string() + ", " + diag::dtype_name(src_facts(in).dtype) + ")";
-      diag::fail(Error::Kind::kUnsupported,
-                 "vmap: cannot batch " + op_label() +
-                     ": ONNX has no schema for this operator at this opset (unknown or custom op), so onnax cannot "
-                     "tell how it treats the batch axis; batched inputs: " +
-                     batched_inputs +
-                     ". Fix: pass None in in_axes for the inputs that reach it, express it with standard ops, or "
-                     "register its definition (onnax.register_rule(op, domain, body=...))");
+      diag::fail(
+          Error::Kind::kUnsupported,
+          "vmap: cannot batch " + op_label() +
+              ": ONNX has no schema for this operator at this opset (unknown or custom op), so onnax cannot "
+              "tell how it treats the batch axis; batched inputs: " +
+              batched_inputs +
+              ". Fix: pass None in in_axes for the inputs that reach it, express it with standard ops, or "
+              "register its definition (onnax.register_rule(op, domain, body=...); --rules FILE on the command line)");
     }
     // Rules read the inputs and attributes their schema guarantees.
     {

@@ -84,7 +84,9 @@ def close(got: dict[str, np.ndarray], want: dict[str, np.ndarray]) -> None:
 
 def test_custom_op_by_its_definition_matches_the_inlined_model() -> None:
     model = custom_model()
-    with pytest.raises(onnax.OnnaxError, match=r"register its JVP or definition \(onnax.register_rule\)"):
+    with pytest.raises(
+        onnax.OnnaxError, match=r"register its JVP or definition \(onnax.register_rule; --rules FILE"
+    ):
         onnax.grad(model, inputs=["w"], output="loss")
     onnax.register_rule("SoftSign2", DOMAIN, body=softsign_body())
     reference = inlined(model, softsign_body())
@@ -202,3 +204,82 @@ def test_bad_rules_are_refused_with_a_fix() -> None:
         onnax.OnnaxError, match=r"has 1 inputs and 1 outputs, but this node has 1 inputs.*Fix: give"
     ):
         onnax.jvp(custom_model("Cube", declare=True), inputs=["x"])
+
+
+def rules_file(path: Any, *functions: onnx.FunctionProto) -> str:
+    """A rules file for the command line: an ONNX model whose functions are the rules."""
+    model = helper.make_model(
+        helper.make_graph([], "rules", [], []),
+        functions=list(functions),
+        opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid(DOMAIN, 1)],
+        ir_version=10,
+    )
+    onnx.save(model, path)
+    return str(path)
+
+
+def renamed(f: onnx.FunctionProto, domain: str, name: str) -> onnx.FunctionProto:
+    g = onnx.FunctionProto()
+    g.CopyFrom(f)
+    g.domain, g.name = domain, name
+    return g
+
+
+def onnax_command(*args: str) -> Any:
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "onnax", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_command_line_rules_file_gives_definitions_and_jvps(tmp_path: Any) -> None:
+    """--rules FILE: D::Op defines an operator, D::Op.jvp is its JVP, onnax.node::NAME.jvp the JVP
+    of one node; registered for that command only (the next one without --rules refuses)."""
+    source = tmp_path / "custom.onnx"
+    onnx.save(custom_model(), source)
+    out = tmp_path / "grad.onnx"
+    refused = onnax_command("grad", str(source), "-o", str(out), "--inputs", "w", "--output", "loss")
+    assert refused.returncode == 1 and "--rules FILE" in refused.stderr, refused.stderr
+    rules = rules_file(tmp_path / "rules.onnx", softsign_body())
+    done = onnax_command(
+        "grad", str(source), "-o", str(out), "--inputs", "w", "--output", "loss", "--rules", rules
+    )
+    assert done.returncode == 0, done.stderr
+    h = X @ W
+    want = X.T @ (2 * (h / (1 + np.abs(h))) / (1 + np.abs(h)) ** 2)
+    np.testing.assert_allclose(run(onnx.load(out), {"x": X})["w_grad"], want, rtol=1e-5, atol=1e-6)
+    # A JVP for the operator (the op stays in the result; ORT runs it from its definition).
+    onnx.save(custom_model("Cube", declare=True), source)
+    jvp_rules = rules_file(tmp_path / "cube.onnx", renamed(cube_jvp(), DOMAIN, "Cube.jvp"))
+    done = onnax_command("jvp", str(source), "-o", str(out), "--inputs", "x", "--rules", jvp_rules)
+    assert done.returncode == 0, done.stderr
+    t = RNG.standard_normal(X.shape).astype(np.float32)
+    got = run(inlined(onnx.load(out), cube_body()), {"x": X, "x_tangent": t})
+    np.testing.assert_allclose(got["y_tangent"], 3 * h**2 * (t @ W), rtol=1e-5, atol=1e-5)
+
+
+def test_command_line_rules_file_with_a_node_jvp_and_bad_files(tmp_path: Any) -> None:
+    graph = helper.make_graph(
+        [
+            helper.make_node("Relu", ["x"], ["r1"], name="r1"),
+            helper.make_node("ReduceSum", ["r1"], ["loss"], keepdims=0),
+        ],
+        "g",
+        [helper.make_tensor_value_info("x", F, [4])],
+        [helper.make_tensor_value_info("loss", F, [])],
+    )
+    source, out = tmp_path / "relu.onnx", tmp_path / "grad.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10), source)
+    rules = rules_file(tmp_path / "st.onnx", renamed(straight_through(), "onnax.node", "r1.jvp"))
+    done = onnax_command("grad", str(source), "-o", str(out), "--rules", rules)
+    assert done.returncode == 0, done.stderr
+    x = np.array([-2, -1, 1, 2], np.float32)
+    np.testing.assert_allclose(run(onnx.load(out), {"x": x})["x_grad"], np.ones(4), rtol=0, atol=0)
+    empty = rules_file(tmp_path / "empty.onnx")
+    bad = onnax_command("grad", str(source), "-o", str(out), "--rules", empty)
+    assert bad.returncode == 1 and "defines no functions" in bad.stderr and "Fix:" in bad.stderr
+    node_body = rules_file(tmp_path / "nb.onnx", renamed(straight_through(), "onnax.node", "r1"))
+    bad = onnax_command("grad", str(source), "-o", str(out), "--rules", node_body)
+    assert bad.returncode == 1 and "names a node but is no JVP" in bad.stderr
+    missing = onnax_command("grad", str(source), "-o", str(out), "--rules")
+    assert missing.returncode == 2 and "--rules needs a file" in missing.stderr
