@@ -261,8 +261,9 @@ PYBIND11_MODULE(_core, m) {
   m.def(
       "register_rule",
       [](const std::string& domain, const std::string& op, const std::string& node,
-         const std::optional<py::bytes>& body, const std::optional<py::bytes>& jvp) {
-        onnax::UserRule rule{domain, op, node, std::nullopt, std::nullopt};
+         const std::optional<py::bytes>& body, const std::optional<py::bytes>& jvp,
+         const std::optional<py::bytes>& vjp) {
+        onnax::UserRule rule{domain, op, node, std::nullopt, std::nullopt, std::nullopt};
         auto parse = [](const py::bytes& data, const char* what) {
           onnx::FunctionProto f;
           if (!f.ParseFromString(std::string(data)))
@@ -273,9 +274,10 @@ PYBIND11_MODULE(_core, m) {
         };
         if (body) rule.body = parse(*body, "body");
         if (jvp) rule.jvp = parse(*jvp, "jvp");
+        if (vjp) rule.vjp = parse(*vjp, "vjp");
         onnax::register_rule(rule);
       },
-      py::arg("domain"), py::arg("op"), py::arg("node"), py::arg("body"), py::arg("jvp"));
+      py::arg("domain"), py::arg("op"), py::arg("node"), py::arg("body"), py::arg("jvp"), py::arg("vjp"));
   m.def("clear_rules", &onnax::clear_rules);
 
   m.def(

@@ -23,10 +23,16 @@ struct UserRule {
   // has none); outputs are the tangents of the operator's outputs, linear in the input tangents
   // (reverse mode transposes them). The node itself stays in the result.
   std::optional<onnx::FunctionProto> jvp;
+  // The VJP (JAX's custom_vjp): inputs are the operator's inputs, then one cotangent per output
+  // (zeros where an output has none); outputs are the cotangents of its inputs, one per input.
+  // Reverse mode (vjp, grad, jacrev) uses it in place of transposing a JVP and keeps the node;
+  // forward mode uses `jvp` or `body`. Not inside Loop/Scan bodies, whose reverse mode
+  // transposes a JVP body: give a JVP there.
+  std::optional<onnx::FunctionProto> vjp;
 };
 
 // Registers `rule` for every later transform in this process, replacing one registered for the
-// same (domain, op) or node. Fails (onnax::Error) when it gives neither a body nor a JVP.
+// same (domain, op) or node. Fails (onnax::Error) when it gives no function.
 void register_rule(const UserRule& rule);
 // Forgets every registered rule.
 void clear_rules();

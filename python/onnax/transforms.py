@@ -248,6 +248,7 @@ def register_rule(
     body: Any = None,
     jvp: Any = None,
     node: str | None = None,
+    vjp: Any = None,
 ) -> None:
     """Gives onnax a rule it lacks, or replaces one, for every later transform in this process.
 
@@ -261,19 +262,25 @@ def register_rule(
             inputs are the operator's inputs then one tangent per input (zeros where an input has
             none), outputs the tangents of its outputs, linear in the input tangents; reverse mode
             transposes it. The node itself stays in the result.
-        node: apply the JVP to the node of this name only (any operator); ``op`` is then ignored.
+        node: apply the JVP (or VJP) to the node of this name only (any operator); ``op`` is
+            then ignored.
+        vjp: an ``onnx.FunctionProto`` computing the operator's VJP (JAX's ``custom_vjp``): inputs
+            are the operator's inputs then one cotangent per output (zeros where an output has
+            none), outputs one cotangent per input. Reverse mode (vjp, grad, jacrev) uses it and
+            keeps the node; forward mode needs ``jvp`` or ``body``. Not inside Loop/Scan bodies
+            (their reverse mode transposes a JVP).
     """
     if node is None and not isinstance(op, str):
         raise TypeError(f"op must be the operator's type (str), got {op!r}")
     functions: list[bytes | None] = []
-    for what, f in (("body", body), ("jvp", jvp)):
+    for what, f in (("body", body), ("jvp", jvp), ("vjp", vjp)):
         if f is None:
             functions.append(None)
             continue
         if not hasattr(f, "SerializeToString") or type(f).__name__ != "FunctionProto":
             raise TypeError(f"{what} must be an onnx.FunctionProto, got {type(f).__name__}")
         functions.append(f.SerializeToString())
-    _core.register_rule(domain, op or "", node or "", functions[0], functions[1])
+    _core.register_rule(domain, op or "", node or "", functions[0], functions[1], functions[2])
 
 
 def clear_rules() -> None:

@@ -37,4 +37,12 @@ std::vector<UserRule> rules_of_model(const onnx::ModelProto& model, const std::s
 // node's primal inputs and tangents, each with its own rules (the linear ones go on the tape).
 Vs function_jvp(JvpCtx& c, const onnx::FunctionProto& jvp);
 
+// Reverse mode by a user's VJP (UserRule::vjp): `c.node`'s linear map goes on the tape as one
+// node of this domain (the node's inputs, then their tangents, in; its outputs' tangents out;
+// attribute "rule": the rule's index in the transform's UserRules), which user_vjp_transpose
+// turns into the VJP function's nodes on the primal inputs and the output cotangents.
+inline constexpr const char* kUserVjpDomain = "onnax.user_vjp";
+Vs user_vjp_tape_node(JvpCtx& c, int64_t rule_index);
+Vs user_vjp_transpose(TransposeCtx& c, const onnx::FunctionProto& vjp);
+
 }  // namespace onnax

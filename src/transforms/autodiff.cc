@@ -446,7 +446,15 @@ void differentiate_graph(Prepared& p, Mode mode, const Selection& sel, bool for_
     const bool default_domain = is_default_domain(node);
     const UserRule* custom = user->for_node(node);
     const JvpRule* rule = nullptr;
-    if (custom && custom->jvp) {
+    if (custom && custom->vjp && b.has_tape()) {
+      // (Reverse mode by the user's VJP: one tape node, which user_vjp_transpose expands.)
+      auto [it, added] = user_jvps.try_emplace(custom);
+      if (added) {
+        const int64_t index = custom - user->rules.data();
+        it->second = [index](JvpCtx& c) { return user_vjp_tape_node(c, index); };
+      }
+      rule = &it->second;
+    } else if (custom && custom->jvp) {
       auto [it, added] = user_jvps.try_emplace(custom);
       if (added) it->second = [f = &*custom->jvp](JvpCtx& c) { return function_jvp(c, *f); };
       rule = &it->second;
@@ -462,6 +470,13 @@ void differentiate_graph(Prepared& p, Mode mode, const Selection& sel, bool for_
       return it == opsets.end() ? 0 : it->second;
     };
     auto label = [&] { return diag::op_at(node, opset()); };
+    if (!rule && custom && custom->vjp)
+      diag::fail(Error::Kind::kUnsupported,
+                 m + ": cannot differentiate " + label() +
+                     " in forward mode: its registered rule gives a VJP (used by reverse mode: vjp, grad, "
+                     "jacrev) but no JVP" +
+                     (for_reverse_mode ? " (the reverse mode of a Loop or Scan transposes its body's JVP)" : "") +
+                     ". Fix: register a jvp (or a body) for it too");
     if (!rule) {
       if (const std::string advice = unexpanded_contrib_op_advice(node); !advice.empty())
         diag::fail(Error::Kind::kUnsupported, m + ": cannot differentiate " + label() + ": " + advice);
@@ -590,8 +605,9 @@ void differentiate_graph(Prepared& p, Mode mode, const Selection& sel, bool for_
         any = any || c.valid();
       }
       if (!any) continue;
-      const TransposeRule* rule = rules.transpose_for(tn.node->op_type());
-      if (!rule)
+      const bool by_user_vjp = tn.node->domain() == kUserVjpDomain;
+      const TransposeRule* rule = by_user_vjp ? nullptr : rules.transpose_for(tn.node->op_type());
+      if (!rule && !by_user_vjp)
         diag::fail(Error::Kind::kUnsupported,
                    m + ": cannot run ai.onnx::" + tn.node->op_type() + " (opset " + std::to_string(p.opset) +
                        ") in reverse: its JVP is linear in the tangent but it has no transpose rule yet (while "
@@ -609,7 +625,9 @@ void differentiate_graph(Prepared& p, Mode mode, const Selection& sel, bool for_
       b.set_transposing(&tn);
       Vs in_cts;
       try {
-        in_cts = (*rule)(tctx);
+        in_cts = by_user_vjp
+                     ? user_vjp_transpose(tctx, *user->rules[static_cast<size_t>(tn.node->attribute(0).i())].vjp)
+                     : (*rule)(tctx);
       } catch (const Error& e) {
         rethrow_naming_source(e, m, out, tn.origin);
       }

@@ -403,6 +403,7 @@ void add_user_bodies(Prepared& p, const std::string& mode) {
   std::vector<onnx::FunctionProto> wanted;
   for (const UserRule* r : user->bodies()) {
     if (mode != "vmap" && r->jvp) continue;
+    if ((mode == "vjp" || mode == "grad") && r->vjp) continue;  // (reverse mode keeps the op)
     onnx::FunctionProto f = *r->body;
     f.set_domain(r->domain == "ai.onnx" ? std::string() : r->domain);
     f.set_name(r->op);

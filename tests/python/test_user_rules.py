@@ -195,7 +195,7 @@ def test_custom_jvp_of_one_node() -> None:
 
 
 def test_bad_rules_are_refused_with_a_fix() -> None:
-    with pytest.raises(onnax.OnnaxError, match="gives neither a body nor a jvp"):
+    with pytest.raises(onnax.OnnaxError, match="gives neither a body nor a jvp nor a vjp"):
         onnax.register_rule("Cube", DOMAIN)
     with pytest.raises(TypeError, match=r"jvp must be an onnx\.FunctionProto"):
         onnax.register_rule("Cube", DOMAIN, jvp=cube_body().SerializeToString())
@@ -280,6 +280,64 @@ def test_command_line_rules_file_with_a_node_jvp_and_bad_files(tmp_path: Any) ->
     assert bad.returncode == 1 and "defines no functions" in bad.stderr and "Fix:" in bad.stderr
     node_body = rules_file(tmp_path / "nb.onnx", renamed(straight_through(), "onnax.node", "r1"))
     bad = onnax_command("grad", str(source), "-o", str(out), "--rules", node_body)
-    assert bad.returncode == 1 and "names a node but is no JVP" in bad.stderr
+    assert bad.returncode == 1 and "names a node but is no JVP or VJP" in bad.stderr
     missing = onnax_command("grad", str(source), "-o", str(out), "--rules")
     assert missing.returncode == 2 and "--rules needs a file" in missing.stderr
+
+
+def cube_vjp() -> onnx.FunctionProto:
+    """VJP of my.ops::Cube(x) = x^3: (x, ct) -> 3 x^2 ct."""
+    return helper.make_function(
+        DOMAIN,
+        "CubeVjp",
+        ["x", "ct"],
+        ["cx"],
+        [
+            helper.make_node("Mul", ["x", "x"], ["xx"]),
+            helper.make_node(
+                "Constant", [], ["three"], value=numpy_helper.from_array(np.array(3.0, np.float32))
+            ),
+            helper.make_node("Mul", ["xx", "three"], ["d"]),
+            helper.make_node("Mul", ["d", "ct"], ["cx"]),
+        ],
+        [helper.make_opsetid("", 18)],
+    )
+
+
+def test_custom_vjp_of_an_operator_and_of_one_node() -> None:
+    """custom_vjp: reverse mode runs the registered VJP on the primal inputs and the output
+    cotangents and keeps the node; forward mode without a JVP is refused with a Fix."""
+    model = custom_model("Cube", declare=True)
+    onnax.register_rule("Cube", DOMAIN, vjp=cube_vjp())
+    gradient = onnax.grad(model, inputs=["x", "w"], output="loss")
+    assert "Cube" in {n.op_type for n in gradient.graph.node}
+    got = run(inlined(gradient, cube_body()), {"x": X})
+    h = X @ W
+    dh = 2 * h**3 * 3 * h**2
+    np.testing.assert_allclose(got["w_grad"], X.T @ dh, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(got["x_grad"], dh @ W.T, rtol=1e-4, atol=1e-4)
+    with pytest.raises(onnax.OnnaxError, match=r"gives a VJP .* but no JVP.*Fix: register a jvp"):
+        onnax.jvp(model, inputs=["x"])
+    onnax.register_rule("Cube", DOMAIN, vjp=cube_vjp(), body=cube_body())
+    t = RNG.standard_normal(X.shape).astype(np.float32)
+    tangent = run(onnax.jvp(model, inputs=["x"]), {"x": X, "x_tangent": t})  # (through the body)
+    np.testing.assert_allclose(tangent["y_tangent"], 3 * h**2 * (t @ W), rtol=1e-4, atol=1e-4)
+    # A VJP for one standard node: Relu's cotangent passed through unchanged.
+    onnax.clear_rules()
+    graph = helper.make_graph(
+        [
+            helper.make_node("Relu", ["x"], ["r1"], name="r1"),
+            helper.make_node("ReduceSum", ["r1"], ["loss"], keepdims=0),
+        ],
+        "g",
+        [helper.make_tensor_value_info("x", F, [4])],
+        [helper.make_tensor_value_info("loss", F, [])],
+    )
+    relu = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
+    onnax.register_rule(node="r1", vjp=straight_through())
+    x = np.array([-2, -1, 1, 2], np.float32)
+    np.testing.assert_allclose(run(onnax.grad(relu), {"x": x})["x_grad"], np.ones(4), rtol=0, atol=0)
+    # (Forward mode keeps onnax's own JVP of the node.)
+    np.testing.assert_allclose(
+        run(onnax.jvp(relu), {"x": x, "x_tangent": np.ones(4, np.float32)})["loss_tangent"], 2.0, rtol=0
+    )
