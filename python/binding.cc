@@ -5,15 +5,14 @@
 #include <onnax/training.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
+#include <signal.h>
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
+#include <csignal>
 #include <exception>
 #include <mutex>
 #include <optional>
-#include <thread>
-#include <vector>
 
 #include "check/model_check.h"
 #include "cli/cli.h"
@@ -24,13 +23,10 @@ namespace py = pybind11;
 
 namespace {
 
-// Notices raised while a transform runs on a worker thread (`interruptible`): that thread has no
-// Python frames to attribute a warning to, so they wait there and are warned in the caller.
-thread_local std::vector<std::string>* held_notices = nullptr;
-
 // Notices become UserWarnings attributed to the caller's code: the first frame outside the
 // onnax package (the transforms reach the core through a helper or two).
-void warn_in_caller(const std::string& message) {
+void notice_to_python(const std::string& message) {
+  py::gil_scoped_acquire gil;
   static const std::string package = [] {
     const std::string init = py::module_::import("onnax").attr("__file__").cast<std::string>();
     return init.substr(0, init.find_last_of("/\\") + 1);
@@ -45,66 +41,71 @@ void warn_in_caller(const std::string& message) {
       .attr("warn")(py::str("onnax: " + message), py::module_::import("builtins").attr("UserWarning"), level);
 }
 
-void notice_to_python(const std::string& message) {
-  if (held_notices) {
-    held_notices->push_back(message);
-    return;
-  }
-  py::gil_scoped_acquire gil;
-  warn_in_caller(message);
-}
-
-// The bounds onnax.limits sets for the transforms this Python thread calls.
+// The bounds onnax.limits sets for the transforms this Python thread calls (Python sets them
+// from its context before each call).
 thread_local onnax::Limits python_limits;
 
-// Runs `work` (which returns serialized bytes or an exit code) on a worker thread with the GIL
-// released, so other Python threads run meanwhile and Ctrl-C is seen: the calling thread checks
-// Python's signals every 50 ms, and a KeyboardInterrupt cancels the transform (it stops at its
-// next check between nodes) and is raised once the worker has finished. The model's bytes are
-// copied out of Python first; python_limits apply.
+// Ctrl-C while a transform runs: the signal is counted (every running transform stops at its
+// next check) and passed on to the handler installed before (Python's, which raises
+// KeyboardInterrupt once the call returns). Installed while at least one transform runs.
+std::atomic<uint64_t> sigints{0};
+struct sigaction sigint_before;
+std::mutex sigint_mutex;
+int transforms_running = 0;
+
+extern "C" void on_sigint(int sig, siginfo_t* info, void* context) {
+  if (!(sigint_before.sa_flags & SA_SIGINFO) && sigint_before.sa_handler == SIG_IGN) return;
+  sigints.fetch_add(1, std::memory_order_relaxed);
+  if (sigint_before.sa_flags & SA_SIGINFO) {
+    if (sigint_before.sa_sigaction) sigint_before.sa_sigaction(sig, info, context);
+  } else if (sigint_before.sa_handler == SIG_DFL) {
+    sigaction(SIGINT, &sigint_before, nullptr);
+    raise(SIGINT);
+  } else {
+    sigint_before.sa_handler(sig);
+  }
+}
+
+class SigintWatch {
+ public:
+  SigintWatch() {
+    const std::lock_guard<std::mutex> lock(sigint_mutex);
+    if (transforms_running++ > 0) return;
+    struct sigaction mine {};
+    mine.sa_sigaction = on_sigint;
+    mine.sa_flags = SA_SIGINFO | SA_RESTART;
+    sigemptyset(&mine.sa_mask);
+    sigaction(SIGINT, &mine, &sigint_before);
+  }
+  ~SigintWatch() {
+    const std::lock_guard<std::mutex> lock(sigint_mutex);
+    if (--transforms_running == 0) sigaction(SIGINT, &sigint_before, nullptr);
+  }
+  SigintWatch(const SigintWatch&) = delete;
+  SigintWatch& operator=(const SigintWatch&) = delete;
+};
+
+// Runs `work` (which returns serialized bytes or an exit code) with the GIL released, so other
+// Python threads run meanwhile, under python_limits, stopping at Ctrl-C: a KeyboardInterrupt is
+// raised when it returns (whatever it returned). The model's bytes are copied out of Python
+// first.
 template <typename Work>
 auto interruptible(Work&& work) -> decltype(work()) {
-  using Result = decltype(work());
-  std::atomic<bool> cancel{false};
   onnax::Limits limits = python_limits;
-  limits.cancel = &cancel;
-  std::optional<Result> result;
+  limits.interrupts = &sigints;
+  std::optional<decltype(work())> result;
   std::exception_ptr failure;
-  std::vector<std::string> notices;
-  std::mutex mutex;
-  std::condition_variable finished;
-  bool done = false, interrupted = false;
   {
     py::gil_scoped_release release;
-    std::thread worker([&] {
-      held_notices = &notices;
-      try {
-        const onnax::LimitsScope scope(limits);
-        result.emplace(work());
-      } catch (...) {
-        failure = std::current_exception();
-      }
-      const std::lock_guard<std::mutex> lock(mutex);
-      done = true;
-      finished.notify_one();
-    });
-    std::unique_lock<std::mutex> lock(mutex);
-    while (!finished.wait_for(lock, std::chrono::milliseconds(50), [&] { return done; })) {
-      if (interrupted) continue;
-      lock.unlock();
-      {
-        py::gil_scoped_acquire gil;
-        // (On a signal, its Python handler's exception stays set in this thread: raised below.)
-        if (PyErr_CheckSignals() != 0) interrupted = true;
-      }
-      if (interrupted) cancel = true;
-      lock.lock();
+    const SigintWatch watch;
+    try {
+      const onnax::LimitsScope scope(limits);
+      result.emplace(work());
+    } catch (...) {
+      failure = std::current_exception();
     }
-    lock.unlock();
-    worker.join();
   }
-  if (interrupted) throw py::error_already_set();
-  for (const auto& n : notices) warn_in_caller(n);
+  if (PyErr_CheckSignals() != 0) throw py::error_already_set();
   if (failure) std::rethrow_exception(failure);
   return std::move(*result);
 }
@@ -138,11 +139,13 @@ onnax::VmapOptions vmap_options(const py::object& all, const py::object& per_inp
 PYBIND11_MODULE(_core, m) {
   m.doc() = "onnax C++ core";
   static py::exception<onnax::Error> error(m, "OnnaxError", PyExc_ValueError);
+  // A bound onnax.limits set (time, size, Ctrl-C): a service tells it from a bad model.
+  static py::exception<onnax::Error> limit_error(m, "LimitError", error.ptr());
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
     } catch (const onnax::Error& e) {
-      py::set_error(error, e.what());
+      py::set_error(e.kind() == onnax::Error::Kind::kLimit ? limit_error : error, e.what());
     }
   });
   onnax::set_notice_sink(notice_to_python);

@@ -18,11 +18,14 @@ struct Limits {
   uint64_t max_output_bytes = 0;
   // Set from another thread: the transform stops at its next check.
   const std::atomic<bool>* cancel = nullptr;
+  // A counter something else increments (a signal handler, say): the transform stops at its next
+  // check once the count differs from the one it had when the scope began.
+  const std::atomic<uint64_t>* interrupts = nullptr;
 };
 
 // Applies `limits` to the transforms this thread runs while the scope lives (max_seconds counts
 // from the scope's creation). Within another scope, the bounds this one leaves unset (0, no
-// cancel flag) are the enclosing scope's.
+// cancel flag, no interrupt counter) are the enclosing scope's.
 class LimitsScope {
  public:
   explicit LimitsScope(const Limits& limits);

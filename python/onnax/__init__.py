@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from onnax._core import OnnaxError
+from onnax._core import LimitError, OnnaxError
 from onnax._core import version as _core_version
 from onnax._limits import limits
 
@@ -80,6 +80,7 @@ _LAZY = {
 }
 
 __all__ = [
+    "LimitError",
     "OnnaxError",
     "Signature",
     "__version__",

@@ -69,7 +69,12 @@ def _parse_result(data: bytes) -> onnx.ModelProto:
 
 def _guarded(call: Callable[[bytes], T], data: bytes) -> T:
     """``call(data)``, with pybind11's argument-conversion errors cut to what they say about the
-    arguments: they would otherwise print every argument, the serialized model included."""
+    arguments: they would otherwise print every argument, the serialized model included. The
+    core runs under the context's onnax.limits."""
+    from onnax import _core
+    from onnax._limits import current
+
+    before = _core.set_limits(*current())
     try:
         return call(data)
     except TypeError as e:
@@ -83,6 +88,8 @@ def _guarded(call: Callable[[bytes], T], data: bytes) -> T:
         raise TypeError(
             "an argument has a type or value the core cannot take (an int beyond 64 bits, say)"
         ) from None
+    finally:
+        _core.set_limits(*before)
 
 
 def inspect(model: Any, call: Callable[[bytes], T]) -> T:
@@ -96,12 +103,16 @@ def transform(model: ModelT, call: Callable[[bytes], bytes]) -> ModelT:
     """Runs the core's transform ``call`` (serialized model to serialized result) on ``model``
     with its large float initializers held back, and returns the result as the same kind of
     model as ``model``."""
+    from onnax._limits import check_result_size
+
     light, held = _hold_back(model) if isinstance(model, onnx.ModelProto) else _hold_back_ir(_ir_model(model))
     if light is None:
         return from_bytes(_guarded(call, to_bytes(model)), model)  # type: ignore[no-any-return]
     data = _guarded(call, light.SerializeToString())
     result = _parse_result(data)
     stand_ins = _stand_ins(result, held)
+    # (The core saw stand-ins: the result's size counts the tensors they stand for.)
+    check_result_size(len(data) + sum(original.nbytes for _, original in stand_ins), "the transform")
     if data.count(held.prefix.encode()) != len(stand_ins):
         # The core placed a stand-in somewhere other than the result's initializers, or
         # reshaped or retyped one (none of today's transforms do): transform the whole model.
@@ -231,6 +242,12 @@ class _HeldTensor:
         self.data_type = data_type
         self.dims = dims
         self._source = source
+
+    @property
+    def nbytes(self) -> int:
+        """The size of its data (what its stand-in leaves out of a serialized result)."""
+        itemsize = int(onnx.helper.tensor_dtype_to_np_dtype(self.data_type).itemsize)
+        return int(np.prod(self.dims, dtype=np.int64)) * itemsize
 
     def proto(self) -> onnx.TensorProto:
         if isinstance(self._source, onnx.TensorProto):

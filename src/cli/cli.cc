@@ -5,6 +5,7 @@
 #include <onnax/onnax.h>
 
 #include <cctype>
+#include <cmath>
 #include <filesystem>
 #include <functional>
 #include <iostream>
@@ -143,9 +144,9 @@ step: -o and --external-data):
   --rules FILE           rules for operators onnax lacks, or replacing its own, from an ONNX
                          model's functions: D::Op defines operator D::Op, D::Op.jvp is its JVP,
                          onnax.node::NAME.jvp the JVP of node NAME (as onnax.register_rule)
-  --max-seconds S        stop the transform (exit 1, nothing written) once it has run S
+  --max-seconds S        stop the transform (exit 4, nothing written) once it has run S
                          seconds: a bound for services running onnax on models they did not write
-  --max-output-mb N      refuse (exit 1, nothing written) a result over N MB, tensors included
+  --max-output-mb N      refuse (exit 4, nothing written) a result over N MB, tensors included
   --target-opset N       write the result at ai.onnx opset N (vmap and the derivatives; default:
                          the model's own when it is older than 18 and every node has a form
                          there, else 18 with a notice); exit 1 naming the first node that has
@@ -378,10 +379,13 @@ Limits take_limit_options(std::vector<std::string>& args) {
     if (i + 1 >= args.size()) throw UsageError{a + " needs a value"};
     const double v = parse_double(args[++i], a);
     if (v <= 0) throw UsageError{a + " must be positive, got " + args[i]};
-    if (a == "--max-seconds")
+    if (a == "--max-seconds") {
       limits.max_seconds = v;
-    else
-      limits.max_output_bytes = static_cast<uint64_t>(v * 1024 * 1024);
+    } else {
+      // (At least one byte: a tiny bound is a bound, not none; a huge one is no bound.)
+      const double bytes = std::ceil(v * 1024 * 1024);
+      limits.max_output_bytes = bytes >= 1.8e19 ? 0 : static_cast<uint64_t>(bytes);
+    }
   }
   args.swap(rest);
   return limits;
@@ -458,8 +462,11 @@ int run(const std::vector<std::string>& args) {
     std::cerr << "onnax: " << e.message << "\n(run `onnax --help` for usage)\n";
     return 2;
   } catch (const Error& e) {
+    // (Interrupted by Ctrl-C in the Python command: it says so itself.)
+    if (e.kind() == Error::Kind::kLimit && std::string_view(e.what()).find("was interrupted") != std::string_view::npos)
+      return 4;
     std::cerr << "onnax: error: " << e.what() << "\n";
-    return 1;
+    return e.kind() == Error::Kind::kLimit ? 4 : 1;  // (a service tells a bound from a bad model)
   } catch (const std::bad_alloc&) {
     std::cerr << "onnax: error: out of memory while transforming the model. Fix: check the model's declared sizes "
                  "(a dimension of billions of elements?), or run with more memory\n";

@@ -436,6 +436,7 @@ void save_model(const onnx::ModelProto& model, const std::string& path, bool ext
                    std::to_string(kProtobufDepthLimit) +
                    " that protobuf readers accept, so no runtime could load the file; nothing was written. Fix: "
                    "flatten the model's control flow (fewer nested bodies) before transforming it");
+  limits::poll();  // (past a bound, nothing is written)
   if (limits::max_output_bytes() > 0) limits::check_output_size(model.ByteSizeLong(), "writing '" + path + "'");
   const fs::path out_path(path);
   std::error_code ec;

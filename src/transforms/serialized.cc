@@ -19,6 +19,7 @@ std::string transform_serialized(const std::string& model, const std::string& mo
   {
     Prepared p = prepare_in_place(source, mode);
     transform(p);
+    limits::poll();  // (past a bound, nothing is returned)
     if (limits::max_output_bytes() > 0) limits::check_output_size(p.model->ByteSizeLong(), mode);
     if (!p.model->SerializeToString(&out))
       diag::fail(Error::Kind::kUnsupported,

@@ -28,7 +28,7 @@ def test_command_version_loads_neither() -> None:
 def test_public_names_resolve() -> None:
     lazy = set(onnax._LAZY)
     # (onnax.limits needs neither onnx nor NumPy: it is imported with the package.)
-    assert set(onnax.__all__) == lazy | {"OnnaxError", "__version__", "limits"}
+    assert set(onnax.__all__) == lazy | {"LimitError", "OnnaxError", "__version__", "limits"}
     assert callable(onnax.limits)
     for name in sorted(lazy):
         assert callable(getattr(onnax, name)), name
