@@ -209,7 +209,6 @@ bool like_first_on_axis(const onnx::NodeProto& node, const Facts& x, Facts& out)
 // Reduce*: axes from input 1 (a constant) or the `axes` attribute; keepdims (default 1) and
 // noop_with_empty_axes (default 0) as ONNX reads them.
 bool reduce(const onnx::NodeProto& node, int input_count, const Facts& x, const ConstantInputs* constants, Facts& out) {
-  if (!x.has_shape) return false;
   int64_t keepdims = 1, noop = 0;
   std::vector<int64_t> axes;
   bool axes_attribute = false;
@@ -224,6 +223,14 @@ bool reduce(const onnx::NodeProto& node, int input_count, const Facts& x, const 
     } else {
       return false;
     }
+  }
+  if (!x.has_shape) {
+    // Every axis reduced, keepdims 0: a scalar whatever the input's rank (a loop's output whose
+    // rank inference lost, summed into a loss).
+    if (input_count != 1 || axes_attribute || keepdims != 0 || noop != 0) return false;
+    out.has_shape = true;
+    out.dims.clear();
+    return true;
   }
   if (input_count > 2) return false;
   if (input_count == 2) {

@@ -263,6 +263,14 @@ TEST(FastShapes, ConstantOperandsAgreeWithOnnxInference) {
     auto want = onnx_infer(node, opset, types, data);
     ASSERT_TRUE(want.has_value()) << "ONNX fails where fast_infer answers " << fast.ShortDebugString()
                                   << "\n node: " << node.ShortDebugString() << "\n x: " << x.ShortDebugString();
+    // A reduction of every axis without keepdims is a scalar whatever the input's rank; ONNX
+    // leaves it unknown when the input has none.
+    if (!x.tensor_type().has_shape() && !want->tensor_type().has_shape() && op.rfind("Reduce", 0) == 0) {
+      EXPECT_EQ(fast.tensor_type().elem_type(), want->tensor_type().elem_type());
+      EXPECT_TRUE(fast.tensor_type().has_shape() && fast.tensor_type().shape().dim_size() == 0)
+          << fast.ShortDebugString();
+      continue;
+    }
     EXPECT_EQ(fast.SerializeAsString(), want->SerializeAsString())
         << "\n fast: " << fast.ShortDebugString() << "\n onnx: " << want->ShortDebugString()
         << "\n x: " << x.ShortDebugString() << "\n node: " << node.ShortDebugString();

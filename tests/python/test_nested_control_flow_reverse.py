@@ -344,3 +344,78 @@ def test_gradients_and_hvps_through_nested_ifs_equal_jax(depth: int, c: bool) ->
     hvp = run(onnax.jvp(onnax.grad(model, inputs=["W"]), inputs=["W"]), feeds | {"W_tangent": v})
     _, want_hvp = jax.jvp(jax.grad(lambda ww: f(x, ww)), (w,), (v,))
     np.testing.assert_allclose(hvp["W_grad_tangent"], np.asarray(want_hvp), rtol=1e-9, atol=1e-12)
+
+
+def loop_if_loop() -> onnx.ModelProto:
+    """A Loop (3 steps) whose body runs an If on the step's parity, with a Loop (two sin steps) in
+    the then branch and cos in the else branch, and stacks z = sum(h) (ReduceSum, keepdims 0) as a
+    scan output. The branches leave h's rank undeclared, so only ReduceSum's own form (every
+    axis reduced: a scalar whatever its input) gives zs a rank. loss = sum(h_final) + sum(zs^2)."""
+
+    def vi(name: str, dtype: int, shape: list[int] | None) -> onnx.ValueInfoProto:
+        return helper.make_tensor_value_info(name, dtype, shape)
+
+    def const(name: str, value: int) -> onnx.NodeProto:
+        return helper.make_node(
+            "Constant", [], [name], value=numpy_helper.from_array(np.array(value, np.int64))
+        )
+
+    inner = helper.make_graph(
+        [helper.make_node("Sin", ["g"], ["g1"]), helper.make_node("Identity", ["ck"], ["cko"])],
+        "inner",
+        [vi("k", I64, []), vi("ck", B, []), vi("g", D, None)],
+        [vi("cko", B, []), vi("g1", D, None)],
+    )
+    then = helper.make_graph(
+        [helper.make_node("Loop", ["two", "", "hh"], ["t_o"], body=inner)], "t", [], [vi("t_o", D, None)]
+    )
+    other = helper.make_graph([helper.make_node("Cos", ["hh"], ["e_o"])], "e", [], [vi("e_o", D, None)])
+    outer = helper.make_graph(
+        [
+            helper.make_node("Mod", ["i", "two"], ["im"]),
+            helper.make_node("Equal", ["im", "zero"], ["even"]),
+            helper.make_node("If", ["even"], ["h1"], then_branch=then, else_branch=other),
+            helper.make_node("Identity", ["c"], ["co"]),
+            helper.make_node("ReduceSum", ["h1"], ["z"], keepdims=0),
+        ],
+        "outer",
+        [vi("i", I64, []), vi("c", B, []), vi("hh", D, None)],
+        [vi("co", B, []), vi("h1", D, None), vi("z", D, None)],
+    )
+    nodes = [
+        const("two", 2),
+        const("zero", 0),
+        const("three", 3),
+        helper.make_node("Loop", ["three", "", "x"], ["h_fin", "zs"], body=outer),
+        helper.make_node("ReduceSum", ["h_fin"], ["l1"], keepdims=0),
+        helper.make_node("Mul", ["zs", "zs"], ["zz"]),
+        helper.make_node("ReduceSum", ["zz"], ["l2"], keepdims=0),
+        helper.make_node("Add", ["l1", "l2"], ["loss"]),
+    ]
+    graph = helper.make_graph(nodes, "loop_if_loop", [vi("x", D, [2])], [vi("loss", D, [])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
+
+
+def test_a_loop_if_loop_nest_with_a_stacked_sum_vmaps_and_has_jax_hessians() -> None:
+    jax = pytest.importorskip("jax")
+    jax.config.update("jax_enable_x64", True)
+    import jax.numpy as jnp
+
+    def f(x: Any) -> Any:
+        def step(h: Any, i: Any) -> Any:
+            h1 = jax.lax.cond(i % 2 == 0, lambda v: jnp.sin(jnp.sin(v)), jnp.cos, h)
+            return h1, jnp.sum(h1)
+
+        h, zs = jax.lax.scan(step, x, jnp.arange(3))
+        return jnp.sum(h) + jnp.sum(zs * zs)
+
+    model = loop_if_loop()
+    xs = np.random.default_rng(9).standard_normal((4, 2))
+    batched = run(onnax.vmap(model, in_axes=0), {"x": xs})
+    np.testing.assert_allclose(batched["loss"], [float(f(x)) for x in xs], rtol=1e-12)
+    hess = run(onnax.hessian(model, inputs=["x"]), {"x": xs[0]})
+    np.testing.assert_allclose(
+        hess["loss_hessian_x_x"], np.asarray(jax.hessian(f)(xs[0])), rtol=1e-9, atol=1e-12
+    )
+    jac = run(onnax.jacfwd(model, inputs=["x"]), {"x": xs[0]})
+    np.testing.assert_allclose(jac["loss_jacobian_x"], np.asarray(jax.grad(f)(xs[0])), rtol=1e-10, atol=1e-12)
