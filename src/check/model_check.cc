@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <set>
 
+#include "check/node_check.h"
 #include "diagnostics/error.h"
 
 namespace onnax::check {
@@ -94,7 +95,33 @@ std::string structure_checker(const onnx::ModelProto& model) {
   return checker(copy);
 }
 
+namespace {
+
+// The first of `nodes` (or of their subgraphs' nodes) on which ONNX's inference would hang,
+// with what is wrong with it; "" for none.
+std::string first_inference_hazard(const google::protobuf::RepeatedPtrField<onnx::NodeProto>& nodes) {
+  for (const auto& n : nodes) {
+    if (std::string why = onnax::inference_hazard(n); !why.empty())
+      return n.op_type() + " at " + diag::node_location(n) + " " + why;
+    for (const auto& a : n.attribute()) {
+      if (a.has_g())
+        if (std::string why = first_inference_hazard(a.g().node()); !why.empty()) return why;
+      for (const auto& g : a.graphs())
+        if (std::string why = first_inference_hazard(g.node()); !why.empty()) return why;
+    }
+  }
+  return "";
+}
+
+}  // namespace
+
 std::string strict_shape_inference(const onnx::ModelProto& model) {
+  // ONNX's inference loops forever on some malformed nodes (found by fuzzing `onnax check`):
+  // those fail here, as the transforms' node checks fail them, and inference does not run.
+  std::string hazard = first_inference_hazard(model.graph().node());
+  for (const auto& f : model.functions())
+    if (hazard.empty()) hazard = first_inference_hazard(f.node());
+  if (!hazard.empty()) return "strict ONNX shape inference was not run: " + hazard;
   // Inference writes value_info into the model; the caller's model stays untouched.
   onnx::ModelProto copy = model;
   try {

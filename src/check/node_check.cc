@@ -255,4 +255,9 @@ std::string node_defect(const onnx::OpSchema& schema, const onnx::NodeProto& nod
   return axis_in_range(op, node, inputs.rank(0));
 }
 
+std::string inference_hazard(const onnx::NodeProto& node) {
+  if ((node.domain().empty() || node.domain() == "ai.onnx") && node.op_type() == "Einsum") return einsum_equation(node);
+  return "";
+}
+
 }  // namespace onnax

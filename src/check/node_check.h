@@ -49,4 +49,9 @@ class NodeInputFactsOf final : public NodeInputFacts {
 std::string node_defect(const onnx::OpSchema& schema, const onnx::NodeProto& node, const int32_t* input_ids,
                         const NodeInputFacts& inputs);
 
+// What would make ONNX's own shape inference of a default-domain `node` hang rather than fail (a
+// malformed Einsum equation such as "ij-"), worded as node_defect words it; "" when nothing
+// does. For running ONNX's inference on a model no transform has checked (onnax check).
+std::string inference_hazard(const onnx::NodeProto& node);
+
 }  // namespace onnax

@@ -1,0 +1,102 @@
+"""Models from the findings of the coverage-guided fuzzer (fuzz/onnax_fuzz.cc; each finding's
+input is replayed from fuzz/regressions/ by scripts/fuzz.sh --replay). Here each pattern is
+built from scratch and must get the contract's diagnostic: exit code 1 with a message and a
+fix from the command line, an OnnaxError in Python; valid neighbours still transform."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+onnax = pytest.importorskip("onnax")
+
+F = TensorProto.FLOAT
+
+
+def lp_pool_model(opsets: list[tuple[str, int]]) -> onnx.ModelProto:
+    """LpPool with an empty kernel_shape over an input of unknown rank (so no node check can
+    compare the two), importing the given (domain, version) pairs."""
+    node = helper.make_node("LpPool", ["x"], ["y"])
+    node.attribute.append(helper.make_attribute("kernel_shape", [], attr_type=onnx.AttributeProto.INTS))
+    graph = helper.make_graph(
+        [node],
+        "g",
+        [helper.make_tensor_value_info("x", F, None)],
+        [helper.make_tensor_value_info("y", F, None)],
+    )
+    return helper.make_model(
+        graph, opset_imports=[helper.make_opsetid(d, v) for d, v in opsets], ir_version=10
+    )
+
+
+def run_cli(args: list[str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "onnax", *args], capture_output=True, text=True, timeout=120, check=False
+    )
+
+
+@pytest.mark.parametrize(
+    ("opsets", "words"),
+    [
+        # The fuzzer's input: onnax read opset 22, then returned the result from opset 2^31 to 22
+        # one opset at a time (a hang).
+        ([("", 22), ("", 2**31)], "imports domain 'ai.onnx' twice, at opsets 22 and 2147483648"),
+        ([("", 18), ("ai.onnx", 21)], "imports domain 'ai.onnx' twice, at opsets 18 and 21"),
+    ],
+)
+def test_a_domain_imported_at_two_opsets_is_refused(
+    opsets: list[tuple[str, int]], words: str, tmp_path: Path
+) -> None:
+    m = lp_pool_model(opsets)
+    path, out = tmp_path / "twice.onnx", tmp_path / "out.onnx"
+    onnx.save(m, path)
+    proc = run_cli(["jvp", str(path), "-o", str(out)])
+    assert proc.returncode == 1, proc.stderr
+    assert "invalid model" in proc.stderr and words in proc.stderr and "Fix:" in proc.stderr, proc.stderr
+    assert not out.exists()
+    for transform in (onnax.jvp, onnax.vjp, onnax.vmap):
+        with pytest.raises(onnax.OnnaxError, match=re.escape(words)):
+            transform(m)
+
+
+def test_a_domain_imported_twice_at_one_opset_still_transforms() -> None:
+    x = helper.make_tensor_value_info("x", F, [2])
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"])], "g", [x], [helper.make_tensor_value_info("y", F, [2])]
+    )
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)] * 2, ir_version=10)
+    result = onnax.jvp(m)
+    assert [o.name for o in result.graph.output] == ["y", "y_tangent"]
+
+
+def einsum_model(equation: str) -> onnx.ModelProto:
+    graph = helper.make_graph(
+        [helper.make_node("Einsum", ["x"], ["y"], equation=equation)],
+        "g",
+        [helper.make_tensor_value_info("x", F, [2, 3])],
+        [helper.make_tensor_value_info("y", F, [3, 2])],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
+
+
+def test_onnax_check_reports_an_einsum_equation_that_hangs_onnx_inference(tmp_path: Path) -> None:
+    # The ONNX checker passes "ij-" (an arrow cut short); ONNX's Einsum inference then loops
+    # forever, so `onnax check` hung in its strict shape inference step.
+    path = tmp_path / "einsum.onnx"
+    onnx.save(einsum_model("ij-"), path)
+    proc = run_cli(["check", str(path)])
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "[pass] checker" in proc.stdout, proc.stdout
+    assert "[FAIL] strict shape inference" in proc.stdout, proc.stdout
+    for words in ("was not run", "Einsum", "equation 'ij-'", "character '-'", "Fix:"):
+        assert words in proc.stdout, proc.stdout
+    # The valid equation passes both steps.
+    onnx.save(einsum_model("ij->ji"), path)
+    proc = run_cli(["check", str(path)])
+    assert proc.returncode == 0 and "all 2 checks passed" in proc.stdout, proc.stdout + proc.stderr
