@@ -244,9 +244,14 @@ class Extractor {
           if (v != 0)
             throw NotASequence{std::string("its Scan has ") + name +
                                " other than 0; step reads scans over the first axis, forwards"};
+    // (A count outside [0, inputs] made the reads below index past the body's inputs: a crash
+    // that fuzzing found with -1.)
+    if (num->i() < 0 || num->i() > loop_->input_size())
+      throw NotASequence{"its Scan has num_scan_inputs " + std::to_string(num->i()) + " for " +
+                         std::to_string(loop_->input_size()) + " inputs"};
     const int n_scan = static_cast<int>(num->i());
     const int n_state = loop_->input_size() - n_scan;
-    if (n_state < 0 || body_->input_size() != loop_->input_size())
+    if (body_->input_size() != loop_->input_size() || body_->output_size() < n_state)
       throw NotASequence{"its Scan's body does not match the Scan's inputs"};
     for (int i = 0; i < n_state; ++i) {
       State s;

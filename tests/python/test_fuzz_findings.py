@@ -100,3 +100,50 @@ def test_onnax_check_reports_an_einsum_equation_that_hangs_onnx_inference(tmp_pa
     onnx.save(einsum_model("ij->ji"), path)
     proc = run_cli(["check", str(path)])
     assert proc.returncode == 0 and "all 2 checks passed" in proc.stdout, proc.stdout + proc.stderr
+
+
+def scan_model(num_scan_inputs: int) -> onnx.ModelProto:
+    """A sequence model as `onnax step` reads it: one Scan carrying s over the rows of x."""
+    body = helper.make_graph(
+        [
+            helper.make_node("Add", ["s_in", "x_t"], ["s_out"]),
+            helper.make_node("Identity", ["s_out"], ["y_t"]),
+        ],
+        "body",
+        [helper.make_tensor_value_info("s_in", F, [2]), helper.make_tensor_value_info("x_t", F, [2])],
+        [helper.make_tensor_value_info("s_out", F, [2]), helper.make_tensor_value_info("y_t", F, [2])],
+    )
+    node = helper.make_node("Scan", ["s0", "x"], ["s", "y"], body=body, num_scan_inputs=num_scan_inputs)
+    graph = helper.make_graph(
+        [node],
+        "g",
+        [helper.make_tensor_value_info("s0", F, [2]), helper.make_tensor_value_info("x", F, [3, 2])],
+        [helper.make_tensor_value_info("s", F, [2]), helper.make_tensor_value_info("y", F, [3, 2])],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
+
+
+@pytest.mark.parametrize("count", [-1, -3, 5, 2**31])
+def test_a_scan_with_num_scan_inputs_out_of_range_is_refused_by_step_and_signature(
+    count: int, tmp_path: Path
+) -> None:
+    # The fuzzer's input had 2^31 (an int overflow, then a refusal by luck); -1 read past the
+    # body's inputs: a segfault of `onnax step` and `onnax signature`.
+    m = scan_model(count)
+    path, out = tmp_path / "scan.onnx", tmp_path / "step.onnx"
+    onnx.save(m, path)
+    words = f"its Scan has num_scan_inputs {count} for 2 inputs"
+    for args in (["step", str(path), "-o", str(out)], ["signature", str(path)]):
+        proc = run_cli(args)
+        assert proc.returncode == 1, proc.stderr
+        assert words in proc.stderr and "Fix:" in proc.stderr, proc.stderr
+    assert not out.exists()
+    with pytest.raises(onnax.OnnaxError, match=re.escape(words)):
+        onnax.step(m)
+    with pytest.raises(onnax.OnnaxError, match=re.escape(words)):
+        onnax.signature(m)
+
+
+def test_a_scan_with_its_one_sequence_still_steps() -> None:
+    stepped = onnax.step(scan_model(1))
+    assert [i.name for i in stepped.graph.input] == ["s0", "x"]
