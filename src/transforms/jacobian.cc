@@ -226,6 +226,7 @@ void record(onnx::ModelProto& result, const onnx::ModelProto& source, const std:
 // brings the result back to the source's opset; errors name the transform the user called.
 onnx::ModelProto at_transform_opset(const onnx::ModelProto& model, const char* transform,
                                     const std::function<onnx::ModelProto(const onnx::ModelProto&)>& build) {
+  check_opset_imports(model, transform);
   const int64_t source_opset = default_opset(model);
   try {
     if (source_opset >= kMinOpset || source_opset < kMinConvertibleOpset) return build(model);

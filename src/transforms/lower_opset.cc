@@ -91,7 +91,9 @@ class Lowering {
   }
 
   [[noreturn]] void fail(const onnx::NodeProto& n, const std::string& what) const {
-    throw NoOlderForm{n.op_type() + " node '" + (n.name().empty() ? n.output(0) : n.name()) + "' " + what};
+    // (A node of an unchecked model may have neither a name nor an output.)
+    const std::string name = !n.name().empty() ? n.name() : n.output_size() > 0 ? n.output(0) : std::string();
+    throw NoOlderForm{n.op_type() + " node '" + name + "' " + what};
   }
 
   std::vector<int64_t> constant_ints(const onnx::NodeProto& n, int i, const char* role) const {
@@ -422,6 +424,7 @@ void return_to_source_opset(onnx::ModelProto& result, int64_t source_opset, cons
 }
 
 void convert_opset_in_place(onnx::ModelProto& model, int64_t target) {
+  check_opset_imports(model, "convert_opset");
   int64_t current = -1;
   for (const auto& o : model.opset_import())
     if (o.domain().empty() || o.domain() == "ai.onnx") current = o.version();

@@ -27,6 +27,19 @@ int64_t default_opset(const onnx::ModelProto& m) {
   return -1;
 }
 
+void check_opset_imports(const onnx::ModelProto& m, const std::string& mode) {
+  std::unordered_map<std::string, int64_t> seen;
+  for (const auto& o : m.opset_import()) {
+    const std::string domain = is_default_domain(o.domain()) ? "ai.onnx" : o.domain();
+    const auto [it, added] = seen.emplace(domain, o.version());
+    if (!added && it->second != o.version())
+      diag::fail(Error::Kind::kInvalidModel,
+                 mode + ": invalid model: it imports domain '" + domain + "' twice, at opsets " +
+                     std::to_string(it->second) + " and " + std::to_string(o.version()) +
+                     ". Fix: keep one opset_import entry per domain, with the version the model was written for");
+  }
+}
+
 namespace {
 
 // Reserves the names of `g` (and its subgraphs) that index_graph did not: output and
@@ -500,23 +513,6 @@ void index_and_infer(Prepared& p) {
                                          const std::function<const Facts*(std::string_view)>& outer) {
                 return loop_output_facts(loop, in, trips, opsets, outer);
               });
-}
-
-// A domain imported twice at different versions ("" and "ai.onnx" are one domain) leaves the
-// model's opset ambiguous. ONNX's checker accepts it, but onnax read the first entry here and
-// the last when it returned the result to the source's opset: one lowering step per opset in
-// between, about 2^31 of them for a second entry at opset 2^31 (found by fuzzing).
-void check_opset_imports(const onnx::ModelProto& m, const std::string& mode) {
-  std::unordered_map<std::string, int64_t> seen;
-  for (const auto& o : m.opset_import()) {
-    const std::string domain = is_default_domain(o.domain()) ? "ai.onnx" : o.domain();
-    const auto [it, added] = seen.emplace(domain, o.version());
-    if (!added && it->second != o.version())
-      diag::fail(Error::Kind::kInvalidModel,
-                 mode + ": invalid model: it imports domain '" + domain + "' twice, at opsets " +
-                     std::to_string(it->second) + " and " + std::to_string(o.version()) +
-                     ". Fix: keep one opset_import entry per domain, with the version the model was written for");
-  }
 }
 
 void prepare_graph(Prepared& p, const std::string& mode) {

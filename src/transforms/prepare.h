@@ -61,6 +61,13 @@ std::string transform_serialized(const std::string& model, const std::string& mo
 
 // The model's ai.onnx opset import (-1: none).
 int64_t default_opset(const onnx::ModelProto& m);
+// Fails (kInvalidModel) when the model imports a domain twice at different versions ("" and
+// "ai.onnx" are one domain): ONNX's checker accepts it, but which entry counts is then
+// ambiguous. (Read one way here and another there, [22, 2^31] made a transform lower its
+// result one opset at a time from 2^31 to 22, and [13, 19] sent an upgrade down the lowering
+// path of unchecked nodes.) The transforms, jacfwd/jacrev/hessian and convert_opset call it
+// before they read the opset.
+void check_opset_imports(const onnx::ModelProto& m, const std::string& mode);
 
 // p.runtime_inputs from p's graph: its inputs that no initializer gives a value.
 void collect_runtime_inputs(Prepared& p);

@@ -147,3 +147,38 @@ def test_a_scan_with_num_scan_inputs_out_of_range_is_refused_by_step_and_signatu
 def test_a_scan_with_its_one_sequence_still_steps() -> None:
     stepped = onnax.step(scan_model(1))
     assert [i.name for i in stepped.graph.input] == ["s0", "x"]
+
+
+def expand_without_outputs(opsets: list[int]) -> onnx.ModelProto:
+    """An Expand with no outputs (its schema needs one), after a Relu, at the given opsets."""
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"]), helper.make_node("Expand", ["y", "shape"], [])],
+        "g",
+        [
+            helper.make_tensor_value_info("x", F, [2]),
+            helper.make_tensor_value_info("shape", TensorProto.INT64, [1]),
+        ],
+        [helper.make_tensor_value_info("y", F, [2])],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", v) for v in opsets], ir_version=10)
+
+
+def test_jacobians_and_convert_opset_refuse_a_domain_imported_at_two_opsets() -> None:
+    # The fuzzer's input imported [13, 13, 19]: jacrev read 13 and upgraded the model, and the
+    # upgrade read 19 and lowered it instead, over nodes nothing had checked; its message read
+    # the first output of an Expand that has none (out of bounds).
+    m = expand_without_outputs([13, 13, 19])
+    words = "imports domain 'ai.onnx' twice, at opsets 13 and 19"
+    for transform in (onnax.jacrev, onnax.jacfwd, onnax.hessian):
+        with pytest.raises(onnax.OnnaxError, match=re.escape(words)):
+            transform(m)
+    with pytest.raises(onnax.OnnaxError, match=re.escape(words)):
+        onnax.convert_opset(m, 18)
+
+
+def test_convert_opset_lowering_a_node_without_outputs_is_refused() -> None:
+    # The lowering's message named the node by its first output, which this one lacks.
+    with pytest.raises(
+        onnax.OnnaxError, match=r"convert_opset: cannot write the model at ai.onnx opset 18.*Expand"
+    ):
+        onnax.convert_opset(expand_without_outputs([19]), 18)
