@@ -213,6 +213,19 @@ std::string spatial_attributes(const std::string& op, const onnx::NodeProto& nod
   return "";
 }
 
+// Attention's query, key and value are 3-D (N, seq, hidden) or 4-D (N, heads, seq, head_size);
+// its rules build shapes from the query's rank (a rank-0 query made vmap size a vector by -1).
+std::string attention_ranks(const NodeInputFacts& inputs) {
+  static const char* const kRoles[] = {"query", "key", "value"};
+  for (int i = 0; i < 3; ++i) {
+    const int64_t rank = inputs.rank(i);
+    if (rank >= 0 && rank != 3 && rank != 4)
+      return std::string("reads a ") + kRoles[i] + " (input " + std::to_string(i) + ") of rank " +
+             std::to_string(rank) + "; Attention needs rank 3 or 4" + kCheckerFix;
+  }
+  return "";
+}
+
 // Subgraph inputs and outputs must be named: the enclosing node's values map to them by name.
 std::string subgraph_names(const onnx::NodeProto& node) {
   for (const auto& a : node.attribute()) {
@@ -240,6 +253,7 @@ std::string node_defect(const onnx::OpSchema& schema, const onnx::NodeProto& nod
   if (!schema.domain().empty()) return "";
   const std::string& op = schema.Name();
   if (op == "Einsum") return einsum_equation(node);
+  if (op == "Attention") return attention_ranks(inputs);
   static const std::set<std::string, std::less<>> spatial{
       "Conv",         "ConvTranspose", "ConvInteger", "QLinearConv",          "AveragePool",
       "MaxPool",      "LpPool",        "MaxUnpool",   "GlobalAveragePool",    "GlobalMaxPool",

@@ -43,7 +43,7 @@ class NodeInputFactsOf final : public NodeInputFacts {
 // one left empty, which ONNX allows but no rule can read), a Transpose perm that is not a
 // permutation of the input's axes, a GatherND batch_dims beyond its inputs' ranks, reduced axes
 // (attribute or constant input) or an `axis` attribute out of range, an STFT with neither a window
-// nor a frame_length.
+// nor a frame_length, an Attention query, key or value of a rank other than 3 or 4.
 // `input_ids` are the node's value ids in the transform's index (NodeValueIds): its inputs', then
 // its outputs', -1 for an empty name.
 std::string node_defect(const onnx::OpSchema& schema, const onnx::NodeProto& node, const int32_t* input_ids,

@@ -11,6 +11,7 @@
 // rank 4 with a static dim 0 of 1) broadcasts over B*N as it did over N and is passed as is.
 // Any other mask is made batched, padded to rank 4 after the batch axis, given its full N dim
 // (Expand) and merged like the rest, so merged row b*N+n reads example b's mask row n.
+#include "diagnostics/error.h"
 #include "rules/batching.h"
 #include "rules/op_table.h"
 
@@ -102,6 +103,11 @@ BatchResult attention_rule(BatchCtx& c) {
   // per-example Scan is exact whatever the mask's rank.
   if (c.has(kMask) && !(c.facts[kMask] && c.facts[kMask]->has_shape)) return scan_fallback(c);
   const int64_t q_rank = c.rank(kQ);
+  // (node_defect refuses declared ranks other than 3 or 4; this is a rank only inference found.)
+  if (q_rank != 3 && q_rank != 4)
+    diag::fail(Error::Kind::kInvalidModel, "vmap: invalid model: " + diag::op_at(c.node, c.opset) +
+                                               " reads a query (input 0) of rank " + std::to_string(q_rank) +
+                                               "; Attention needs rank 3 or 4. Fix: repair the node");
   const V q = c.materialize(kQ);
   const V n = c.b.shape_of(q, 1, 2);  // per-example batch size N, [N]
   const EmptyGuard g = empty_guard(c, q, n);

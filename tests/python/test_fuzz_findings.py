@@ -182,3 +182,50 @@ def test_convert_opset_lowering_a_node_without_outputs_is_refused() -> None:
         onnax.OnnaxError, match=r"convert_opset: cannot write the model at ai.onnx opset 18.*Expand"
     ):
         onnax.convert_opset(expand_without_outputs([19]), 18)
+
+
+def attention_model(q_shape: list[int], reshape_q: bool = False) -> onnx.ModelProto:
+    """Attention(Q, K, V) at opset 23 with 4-D K and V; Q declared with `q_shape`, or (reshape_q)
+    computed by a Reshape to that shape from a 4-D input, so only inference knows its rank."""
+    kv = [2, 3, 4, 8]
+    nodes = [helper.make_node("Attention", ["Q", "K", "V"], ["Y"])]
+    inputs = [helper.make_tensor_value_info(n, F, kv) for n in ("K", "V")]
+    initializers = []
+    if reshape_q:
+        nodes.insert(0, helper.make_node("Reshape", ["q4", "q_shape"], ["Q"]))
+        inputs.insert(0, helper.make_tensor_value_info("q4", F, [2, 3, 4, 8]))
+        initializers.append(helper.make_tensor("q_shape", TensorProto.INT64, [len(q_shape)], q_shape))
+    else:
+        inputs.insert(0, helper.make_tensor_value_info("Q", F, q_shape))
+    graph = helper.make_graph(
+        nodes, "g", inputs, [helper.make_tensor_value_info("Y", F, None)], initializer=initializers
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)], ir_version=10)
+
+
+def test_vmap_of_attention_with_a_query_of_rank_0_is_an_invalid_model(tmp_path: Path) -> None:
+    # The fuzzer's input declared Q with shape []: vmap's Attention rule sized a vector by
+    # rank - 1 = -1, an "internal error" (std::length_error) from the command line.
+    m = attention_model([])
+    path, out = tmp_path / "attention.onnx", tmp_path / "out.onnx"
+    onnx.save(m, path)
+    proc = run_cli(["vmap", str(path), "-o", str(out)])
+    assert proc.returncode == 1, proc.stderr
+    words = "reads a query (input 0) of rank 0; Attention needs rank 3 or 4"
+    assert "invalid model" in proc.stderr and words in proc.stderr and "Fix:" in proc.stderr, proc.stderr
+    assert not out.exists()
+    for transform in (onnax.vmap, onnax.jvp):
+        with pytest.raises(onnax.OnnaxError, match=re.escape(words)):
+            transform(m)
+
+
+def test_vmap_of_attention_with_a_query_inference_finds_of_rank_2_is_an_invalid_model() -> None:
+    with pytest.raises(
+        onnax.OnnaxError, match=re.escape("reads a query (input 0) of rank 2; Attention needs")
+    ):
+        onnax.vmap(attention_model([6, 32], reshape_q=True))
+
+
+def test_vmap_of_attention_with_a_4d_query_still_batches() -> None:
+    result = onnax.vmap(attention_model([2, 3, 4, 8]))
+    assert [o.name for o in result.graph.output] == ["Y"]
