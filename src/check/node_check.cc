@@ -258,8 +258,20 @@ std::string node_defect(const onnx::OpSchema& schema, const onnx::NodeProto& nod
       "Conv",         "ConvTranspose", "ConvInteger", "QLinearConv",          "AveragePool",
       "MaxPool",      "LpPool",        "MaxUnpool",   "GlobalAveragePool",    "GlobalMaxPool",
       "GlobalLpPool", "LRN",           "DeformConv",  "InstanceNormalization"};
-  if (spatial.count(op))
-    if (std::string why = spatial_attributes(op, node, inputs.rank(0)); !why.empty()) return why;
+  if (spatial.count(op)) {
+    // A convolution's weight (M x C/group x kernel) has its input's rank; the transpose rules
+    // count spatial axes from either, so they must agree (a rank-7 weight for a rank-4 input
+    // made vjp read 5 pads from a list of 4).
+    const int weight = op == "QLinearConv" ? 3 : 1;
+    const bool has_weight =
+        op == "Conv" || op == "ConvTranspose" || op == "ConvInteger" || op == "QLinearConv" || op == "DeformConv";
+    const int64_t x_rank = inputs.rank(0), w_rank = has_weight ? inputs.rank(weight) : -1;
+    if (x_rank >= 0 && w_rank >= 0 && x_rank != w_rank)
+      return "has a weight (input " + std::to_string(weight) + ") of rank " + std::to_string(w_rank) +
+             " for an input of rank " + std::to_string(x_rank) + "; " + op +
+             "'s weight has its input's rank (M x C/group x kernel)" + kCheckerFix;
+    if (std::string why = spatial_attributes(op, node, x_rank >= 0 ? x_rank : w_rank); !why.empty()) return why;
+  }
   if (op == "Transpose") return transpose_perm(node, inputs.rank(0));
   if (op == "GatherND") return gathernd_batch_dims(node, inputs.rank(0), inputs.rank(1));
   if (op.rfind("Reduce", 0) == 0) return reduced_axes(node, inputs);

@@ -229,3 +229,38 @@ def test_vmap_of_attention_with_a_query_inference_finds_of_rank_2_is_an_invalid_
 def test_vmap_of_attention_with_a_4d_query_still_batches() -> None:
     result = onnax.vmap(attention_model([2, 3, 4, 8]))
     assert [o.name for o in result.graph.output] == ["Y"]
+
+
+def conv_model(weight_shape: list[int]) -> onnx.ModelProto:
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "W"], ["y"], kernel_shape=[3, 3], pads=[1, 1, 1, 1])],
+        "g",
+        [
+            helper.make_tensor_value_info("x", F, [1, 1, 5, 5]),
+            helper.make_tensor_value_info("W", F, weight_shape),
+        ],
+        [helper.make_tensor_value_info("y", F, None)],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 22)], ir_version=10)
+
+
+def test_a_conv_weight_of_another_rank_than_its_input_is_an_invalid_model(tmp_path: Path) -> None:
+    # The fuzzer's input: a rank-7 weight for a rank-4 input. vjp's Conv transpose counted 5
+    # spatial axes from the weight and read 5 begin pads from a list of 4 (a heap over-read
+    # under ASan; "internal error" or heap bytes in the result without it).
+    m = conv_model([3, 5, 6, 6, 5, 3, 4])
+    path, out = tmp_path / "conv.onnx", tmp_path / "out.onnx"
+    onnx.save(m, path)
+    proc = run_cli(["vjp", str(path), "-o", str(out), "--inputs", "W"])
+    assert proc.returncode == 1, proc.stderr
+    words = "has a weight (input 1) of rank 7 for an input of rank 4"
+    assert "invalid model" in proc.stderr and words in proc.stderr and "Fix:" in proc.stderr, proc.stderr
+    assert not out.exists()
+    for transform in (onnax.vjp, onnax.vmap):
+        with pytest.raises(onnax.OnnaxError, match=re.escape(words)):
+            transform(m)
+
+
+def test_a_conv_weight_of_its_inputs_rank_still_differentiates() -> None:
+    result = onnax.vjp(conv_model([2, 1, 3, 3]), inputs=["W"])
+    assert [o.name for o in result.graph.output] == ["y", "W_cotangent"]
