@@ -9,6 +9,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import onnx
 import pytest
@@ -41,6 +42,22 @@ def run_cli(args: list[str]) -> subprocess.CompletedProcess[str]:
     )
 
 
+def assert_invalid_model(
+    m: onnx.ModelProto, command: list[str], words: str, transforms: list[Any], tmp_path: Path
+) -> None:
+    """`onnax COMMAND model -o out` exits 1 with an invalid-model diagnostic containing `words`
+    and a fix, writing nothing; each Python transform raises OnnaxError with `words`."""
+    path, out = tmp_path / "model.onnx", tmp_path / "out.onnx"
+    onnx.save(m, path)
+    proc = run_cli([command[0], str(path), "-o", str(out), *command[1:]])
+    assert proc.returncode == 1, proc.stderr
+    assert "invalid model" in proc.stderr and words in proc.stderr and "Fix:" in proc.stderr, proc.stderr
+    assert not out.exists()
+    for transform in transforms:
+        with pytest.raises(onnax.OnnaxError, match=re.escape(words)):
+            transform(m)
+
+
 @pytest.mark.parametrize(
     ("opsets", "words"),
     [
@@ -53,16 +70,7 @@ def run_cli(args: list[str]) -> subprocess.CompletedProcess[str]:
 def test_a_domain_imported_at_two_opsets_is_refused(
     opsets: list[tuple[str, int]], words: str, tmp_path: Path
 ) -> None:
-    m = lp_pool_model(opsets)
-    path, out = tmp_path / "twice.onnx", tmp_path / "out.onnx"
-    onnx.save(m, path)
-    proc = run_cli(["jvp", str(path), "-o", str(out)])
-    assert proc.returncode == 1, proc.stderr
-    assert "invalid model" in proc.stderr and words in proc.stderr and "Fix:" in proc.stderr, proc.stderr
-    assert not out.exists()
-    for transform in (onnax.jvp, onnax.vjp, onnax.vmap):
-        with pytest.raises(onnax.OnnaxError, match=re.escape(words)):
-            transform(m)
+    assert_invalid_model(lp_pool_model(opsets), ["jvp"], words, [onnax.jvp, onnax.vjp, onnax.vmap], tmp_path)
 
 
 def test_a_domain_imported_twice_at_one_opset_still_transforms() -> None:
@@ -206,17 +214,8 @@ def attention_model(q_shape: list[int], reshape_q: bool = False) -> onnx.ModelPr
 def test_vmap_of_attention_with_a_query_of_rank_0_is_an_invalid_model(tmp_path: Path) -> None:
     # The fuzzer's input declared Q with shape []: vmap's Attention rule sized a vector by
     # rank - 1 = -1, an "internal error" (std::length_error) from the command line.
-    m = attention_model([])
-    path, out = tmp_path / "attention.onnx", tmp_path / "out.onnx"
-    onnx.save(m, path)
-    proc = run_cli(["vmap", str(path), "-o", str(out)])
-    assert proc.returncode == 1, proc.stderr
     words = "reads a query (input 0) of rank 0; Attention needs rank 3 or 4"
-    assert "invalid model" in proc.stderr and words in proc.stderr and "Fix:" in proc.stderr, proc.stderr
-    assert not out.exists()
-    for transform in (onnax.vmap, onnax.jvp):
-        with pytest.raises(onnax.OnnaxError, match=re.escape(words)):
-            transform(m)
+    assert_invalid_model(attention_model([]), ["vmap"], words, [onnax.vmap, onnax.jvp], tmp_path)
 
 
 def test_vmap_of_attention_with_a_query_inference_finds_of_rank_2_is_an_invalid_model() -> None:
@@ -248,17 +247,9 @@ def test_a_conv_weight_of_another_rank_than_its_input_is_an_invalid_model(tmp_pa
     # The fuzzer's input: a rank-7 weight for a rank-4 input. vjp's Conv transpose counted 5
     # spatial axes from the weight and read 5 begin pads from a list of 4 (a heap over-read
     # under ASan; "internal error" or heap bytes in the result without it).
-    m = conv_model([3, 5, 6, 6, 5, 3, 4])
-    path, out = tmp_path / "conv.onnx", tmp_path / "out.onnx"
-    onnx.save(m, path)
-    proc = run_cli(["vjp", str(path), "-o", str(out), "--inputs", "W"])
-    assert proc.returncode == 1, proc.stderr
     words = "has a weight (input 1) of rank 7 for an input of rank 4"
-    assert "invalid model" in proc.stderr and words in proc.stderr and "Fix:" in proc.stderr, proc.stderr
-    assert not out.exists()
-    for transform in (onnax.vjp, onnax.vmap):
-        with pytest.raises(onnax.OnnaxError, match=re.escape(words)):
-            transform(m)
+    m = conv_model([3, 5, 6, 6, 5, 3, 4])
+    assert_invalid_model(m, ["vjp", "--inputs", "W"], words, [onnax.vjp, onnax.vmap], tmp_path)
 
 
 def test_a_conv_weight_of_its_inputs_rank_still_differentiates() -> None:
