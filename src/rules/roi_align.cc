@@ -8,8 +8,10 @@
 // samples as the largest needs, and those beyond its own count are masked out.
 #include <onnx/onnx_pb.h>
 
+#include <algorithm>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "rules/derivative.h"
@@ -28,6 +30,15 @@ Vs roi_align_jvp(JvpCtx& c) {
   if (const auto* a = c.attr("coordinate_transformation_mode")) transform = a->s();
   const bool half_pixel = transform == "half_pixel";
   const int64_t out_h = c.attr_i("output_height", 1), out_w = c.attr_i("output_width", 1);
+  // Bounds before any table is sized from them: an attribute of 2^40 would otherwise make the
+  // expansion allocate 2^40 positions (a memory bomb from a 300-byte model).
+  constexpr int64_t kMaxSamplesPerAxis = int64_t{1} << 31;
+  for (const auto& [name, bins] : {std::pair{"output_height", out_h}, std::pair{"output_width", out_w}}) {
+    int64_t total = 0;
+    if (bins < 1 || __builtin_mul_overflow(bins, std::max<int64_t>(samples, 1), &total) || total > kMaxSamplesPerAxis)
+      c.unsupported(std::string(name) + " " + std::to_string(bins) + " with sampling_ratio " + std::to_string(samples),
+                    "give output_height and output_width in [1, 2^31 / max(sampling_ratio, 1)]");
+  }
   const float scale = c.attr_f("spatial_scale", 1.0f);
 
   onnx::GraphProto g;
@@ -52,6 +63,29 @@ Vs roi_align_jvp(JvpCtx& c) {
   // Sample positions along one axis: start + bin * (bin index + (sample + 0.5) / count), as
   // (R, bins * S) with S samples per bin: `samples`, or (adaptive) the largest count of any
   // box, each box's own count being ceil(bin), and a mask (R, bins * S) of the samples it has.
+  // Sample k = b * S + s of `bins` bins sits b + (s + 0.5) / S = (k + 0.5) / S bins from the
+  // start: a constant for small tables, a Range for large ones (no table of output_height x
+  // sampling_ratio entries is ever built here).
+  constexpr int64_t kMaxConstantTable = 4096;
+  auto sample_offsets = [&](int64_t bins) {
+    if (bins * samples <= kMaxConstantTable) {
+      std::vector<double> f;
+      for (int64_t b = 0; b < bins; ++b)
+        for (int64_t s = 0; s < samples; ++s)
+          f.push_back(static_cast<double>(b) + (static_cast<double>(s) + 0.5) / static_cast<double>(samples));
+      return w.reals(f);
+    }
+    const std::string k = as_float(w.op("Range", {w.i64(0), w.i64(bins * samples), w.i64(1)}));
+    return w.op("Div", {w.op("Add", {k, w.scalar(0.5)}), w.scalar(static_cast<double>(samples))});
+  };
+  auto bin_indices = [&](int64_t n) {  // 0, 1, ..., n - 1 in the model's float type
+    if (n <= kMaxConstantTable) {
+      std::vector<double> f;
+      for (int64_t k = 0; k < n; ++k) f.push_back(static_cast<double>(k));
+      return w.reals(f);
+    }
+    return as_float(w.op("Range", {w.i64(0), w.i64(n), w.i64(1)}));
+  };
   struct Samples {
     std::string pos, mask, count, per_bin;  // (mask, count: adaptive only; count (R, 1))
   };
@@ -59,11 +93,7 @@ Vs roi_align_jvp(JvpCtx& c) {
     Samples out;
     const std::string bin = w.op("Div", {size, w.scalar(static_cast<double>(bins))});
     if (!adaptive) {
-      std::vector<double> f;
-      for (int64_t b = 0; b < bins; ++b)
-        for (int64_t s = 0; s < samples; ++s)
-          f.push_back(static_cast<double>(b) + (static_cast<double>(s) + 0.5) / static_cast<double>(samples));
-      out.pos = w.op("Add", {start, w.op("Mul", {bin, w.reals(f)})});
+      out.pos = w.op("Add", {start, w.op("Mul", {bin, sample_offsets(bins)})});
       out.per_bin = w.i64s({samples});
       return out;
     }
@@ -72,8 +102,6 @@ Vs roi_align_jvp(JvpCtx& c) {
     const std::string sample = w.op("Range", {w.scalar(0.0), most, w.scalar(1.0)});  // (S,)
     const std::string divisor = w.op("Max", {out.count, w.scalar(1.0)});
     const std::string offset = w.op("Div", {w.op("Add", {sample, w.scalar(0.5)}), divisor});  // (R, S)
-    std::vector<double> index;
-    for (int64_t b = 0; b < bins; ++b) index.push_back(static_cast<double>(b));
     auto per_bin = [&](const std::string& v) {  // (R, S) -> (R, bins, S) -> (R, bins * S)
       return w.op("Reshape",
                   {w.op("Expand", {w.op("Unsqueeze", {v, w.i64s({1})}),
@@ -82,7 +110,7 @@ Vs roi_align_jvp(JvpCtx& c) {
     };
     // (bins, 1) + (R, 1, S): (R, bins, S)
     const std::string within =
-        w.op("Add", {w.op("Unsqueeze", {w.reals(index), w.i64s({1})}), w.op("Unsqueeze", {offset, w.i64s({1})})});
+        w.op("Add", {w.op("Unsqueeze", {bin_indices(bins), w.i64s({1})}), w.op("Unsqueeze", {offset, w.i64s({1})})});
     out.pos = w.op("Add", {start, w.op("Mul", {bin, w.op("Reshape", {within, w.i64s({0, -1})})})});
     out.mask = per_bin(w.op("Less", {sample, out.count}));
     out.per_bin = w.op("Shape", {sample});

@@ -97,6 +97,18 @@ CASES = [
         roi_model(output_height=2, output_width=2, mode="max", spatial_scale=0.75),
         {"rois": boxes(-2.5, 6.0)},
     ),
+    # More than 4096 sample positions along an axis: the positions come from a Range, not a
+    # constant table (which a huge output_height would make a memory bomb).
+    Case(
+        "avg-4100-bins-positions-from-a-range",
+        roi_model(output_height=4100, output_width=1, sampling_ratio=1),
+        {"rois": boxes(0.0, 6.0)},
+    ),
+    Case(
+        "adaptive-avg-4100-bins-positions-from-a-range",
+        roi_model(output_height=4100, output_width=2),
+        {"rois": boxes(-2.5, 6.0)},
+    ),
 ]
 IDS = [c.id for c in CASES]
 INPUTS = ["X", "rois"]

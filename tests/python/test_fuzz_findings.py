@@ -255,3 +255,56 @@ def test_a_conv_weight_of_another_rank_than_its_input_is_an_invalid_model(tmp_pa
 def test_a_conv_weight_of_its_inputs_rank_still_differentiates() -> None:
     result = onnax.vjp(conv_model([2, 1, 3, 3]), inputs=["W"])
     assert [o.name for o in result.graph.output] == ["y", "W_cotangent"]
+
+
+def roi_align_loss(output_height: int) -> onnx.ModelProto:
+    """The fuzzer's model: RoiAlign with a huge output_height, reduced to a scalar loss."""
+    nodes = [
+        helper.make_node(
+            "RoiAlign",
+            ["X", "rois", "idx"],
+            ["Y"],
+            output_height=output_height,
+            output_width=5,
+            sampling_ratio=2,
+        ),
+        helper.make_node("ReduceSum", ["Y"], ["loss"], keepdims=0),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [
+            helper.make_tensor_value_info("X", F, ["n", 1, 10, 10]),
+            helper.make_tensor_value_info("rois", F, [3, 4]),
+            helper.make_tensor_value_info("idx", TensorProto.INT64, [3]),
+        ],
+        [helper.make_tensor_value_info("loss", F, [])],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 22)], ir_version=10)
+
+
+def test_roi_align_with_an_output_height_of_2_to_the_40_is_refused_without_allocating(tmp_path: Path) -> None:
+    # Before: the derivative's sample table held output_height x sampling_ratio positions, so
+    # grad of this 300-byte model allocated until memory ran out. Under a 2 GB address-space
+    # limit the command must answer with the diagnostic, not run out of memory.
+    path, out = tmp_path / "model.onnx", tmp_path / "grad.onnx"
+    onnx.save(roi_align_loss(2**40), path)
+    proc = subprocess.run(
+        ["bash", "-c", f'ulimit -v 2000000; exec "{sys.executable}" -m onnax grad "{path}" -o "{out}"'],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 1, proc.stderr
+    assert "output_height 1099511627776 with sampling_ratio 2" in proc.stderr and "Fix:" in proc.stderr
+    assert not out.exists()
+    with pytest.raises(onnax.OnnaxError, match="output_height 1099511627776"):
+        onnax.grad(roi_align_loss(2**40))
+
+
+def test_roi_align_with_a_large_output_height_still_differentiates() -> None:
+    # 5000 bins x 2 samples: the positions come from a Range (numbers: test_autodiff_roi_align).
+    g = onnax.grad(roi_align_loss(5000), inputs=["X", "rois"])
+    assert [o.name for o in g.graph.output] == ["loss", "X_grad", "rois_grad"]
+    assert "Range" in {n.op_type for n in g.graph.node}
