@@ -419,3 +419,102 @@ def test_a_loop_if_loop_nest_with_a_stacked_sum_vmaps_and_has_jax_hessians() -> 
     )
     jac = run(onnax.jacfwd(model, inputs=["x"]), {"x": xs[0]})
     np.testing.assert_allclose(jac["loss_jacobian_x"], np.asarray(jax.grad(f)(xs[0])), rtol=1e-10, atol=1e-12)
+
+
+def loop_reading_inner_stack(variant: str) -> onnx.ModelProto:
+    """Two Loops; the outer body reads the inner Loop's scan output (its stack of states):
+    h <- inner_final + sin(sum of the inner stack), twice; loss = sum(h^2). `variant`: the
+    inner trip count is 3 ("const") or the outer iteration + 1 ("iteration"), or the outer
+    loop also stacks the inner stack's sum and the loss adds it ("stacked")."""
+    vi = helper.make_tensor_value_info
+    inner = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["hi", "W"], ["hw"]),
+            helper.make_node("Tanh", ["hw"], ["ho"]),
+            helper.make_node("Identity", ["ci"], ["co"]),
+            helper.make_node("Identity", ["ho"], ["hs"]),
+        ],
+        "inner",
+        [vi("j", I64, []), vi("ci", B, []), vi("hi", D, [3])],
+        [vi("co", B, []), vi("ho", D, [3]), vi("hs", D, [3])],
+    )
+    if variant == "iteration":
+        trips = [
+            helper.make_node("Constant", [], ["one"], value=helper.make_tensor("one_v", I64, [], [1])),
+            helper.make_node("Add", ["i", "one"], ["n1"]),
+        ]
+    else:
+        trips = [helper.make_node("Constant", [], ["n1"], value=helper.make_tensor("n1_v", I64, [], [3]))]
+    stacked = variant == "stacked"
+    outer = helper.make_graph(
+        [
+            *trips,
+            helper.make_node("Loop", ["n1", "", "h"], ["hf", "stack"], body=inner),
+            helper.make_node("Constant", [], ["ax0"], value=helper.make_tensor("ax0_v", I64, [1], [0])),
+            helper.make_node("ReduceSum", ["stack", "ax0"], ["ssum"], keepdims=0),
+            helper.make_node("Sin", ["ssum"], ["sn"]),
+            helper.make_node("Add", ["hf", "sn"], ["h2"]),
+            helper.make_node("Identity", ["c"], ["c2"]),
+            *([helper.make_node("Identity", ["ssum"], ["so"])] if stacked else []),
+        ],
+        "outer",
+        [vi("i", I64, []), vi("c", B, []), vi("h", D, [3])],
+        [vi("c2", B, []), vi("h2", D, [3]), *([vi("so", D, [3])] if stacked else [])],
+    )
+    tail = (
+        [
+            helper.make_node("ReduceSum", ["sos"], ["extra"], keepdims=0),
+            helper.make_node("Add", ["loss0", "extra"], ["loss"]),
+        ]
+        if stacked
+        else [helper.make_node("Identity", ["loss0"], ["loss"])]
+    )
+    graph = helper.make_graph(
+        [
+            helper.make_node("Constant", [], ["n0"], value=helper.make_tensor("n0_v", I64, [], [2])),
+            helper.make_node("Loop", ["n0", "", "x"], ["y", *(["sos"] if stacked else [])], body=outer),
+            helper.make_node("Mul", ["y", "y"], ["yy"]),
+            helper.make_node("ReduceSum", ["yy"], ["loss0"], keepdims=0),
+            *tail,
+        ],
+        "loop_reading_inner_stack",
+        [vi("x", D, [3])],
+        [vi("loss", D, [])],
+        initializer=[numpy_helper.from_array(0.5 * np.random.default_rng(0).standard_normal((3, 3)), "W")],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
+
+
+@pytest.mark.parametrize("variant", ["const", "iteration", "stacked"])
+def test_jacobians_and_hessians_of_a_loop_reading_an_inner_loops_stack_equal_jax(variant: str) -> None:
+    # jacfwd and hessian vmap a JVP over a basis of tangents. The inner stack must not send that
+    # vmap to a per-example Scan: it would batch the primal loss too, which out_axes=None for
+    # primal outputs refuses.
+    jax = pytest.importorskip("jax")
+    jax.config.update("jax_enable_x64", True)
+    import jax.numpy as jnp
+
+    model = loop_reading_inner_stack(variant)
+    w = numpy_helper.to_array(model.graph.initializer[0])
+
+    def f(x: Any) -> Any:
+        h, extra = x, 0.0
+        for i in range(2):
+            states, hi = [], h
+            for _ in range(i + 1 if variant == "iteration" else 3):
+                hi = jnp.tanh(hi @ w)
+                states.append(hi)
+            ssum = jnp.sum(jnp.stack(states), axis=0)
+            extra = extra + (jnp.sum(ssum) if variant == "stacked" else 0.0)
+            h = hi + jnp.sin(ssum)
+        return jnp.sum(h * h) + extra
+
+    x = np.array([0.3, -0.2, 0.5])
+    hess = onnax.hessian(model, inputs=["x"], output="loss")
+    assert "Scan" not in {n.op_type for n in hess.graph.node}
+    got = run(hess, {"x": x})
+    np.testing.assert_allclose(got["loss"], float(f(x)), rtol=1e-13)
+    np.testing.assert_allclose(got["loss_jacobian_x"], np.asarray(jax.grad(f)(x)), rtol=1e-11, atol=1e-13)
+    np.testing.assert_allclose(got["loss_hessian_x_x"], np.asarray(jax.hessian(f)(x)), rtol=1e-10, atol=1e-12)
+    jac = run(onnax.jacfwd(model, inputs=["x"]), {"x": x})
+    np.testing.assert_allclose(jac["loss_jacobian_x"], np.asarray(jax.grad(f)(x)), rtol=1e-11, atol=1e-13)
