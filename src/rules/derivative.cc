@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <utility>
 
 #include "diagnostics/error.h"
 
@@ -327,6 +328,10 @@ V unbroadcast(Builder& b, V ct, V target, V witness) {
   // (Still ambiguous here: unknown dims with no run-time shape are taken as not broadcast.)
   if (axes.empty()) return out;
   return b.op1_known("ReduceSum", {out, b.i64s(axes)}, {Attr::i("keepdims", 1)}, tf);
+}
+
+JvpRule expr_jvp(std::function<Expr(JvpCtx&)> tangent) {
+  return [tangent = std::move(tangent)](JvpCtx& c) -> Vs { return {c.emit(tangent(c))}; };
 }
 
 Vs linear_in_first_jvp(JvpCtx& c) {

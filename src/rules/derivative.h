@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "emit/builder.h"
+#include "emit/value_algebra.h"
 #include "facts/facts.h"
 #include "rules/body_transforms.h"
 
@@ -55,6 +56,9 @@ class JvpCtx {
   std::vector<int64_t> attr_ints(const std::string& name) const;
 
   V scalar(double v) const { return b.scalar(v, dtype(0)); }
+  // Emits an expression of the value algebra (emit/value_algebra.h), its constants of input
+  // 0's type as scalar() makes them.
+  V emit(const Expr& e) const { return e.emit(b, dtype(0)); }
   // Tangent `t` broadcast to primal output k's shape (tangents always have their primal's
   // shape; a tangent of a broadcast operand must be expanded).
   V like_out(V t, int k = 0) const;
@@ -70,6 +74,8 @@ class JvpCtx {
 };
 
 using JvpRule = std::function<Vs(JvpCtx&)>;
+// A JVP rule for a one-output op given as its tangent's expression: `t(0) * cos(x(0))`.
+JvpRule expr_jvp(std::function<Expr(JvpCtx&)> tangent);
 
 // Inputs to a transpose rule: a linear node from the tape, the cotangents of its outputs
 // (invalid = zero) and which of its inputs are tangents. Returns cotangents for the inputs

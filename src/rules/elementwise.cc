@@ -81,133 +81,101 @@ namespace {
 
 using D = JvpCtx;
 
-V cast_mask(D& c, V boolean) {
-  return c.b.op1("Cast", {boolean}, {Attr::i("to", c.dtype(0))});
-}
-V one(D& c) {
-  return c.scalar(1.0);
-}
-
-// f'(x) * t for a unary op.
-JvpRule unary(std::function<V(D&)> derivative) {
-  return [derivative](D& c) -> Vs {
-    if (!c.t(0).valid()) return {V{}};
-    return {c.b.mul(c.t(0), derivative(c))};
-  };
-}
-
-V square(D& c, V v) {
-  return c.b.op1("Mul", {v, v});
+// t * f'(x) for a unary op, f' given as an expression (nothing is emitted for a zero tangent:
+// f' may emit named intermediate values, as Gelu's does).
+JvpRule unary(std::function<Expr(D&)> derivative) {
+  return expr_jvp(
+      [derivative = std::move(derivative)](D& c) { return c.t(0).valid() ? c.t(0) * derivative(c) : Expr(); });
 }
 
 Vs max_min_jvp(D& c) {
-  // Each input's tangent weighted by where it attains the result, ties split evenly.
-  V count, acc;
-  Vs masks;
+  // Each input's tangent weighted by where it attains the result, ties split evenly. (The
+  // masks are emitted first, in input order, then the weighted sum.)
+  Expr count, acc;
+  std::vector<V> masks;
   for (size_t i = 0; i < c.xs.size(); ++i) {
-    V m = cast_mask(c, c.b.op1("Equal", {c.x(i), c.y()}));
-    masks.push_back(m);
-    count = count.valid() ? c.b.op1("Add", {count, m}) : m;
+    masks.push_back(c.emit(mask(equal(c.x(i), c.y()))));
+    count = c.emit(count + masks.back());
   }
-  for (size_t i = 0; i < c.xs.size(); ++i) acc = c.b.add(acc, c.b.mul(c.t(i), masks[i]));
-  if (!acc.valid()) return {V{}};
-  return {c.like_out(c.b.div(acc, count))};
+  for (size_t i = 0; i < c.xs.size(); ++i) acc = acc + c.t(i) * masks[i];
+  return {c.like_out(c.emit(acc / count))};
 }
 
-Vs gelu_jvp(D& c) {
-  if (!c.t(0).valid()) return {V{}};
-  auto& b = c.b;
-  V x = c.x(0);
-  const bool tanh_approx = c.attr("approximate") && c.attr("approximate")->s() == "tanh";
-  V d;
-  if (tanh_approx) {
+// Gelu's derivative; intermediate values are emitted in the order of the formulas.
+Expr gelu_derivative(D& c) {
+  const Expr x = c.x(0);
+  if (c.attr("approximate") && c.attr("approximate")->s() == "tanh") {
     const double k = std::sqrt(2.0 / M_PI);
-    V x2 = square(c, x);
-    V u = b.op1("Mul", {c.scalar(k), b.op1("Add", {x, b.op1("Mul", {c.scalar(0.044715), b.op1("Mul", {x2, x})})})});
-    V th = b.op1("Tanh", {u});
-    V du = b.op1("Mul", {c.scalar(k), b.op1("Add", {one(c), b.op1("Mul", {c.scalar(3 * 0.044715), x2})})});
-    V left = b.op1("Mul", {c.scalar(0.5), b.op1("Add", {one(c), th})});
-    V right =
-        b.op1("Mul", {b.op1("Mul", {c.scalar(0.5), x}), b.op1("Mul", {b.op1("Sub", {one(c), square(c, th)}), du})});
-    d = b.op1("Add", {left, right});
-  } else {
-    V cdf =
-        b.op1("Mul", {c.scalar(0.5), b.op1("Add", {one(c), b.op1("Erf", {b.op1("Mul", {x, c.scalar(M_SQRT1_2)})})})});
-    V pdf = b.op1(
-        "Mul", {c.scalar(1.0 / std::sqrt(2.0 * M_PI)), b.op1("Exp", {b.op1("Mul", {c.scalar(-0.5), square(c, x)})})});
-    d = b.op1("Add", {cdf, b.op1("Mul", {x, pdf})});
+    const V x2 = c.emit(square(x));
+    const V th = c.emit(tanh(k * (x + 0.044715 * (x2 * x))));
+    const V du = c.emit(k * (1.0 + (3 * 0.044715) * x2));
+    const V left = c.emit(0.5 * (1.0 + th));
+    const V right = c.emit((0.5 * x) * ((1.0 - square(th)) * du));
+    return left + right;
   }
-  return {b.mul(c.t(0), d)};
+  const V cdf = c.emit(0.5 * (1.0 + erf(x * M_SQRT1_2)));
+  const V pdf = c.emit((1.0 / std::sqrt(2.0 * M_PI)) * exp(-0.5 * square(x)));
+  return cdf + x * pdf;
 }
 
 // y = min(max(x, lo), hi) differentiated as JAX does: a tie of max or min splits the tangent
 // evenly, so at a bound x and the bound each get half (jax.grad(jnp.clip) is 0.5 there). When
 // lo > hi, y = hi and only hi's tangent passes.
 Vs clip_jvp(D& c) {
-  auto& b = c.b;
-  V x = c.x(0), lo = c.x(1), hi = c.x(2);
+  const V x = c.x(0), lo = c.x(1), hi = c.x(2);
   // 1 where `a` wins, 1/2 on a tie, 0 where it loses (`wins`: Greater for max, Less for min).
   auto share = [&](V a, V other, std::string_view wins) {
-    return b.op1("Add", {cast_mask(c, b.op1(wins, {a, other})),
-                         b.op1("Mul", {cast_mask(c, b.op1("Equal", {a, other})), c.scalar(0.5)})});
+    return c.emit(mask(Expr::apply(wins, {a, other})) + mask(equal(a, other)) * 0.5);
   };
   V raised = x, from_x, to_lo;  // max(x, lo), and the shares of x and lo in it
   if (lo.valid()) {
-    raised = b.op1("Max", {x, lo});
+    raised = c.b.op1("Max", {x, lo});
     from_x = share(x, lo, "Greater");
-    if (c.t(1).valid()) to_lo = b.op1("Sub", {one(c), from_x});
+    if (c.t(1).valid()) to_lo = c.emit(1.0 - from_x);
   }
   V kept, to_hi;  // the shares of max(x, lo) and hi in the min
   if (hi.valid()) {
     kept = share(raised, hi, "Less");
-    if (c.t(2).valid()) to_hi = b.op1("Sub", {one(c), kept});
+    if (c.t(2).valid()) to_hi = c.emit(1.0 - kept);
   }
+  // t times the shares that apply (an absent bound has no share: a factor of one).
   auto scaled = [&](V t, V f1, V f2) {
-    if (f1.valid()) t = b.mul(t, f1);
-    if (f2.valid()) t = b.mul(t, f2);
-    return t;
+    Expr e = t;
+    if (f1.valid()) e = e * f1;
+    if (f2.valid()) e = e * f2;
+    return c.emit(e);
   };
-  V t;
-  if (c.t(0).valid()) t = scaled(c.t(0), from_x, kept);
-  if (c.t(1).valid()) t = b.add(t, c.like_out(scaled(c.t(1), to_lo, kept)));
-  if (c.t(2).valid()) t = b.add(t, c.like_out(b.mul(c.t(2), to_hi)));
-  return {t};
+  V t = scaled(c.t(0), from_x, kept);
+  t = c.emit(t + c.like_out(scaled(c.t(1), to_lo, kept)));
+  return {c.emit(t + c.like_out(c.emit(c.t(2) * to_hi)))};
 }
 
 Vs where_jvp(D& c) {
-  auto& b = c.b;
   if (!c.t(1).valid() && !c.t(2).valid()) return {V{}};
-  V zero = c.b.scalar(0.0, b.facts(c.y()).dtype);
-  V ta = c.t(1).valid() ? c.t(1) : zero;
-  V tb = c.t(2).valid() ? c.t(2) : zero;
-  return {c.like_out(b.op1("Where", {c.x(0), ta, tb}))};
+  const V zero = c.b.scalar(0.0, c.b.facts(c.y()).dtype);
+  const V ta = c.t(1).valid() ? c.t(1) : zero;
+  const V tb = c.t(2).valid() ? c.t(2) : zero;
+  return {c.like_out(c.emit(where(c.x(0), ta, tb)))};
 }
 
 Vs prelu_jvp(D& c) {
-  auto& b = c.b;
-  V neg = b.op1("Less", {c.x(0), c.scalar(0.0)});
-  V t;
-  if (c.t(0).valid()) t = b.mul(c.t(0), b.op1("Where", {neg, c.x(1), one(c)}));
-  if (c.t(1).valid()) t = b.add(t, b.mul(c.t(1), b.op1("Where", {neg, c.x(0), c.scalar(0.0)})));
-  return {c.like_out(t)};
+  const V negative = c.emit(less(c.x(0), 0.0));
+  const V t = c.emit(c.t(0) * where(negative, c.x(1), 1.0));
+  return {c.like_out(c.emit(t + c.t(1) * where(negative, c.x(0), 0.0)))};
 }
 
 Vs pow_jvp(D& c) {
   auto& b = c.b;
   V t;
   if (c.t(0).valid()) {
-    V e = c.x(1);
-    V em1 = b.op1("Sub", {e, b.scalar(1.0, b.facts(e).dtype)});
-    V d = b.op1("Mul", {b.op1("Cast", {e}, {Attr::i("to", c.dtype(0))}), b.op1("Pow", {c.x(0), em1})});
-    t = b.mul(c.t(0), d);
+    // d/dx x^e = e x^(e - 1), e cast to x's type (Pow's exponent may be an integer).
+    const V e = c.x(1);
+    const V em1 = b.op1("Sub", {e, b.scalar(1.0, b.facts(e).dtype)});
+    t = c.emit(c.t(0) * (Expr::apply("Cast", {e}, {Attr::i("to", c.dtype(0))}) * Expr::apply("Pow", {c.x(0), em1})));
   }
-  if (c.t(1).valid()) {
-    // As JAX: log of a zero base is replaced by log(1) (the product with y = 0 is 0 anyway).
-    V x = c.x(0);
-    V safe = b.op1("Where", {b.op1("Equal", {x, c.scalar(0.0)}), one(c), x});
-    t = b.add(t, b.mul(c.t(1), b.op1("Mul", {b.op1("Log", {safe}), c.y()})));
-  }
-  return {c.like_out(t)};
+  // As JAX: log of a zero base is replaced by log(1) (the product with y = 0 is 0 anyway).
+  const Expr x = c.x(0);
+  return {c.like_out(c.emit(t + c.t(1) * (log(where(equal(x, 0.0), 1.0, x)) * c.y())))};
 }
 
 // Transposes of the linear elementwise ops.
@@ -274,39 +242,42 @@ void register_elementwise(OpTable& table) {
                          "Mean",       "Max",       "Min",        "StringConcat"}) {
     table.op(op).batch(broadcast_rule);
   }
-  table.op("Neg").jvp([](D& c) -> Vs { return {c.b.neg(c.t(0))}; }).transpose([](TransposeCtx& c) -> Vs {
+  table.op("Neg").jvp(expr_jvp([](D& c) { return -c.t(0); })).transpose([](TransposeCtx& c) -> Vs {
     return {c.b.neg(c.ct())};
   });
-  table.op("Add").jvp([](D& c) -> Vs { return {c.like_out(c.b.add(c.t(0), c.t(1)))}; }).transpose(add_transpose);
-  table.op("Sub").jvp([](D& c) -> Vs { return {c.like_out(c.b.sub(c.t(0), c.t(1)))}; }).transpose(sub_transpose);
+  table.op("Add").jvp([](D& c) -> Vs { return {c.like_out(c.emit(c.t(0) + c.t(1)))}; }).transpose(add_transpose);
+  table.op("Sub").jvp([](D& c) -> Vs { return {c.like_out(c.emit(c.t(0) - c.t(1)))}; }).transpose(sub_transpose);
   // (Each product term has the output's shape: its primal twin is the output.)
   table.op("Mul")
       .jvp([](D& c) -> Vs {
         // A square x * x: t * (x + x), one linear node (reverse mode then computes ct * x once),
         // and the same bits as t * x + x * t.
         if (c.x(0).valid() && c.x(0).id == c.x(1).id && c.t(0).valid())
-          return {c.like_out(c.term(c.b.mul(c.t(0), c.b.op1("Add", {c.x(0), c.x(0)}))))};
-        return {c.like_out(c.b.add(c.term(c.b.mul(c.t(0), c.x(1))), c.term(c.b.mul(c.x(0), c.t(1)))))};
+          return {c.like_out(c.term(c.emit(c.t(0) * (c.x(0) + c.x(0)))))};
+        // (a * tb before ta * b: the order results have always had.)
+        const V right = c.term(c.emit(c.x(0) * c.t(1)));
+        const V left = c.term(c.emit(c.t(0) * c.x(1)));
+        return {c.like_out(c.emit(left + right))};
       })
       .transpose(mul_transpose);
   table.op("Div")
       .jvp([](D& c) -> Vs {
-        V t = c.term(c.b.div(c.t(0), c.x(1)));
-        if (c.t(1).valid()) t = c.b.sub(t, c.term(c.b.div(c.term(c.b.mul(c.t(1), c.y())), c.x(1))));
-        return {c.like_out(t)};
+        // d(a / b) = ta / b - (tb * y) / b
+        const V left = c.term(c.emit(c.t(0) / c.x(1)));
+        const V right = c.term(c.emit(c.term(c.emit(c.t(1) * c.y())) / c.x(1)));
+        return {c.like_out(c.emit(left - right))};
       })
       .transpose(div_transpose);
+  auto sum_of_tangents = [](D& c) {
+    Expr t;
+    for (size_t i = 0; i < c.xs.size(); ++i) t = t + c.t(static_cast<int>(i));
+    return t;
+  };
   table.op("Sum")
-      .jvp([](D& c) -> Vs {
-        V t;
-        for (size_t i = 0; i < c.xs.size(); ++i) t = c.b.add(t, c.t(i));
-        return {c.like_out(t)};
-      })
+      .jvp([sum_of_tangents](D& c) -> Vs { return {c.like_out(c.emit(sum_of_tangents(c)))}; })
       .transpose(add_transpose);
-  table.op("Mean").jvp([](D& c) -> Vs {
-    V t;
-    for (size_t i = 0; i < c.xs.size(); ++i) t = c.b.add(t, c.t(i));
-    return {c.like_out(c.b.div(t, c.scalar(static_cast<double>(c.xs.size()))))};
+  table.op("Mean").jvp([sum_of_tangents](D& c) -> Vs {
+    return {c.like_out(c.emit(sum_of_tangents(c) / static_cast<double>(c.xs.size())))};
   });
   table.op("Max").jvp(max_min_jvp);
   table.op("Min").jvp(max_min_jvp);
@@ -314,7 +285,7 @@ void register_elementwise(OpTable& table) {
   table.op("Where").jvp(where_jvp).transpose(where_transpose);
   table.op("PRelu").batch(unidirectional_rule).jvp(prelu_jvp);
   table.op("Clip").batch(clip_rule, 11).jvp(clip_jvp);
-  table.op("Gelu").jvp(gelu_jvp);
+  table.op("Gelu").jvp(unary(gelu_derivative));
   auto identity = [](D& c) -> Vs { return {c.t(0)}; };
   table.op("Identity").jvp(identity).transpose([](TransposeCtx& c) -> Vs { return {c.ct()}; });
   // OptionalGetElement of a tensor (opset 18 accepts plain tensors) returns it; an optional
@@ -331,111 +302,78 @@ void register_elementwise(OpTable& table) {
     if (c.ys.size() < 2 || !c.y(1).valid())
       c.unsupported("training-mode Dropout draws its mask at random and the node does not output it",
                     "add the mask output to the Dropout node (its second output), or run in inference mode");
-    V ratio = c.has(1) ? c.b.op1("CastLike", {c.x(1), c.x(0)}) : c.scalar(0.5);
-    V scale = c.b.op1("Div", {c.scalar(1.0), c.b.op1("Sub", {c.scalar(1.0), ratio})});
+    const V ratio = c.has(1) ? c.b.op1("CastLike", {c.x(1), c.x(0)}) : c.scalar(0.5);
+    V scale = c.emit(1.0 / (1.0 - ratio));
     const bool training = k && k->size() == 1 && (*k)[0] != 0;
-    if (!training) scale = c.b.op1("Where", {c.x(2), scale, c.scalar(1.0)});
-    V mask = c.b.op1("Mul", {c.b.op1("Cast", {c.y(1)}, {Attr::i("to", c.dtype(0))}), scale});
-    return {c.b.mul(c.t(0), mask), V{}};
+    if (!training) scale = c.emit(where(c.x(2), scale, 1.0));
+    const V kept = c.emit(mask(c.y(1)) * scale);
+    return {c.emit(c.t(0) * kept), V{}};
   });
   table.op("Cast")
-      .jvp([](D& c) -> Vs {
-        if (!c.t(0).valid()) return {V{}};
-        return {c.b.op1("Cast", {c.t(0)}, {Attr::i("to", c.attr_i("to", 1))})};
-      })
+      .jvp(expr_jvp([](D& c) { return Expr::linear("Cast", {c.t(0)}, {Attr::i("to", c.attr_i("to", 1))}); }))
       .transpose(cast_transpose);
   table.op("CastLike")
-      .jvp([](D& c) -> Vs {
-        if (!c.t(0).valid()) return {V{}};
-        return {c.b.op1("CastLike", {c.t(0), c.x(1)})};
-      })
+      .jvp(expr_jvp([](D& c) {
+        return Expr::linear("CastLike", {c.t(0), c.x(1)});
+      }))
       .transpose(cast_transpose);
   table.op("Exp").jvp(unary([](D& c) { return c.y(); }));
-  table.op("Log").jvp([](D& c) -> Vs { return {c.b.div(c.t(0), c.x(0))}; });
-  table.op("Sqrt").jvp([](D& c) -> Vs { return {c.b.div(c.t(0), c.b.op1("Mul", {c.scalar(2.0), c.y()}))}; });
-  table.op("Reciprocal").jvp(unary([](D& c) { return c.b.op1("Neg", {square(c, c.y())}); }));
-  table.op("Sin").jvp(unary([](D& c) { return c.b.op1("Cos", {c.x(0)}); }));
-  table.op("Cos").jvp(unary([](D& c) { return c.b.op1("Neg", {c.b.op1("Sin", {c.x(0)})}); }));
-  table.op("Tan").jvp(unary([](D& c) { return c.b.op1("Add", {one(c), square(c, c.y())}); }));
-  table.op("Tanh").jvp(unary([](D& c) { return c.b.op1("Sub", {one(c), square(c, c.y())}); }));
-  table.op("Sigmoid").jvp(unary([](D& c) { return c.b.op1("Mul", {c.y(), c.b.op1("Sub", {one(c), c.y()})}); }));
-  table.op("Relu").jvp(unary([](D& c) { return cast_mask(c, c.b.op1("Greater", {c.x(0), c.scalar(0.0)})); }));
+  table.op("Log").jvp(expr_jvp([](D& c) { return c.t(0) / c.x(0); }));
+  table.op("Sqrt").jvp(expr_jvp([](D& c) { return c.t(0) / (2.0 * c.y()); }));
+  table.op("Reciprocal").jvp(unary([](D& c) { return -square(c.y()); }));
+  table.op("Sin").jvp(unary([](D& c) { return cos(c.x(0)); }));
+  table.op("Cos").jvp(unary([](D& c) { return -sin(c.x(0)); }));
+  table.op("Tan").jvp(unary([](D& c) { return 1.0 + square(c.y()); }));
+  table.op("Tanh").jvp(unary([](D& c) { return 1.0 - square(c.y()); }));
+  table.op("Sigmoid").jvp(unary([](D& c) { return c.y() * (1.0 - c.y()); }));
+  table.op("Relu").jvp(unary([](D& c) { return mask(greater(c.x(0), 0.0)); }));
   // JAX's convention: abs'(0) = 1 (jax.grad(jnp.abs)(0.0) is 1, for -0.0 too).
-  table.op("Abs").jvp(unary([](D& c) {
-    return c.b.op1("Where", {c.b.op1("GreaterOrEqual", {c.x(0), c.scalar(0.0)}), one(c), c.scalar(-1.0)});
-  }));
-  table.op("LeakyRelu").jvp(unary([](D& c) {
-    return c.b.op1("Where", {c.b.op1("Greater", {c.x(0), c.scalar(0.0)}), one(c), c.scalar(c.attr_f("alpha", 0.01f))});
-  }));
-  table.op("Elu").jvp(unary([](D& c) {
-    const double a = c.attr_f("alpha", 1.0f);
-    return c.b.op1("Where",
-                   {c.b.op1("Greater", {c.x(0), c.scalar(0.0)}), one(c), c.b.op1("Add", {c.y(), c.scalar(a)})});
-  }));
+  table.op("Abs").jvp(unary([](D& c) { return where(greater_or_equal(c.x(0), 0.0), 1.0, -1.0); }));
+  table.op("LeakyRelu").jvp(unary([](D& c) { return where(greater(c.x(0), 0.0), 1.0, c.attr_f("alpha", 0.01f)); }));
+  table.op("Elu").jvp(unary([](D& c) { return where(greater(c.x(0), 0.0), 1.0, c.y() + c.attr_f("alpha", 1.0f)); }));
   table.op("Selu").jvp(unary([](D& c) {
     const double a = c.attr_f("alpha", 1.67326319217681884765625f), g = c.attr_f("gamma", 1.05070102214813232421875f);
-    return c.b.op1("Where", {c.b.op1("Greater", {c.x(0), c.scalar(0.0)}), c.scalar(g),
-                             c.b.op1("Mul", {c.scalar(g * a), c.b.op1("Exp", {c.x(0)})})});
+    return where(greater(c.x(0), 0.0), g, (g * a) * exp(c.x(0)));
   }));
-  table.op("Celu").jvp(unary([](D& c) {
-    const double a = c.attr_f("alpha", 1.0f);
-    return c.b.op1("Where", {c.b.op1("Greater", {c.x(0), c.scalar(0.0)}), one(c),
-                             c.b.op1("Exp", {c.b.op1("Div", {c.x(0), c.scalar(a)})})});
-  }));
-  table.op("Softplus").jvp(unary([](D& c) { return c.b.op1("Sigmoid", {c.x(0)}); }));
+  table.op("Celu").jvp(
+      unary([](D& c) { return where(greater(c.x(0), 0.0), 1.0, exp(c.x(0) / c.attr_f("alpha", 1.0f))); }));
+  table.op("Softplus").jvp(unary([](D& c) { return sigmoid(c.x(0)); }));
   table.op("Softsign").jvp(unary([](D& c) {
-    V d = c.b.op1("Add", {one(c), c.b.op1("Abs", {c.x(0)})});
-    return c.b.op1("Reciprocal", {square(c, d)});
+    const V d = c.emit(1.0 + abs(c.x(0)));
+    return reciprocal(square(d));
   }));
-  table.op("Erf").jvp(unary([](D& c) {
-    return c.b.op1("Mul", {c.scalar(2.0 / std::sqrt(M_PI)), c.b.op1("Exp", {c.b.op1("Neg", {square(c, c.x(0))})})});
-  }));
+  table.op("Erf").jvp(unary([](D& c) { return (2.0 / std::sqrt(M_PI)) * exp(-square(c.x(0))); }));
   table.op("HardSigmoid").jvp(unary([](D& c) {
-    const double a = c.attr_f("alpha", 0.2f), bb = c.attr_f("beta", 0.5f);
-    V z = c.b.op1("Add", {c.b.op1("Mul", {c.x(0), c.scalar(a)}), c.scalar(bb)});
-    V in = c.b.op1("And", {c.b.op1("Greater", {z, c.scalar(0.0)}), c.b.op1("Less", {z, one(c)})});
-    return c.b.op1("Mul", {cast_mask(c, in), c.scalar(a)});
+    const double a = c.attr_f("alpha", 0.2f), beta = c.attr_f("beta", 0.5f);
+    const V z = c.emit(c.x(0) * a + beta);
+    const V inside = c.emit(logical_and(greater(z, 0.0), less(z, 1.0)));
+    return mask(inside) * a;
   }));
   table.op("HardSwish").jvp(unary([](D& c) {
     // x * hardsigmoid(x) with alpha = 1/6, beta = 1/2.
-    V hs = c.b.op1("HardSigmoid", {c.x(0)}, {Attr::f("alpha", 1.0f / 6), Attr::f("beta", 0.5f)});
-    V z = c.b.op1("Add", {c.b.op1("Div", {c.x(0), c.scalar(6.0)}), c.scalar(0.5)});
-    V in = c.b.op1("And", {c.b.op1("Greater", {z, c.scalar(0.0)}), c.b.op1("Less", {z, one(c)})});
-    return c.b.op1("Add", {hs, c.b.op1("Mul", {c.b.op1("Div", {c.x(0), c.scalar(6.0)}), cast_mask(c, in)})});
+    const V hs = c.b.op1("HardSigmoid", {c.x(0)}, {Attr::f("alpha", 1.0f / 6), Attr::f("beta", 0.5f)});
+    const V z = c.emit(c.x(0) / 6.0 + 0.5);
+    const V inside = c.emit(logical_and(greater(z, 0.0), less(z, 1.0)));
+    return hs + (c.x(0) / 6.0) * mask(inside);
   }));
   table.op("Mish").jvp(unary([](D& c) {
-    V th = c.b.op1("Tanh", {c.b.op1("Softplus", {c.x(0)})});
-    V sech2 = c.b.op1("Sub", {one(c), square(c, th)});
-    return c.b.op1("Add", {th, c.b.op1("Mul", {c.x(0), c.b.op1("Mul", {sech2, c.b.op1("Sigmoid", {c.x(0)})})})});
+    const V th = c.emit(tanh(softplus(c.x(0))));
+    const V sech2 = c.emit(1.0 - square(th));
+    return th + c.x(0) * (sech2 * sigmoid(c.x(0)));
   }));
-  table.op("ThresholdedRelu").jvp(unary([](D& c) {
-    return cast_mask(c, c.b.op1("Greater", {c.x(0), c.scalar(c.attr_f("alpha", 1.0f))}));
-  }));
+  table.op("ThresholdedRelu").jvp(unary([](D& c) { return mask(greater(c.x(0), c.attr_f("alpha", 1.0f))); }));
   table.op("Shrink").jvp(unary([](D& c) {
     const double l = c.attr_f("lambd", 0.5f);
-    return cast_mask(
-        c, c.b.op1("Or", {c.b.op1("Less", {c.x(0), c.scalar(-l)}), c.b.op1("Greater", {c.x(0), c.scalar(l)})}));
+    return mask(logical_or(less(c.x(0), -l), greater(c.x(0), l)));
   }));
-  table.op("Asin").jvp(unary([](D& c) {
-    return c.b.op1("Reciprocal", {c.b.op1("Sqrt", {c.b.op1("Sub", {one(c), square(c, c.x(0))})})});
-  }));
-  table.op("Acos").jvp(unary([](D& c) {
-    return c.b.op1("Neg", {c.b.op1("Reciprocal", {c.b.op1("Sqrt", {c.b.op1("Sub", {one(c), square(c, c.x(0))})})})});
-  }));
-  table.op("Atan").jvp(unary([](D& c) {
-    return c.b.op1("Reciprocal", {c.b.op1("Add", {one(c), square(c, c.x(0))})});
-  }));
-  table.op("Sinh").jvp(unary([](D& c) { return c.b.op1("Cosh", {c.x(0)}); }));
-  table.op("Cosh").jvp(unary([](D& c) { return c.b.op1("Sinh", {c.x(0)}); }));
-  table.op("Asinh").jvp(unary([](D& c) {
-    return c.b.op1("Reciprocal", {c.b.op1("Sqrt", {c.b.op1("Add", {square(c, c.x(0)), one(c)})})});
-  }));
-  table.op("Acosh").jvp(unary([](D& c) {
-    return c.b.op1("Reciprocal", {c.b.op1("Sqrt", {c.b.op1("Sub", {square(c, c.x(0)), one(c)})})});
-  }));
-  table.op("Atanh").jvp(unary([](D& c) {
-    return c.b.op1("Reciprocal", {c.b.op1("Sub", {one(c), square(c, c.x(0))})});
-  }));
+  table.op("Asin").jvp(unary([](D& c) { return reciprocal(sqrt(1.0 - square(c.x(0)))); }));
+  table.op("Acos").jvp(unary([](D& c) { return -reciprocal(sqrt(1.0 - square(c.x(0)))); }));
+  table.op("Atan").jvp(unary([](D& c) { return reciprocal(1.0 + square(c.x(0))); }));
+  table.op("Sinh").jvp(unary([](D& c) { return cosh(c.x(0)); }));
+  table.op("Cosh").jvp(unary([](D& c) { return sinh(c.x(0)); }));
+  table.op("Asinh").jvp(unary([](D& c) { return reciprocal(sqrt(square(c.x(0)) + 1.0)); }));
+  table.op("Acosh").jvp(unary([](D& c) { return reciprocal(sqrt(square(c.x(0)) - 1.0)); }));
+  table.op("Atanh").jvp(unary([](D& c) { return reciprocal(1.0 - square(c.x(0))); }));
   for (const char* op : {"Floor", "Ceil", "Round", "Sign", "Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual",
                          "IsNaN", "IsInf", "Not", "And", "Or", "Xor"})
     table.op(op).zero();
@@ -449,15 +387,13 @@ void register_elementwise(OpTable& table) {
   // Mod is a - b * k with k = trunc(a / b) (fmod=1) or floor(a / b) (fmod=0), piecewise
   // constant, so d = da - k db away from the jumps; trunc(q) = sign(q) * floor(|q|).
   table.op("Mod").jvp([](D& c) -> Vs {
-    auto& b = c.b;
-    V tb;
+    Expr k;  // (emitted only when b has a tangent)
     if (c.t(1).valid()) {
-      V q = b.op1("Div", {c.x(0), c.x(1)});
-      V k = c.attr_i("fmod", 0) ? b.op1("Mul", {b.op1("Sign", {q}), b.op1("Floor", {b.op1("Abs", {q})})})
-                                : b.op1("Floor", {q});
-      tb = b.neg(b.mul(c.t(1), k));
+      const V q = c.emit(c.x(0) / c.x(1));
+      k = c.attr_i("fmod", 0) ? Expr(c.emit(Expr::apply("Sign", {q}) * Expr::apply("Floor", {abs(q)})))
+                              : Expr::apply("Floor", {q});
     }
-    return {c.like_out(b.add(c.like_out(c.t(0)), tb))};
+    return {c.like_out(c.emit(c.like_out(c.t(0)) - c.t(1) * k))};
   });
 }
 
