@@ -1231,6 +1231,7 @@ static int64_t norm_axis(int64_t a, int64_t rank) {
 }
 
 V Builder::unsqueeze(V x, const std::vector<int64_t>& axes) {
+  if (!x.valid()) return x;
   if (axes.empty()) return x;
   V y = op1("Unsqueeze", {x, i64s(axes)});
   Facts f = facts(x);
@@ -1251,6 +1252,7 @@ V Builder::unsqueeze(V x, const std::vector<int64_t>& axes) {
 }
 
 V Builder::squeeze(V x, const std::vector<int64_t>& axes) {
+  if (!x.valid()) return x;
   V y = op1("Squeeze", {x, i64s(axes)});
   Facts f = facts(x);
   if (f.has_shape) {
@@ -1264,6 +1266,7 @@ V Builder::squeeze(V x, const std::vector<int64_t>& axes) {
 }
 
 V Builder::transpose(V x, const std::vector<int64_t>& perm) {
+  if (!x.valid()) return x;
   bool identity = true;
   for (size_t i = 0; i < perm.size(); ++i) identity = identity && perm[i] == static_cast<int64_t>(i);
   if (identity) return x;
@@ -1351,6 +1354,7 @@ V Builder::reshape_origin(V x) const {
 }
 
 V Builder::reshape(V x, V shape, bool allowzero) {
+  if (!x.valid()) return x;
   const Attrs attrs = allowzero ? Attrs{Attr::i("allowzero", 1)} : Attrs{};
   const int32_t dtype = facts(x).dtype;
   if (const auto* k = known_i64(shape)) {
@@ -1396,6 +1400,7 @@ V Builder::reverse_first_axis(V x) {
 }
 
 V Builder::expand(V x, V shape) {
+  if (!x.valid()) return x;
   const Facts& xf = facts(x);
   if (const auto* k = known_i64(shape); k && xf.has_shape)
     if (auto dims = expanded_dims(xf.dims, *k))

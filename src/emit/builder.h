@@ -279,7 +279,8 @@ class Builder {
   V scalar(double value, int32_t dtype);       // scalar of any numeric dtype
   V tensor_const(const onnx::TensorProto& t);
 
-  // Shape helpers that keep facts up to date.
+  // Shape helpers that keep facts up to date. unsqueeze, squeeze, transpose, reshape and
+  // expand of a symbolic zero (an invalid V) are the symbolic zero: they are linear.
   V unsqueeze(V x, const std::vector<int64_t>& axes);
   V squeeze(V x, const std::vector<int64_t>& axes);
   V transpose(V x, const std::vector<int64_t>& perm);

@@ -20,8 +20,10 @@
 
 namespace onnax {
 
-// Inputs to a JVP rule. Tangents t(i) may be symbolic zeros (invalid V); the Builder's
-// add/mul/... treat them as such, so rules read like the math.
+// Inputs to a JVP rule. Tangents t(i) may be symbolic zeros (invalid V); the value algebra
+// (emit/value_algebra.h, c.emit) and the Builder's add/mul/... treat them as such, so rules read
+// like the math. A rule runs only when some input (or a value its bodies read) has a tangent, so
+// the rule of an op with one differentiable input never sees that tangent zero.
 class JvpCtx {
  public:
   Builder& b;

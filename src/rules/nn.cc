@@ -281,6 +281,7 @@ namespace {
 using D = JvpCtx;
 
 // A per-channel parameter (C) shaped to broadcast against (N, C, spatial...) of rank r.
+// (A symbolic zero stays one.)
 V per_channel(Builder& b, V p, int64_t r) {
   std::vector<int64_t> axes;
   for (int64_t k = 1; k < r - 1; ++k) axes.push_back(k);
@@ -297,17 +298,14 @@ Vs batchnorm_jvp(D& c) {
   V inv = b.op1("Reciprocal", {b.op1("Sqrt", {b.op1("Add", {var, c.scalar(c.attr_f("epsilon", 1e-5f))})})});
   V xc = b.op1("Sub", {c.x(0), mean});
   V xhat = b.op1("Mul", {xc, inv});
-  V t;
-  if (c.t(0).valid()) t = b.mul(c.t(0), b.op1("Mul", {scale, inv}));
-  if (c.t(1).valid()) t = b.add(t, b.mul(per_channel(b, c.t(1), r), xhat));
-  if (c.t(2).valid()) t = b.add(t, c.like_out(per_channel(b, c.t(2), r)));
-  if (c.t(3).valid())
-    t = b.add(t, c.like_out(b.mul(per_channel(b, c.t(3), r), b.op1("Neg", {b.op1("Mul", {scale, inv})}))));
-  if (c.t(4).valid()) {
-    // d inv / d var = -inv^3 / 2
-    V dinv = b.op1("Mul", {c.scalar(-0.5), b.op1("Mul", {inv, b.op1("Mul", {inv, inv})})});
-    t = b.add(t, c.like_out(b.mul(per_channel(b, c.t(4), r), b.op1("Mul", {b.op1("Mul", {xc, scale}), dinv}))));
-  }
+  // y = (x - mean) * inv * scale + bias, inv = 1 / sqrt(var + eps), d inv / d var = -inv^3 / 2.
+  // Each term is emitted in turn (a zero tangent's term emits nothing).
+  V t = c.emit(c.t(0) * (scale * inv));
+  t = c.emit(t + per_channel(b, c.t(1), r) * xhat);
+  t = c.emit(t + c.like_out(per_channel(b, c.t(2), r)));
+  t = c.emit(t + c.like_out(c.emit(per_channel(b, c.t(3), r) * -(scale * inv))));
+  const Expr dinv = -0.5 * (inv * (inv * inv));
+  t = c.emit(t + c.like_out(c.emit(per_channel(b, c.t(4), r) * ((xc * scale) * dinv))));
   Vs out(c.ys.size());
   out[0] = c.like_out(t);
   return out;
@@ -357,9 +355,9 @@ Vs normalize_jvp(D& c, const std::vector<int64_t>& axes, bool centered, const st
     }
   }
   V t = b.mul(t_xhat, affine(c.x(1)));
-  if (c.t(1).valid()) t = b.add(t, c.like_out(b.mul(xhat, affine(c.t(1)))));
-  if (c.has(2) && c.t(2).valid()) t = b.add(t, c.like_out(affine(c.t(2))));
-  out[0] = t.valid() ? c.like_out(t) : t;
+  t = c.emit(t + c.like_out(c.emit(xhat * affine(c.t(1)))));
+  t = c.emit(t + c.like_out(affine(c.t(2))));
+  out[0] = c.like_out(t);
   if (wants_mean) out[1] = t_mu;
   if (wants_inv) out[2] = t_inv;
   return out;
@@ -420,8 +418,8 @@ Vs batchnorm_training_jvp(D& c) {
     t_var = b.op1("Mul", {mean(prod), c.scalar(2.0)});
   }
   auto running = [&](V t_in, V t_cur) {
-    V t = t_in.valid() ? b.op1("Mul", {t_in, c.scalar(m)}) : V{};
-    return b.add(t, t_cur.valid() ? b.op1("Mul", {t_cur, c.scalar(1.0 - m)}) : V{});
+    const V t = c.emit(t_in * m);
+    return c.emit(t + t_cur * (1.0 - m));
   };
   out[1] = running(c.t(3), t_mu);
   if (out.size() > 2) out[2] = running(c.t(4), t_var);
@@ -475,15 +473,23 @@ Vs groupnorm_jvp(D& c) {
   if (per_group) {
     auto grp = [&](V v) { return b.unsqueeze(v, {1}); };  // (G,) -> (G, 1) against (N, G, M)
     t = b.mul(t_xhat, grp(c.x(1)));
-    if (c.t(1).valid()) t = b.add(t, b.mul(xhat, grp(c.t(1))));
-    if (c.t(2).valid()) t = b.add(t, b.expand(grp(c.t(2)), b.shape_of(xr)));
-    if (t.valid()) b.set_witness(t, xr);
-    return {t.valid() ? like_input(b, b.reshape(t, xshape), c.x(0)) : t};
+    t = c.emit(t + xhat * grp(c.t(1)));
+    if (c.t(2).valid()) t = c.emit(t + b.expand(grp(c.t(2)), b.shape_of(xr)));  // (no Shape node otherwise)
+    if (!t.valid()) return {t};
+    b.set_witness(t, xr);
+    return {like_input(b, b.reshape(t, xshape), c.x(0))};
   }
   const int64_t r = c.rank(0);
-  if (t_xhat.valid()) t = b.mul(b.reshape(t_xhat, xshape), per_channel(b, c.x(1), r));
-  if (c.t(1).valid()) t = b.add(t, b.mul(b.reshape(xhat, xshape), per_channel(b, c.t(1), r)));
-  if (c.t(2).valid()) t = b.add(t, b.expand(per_channel(b, c.t(2), r), xshape));
+  // (Each scale is shaped before the normalised value is: the order results have always had.)
+  if (t_xhat.valid()) {
+    const V scale = per_channel(b, c.x(1), r);
+    t = c.emit(b.reshape(t_xhat, xshape) * scale);
+  }
+  if (c.t(1).valid()) {
+    const V t_scale = per_channel(b, c.t(1), r);
+    t = c.emit(t + b.reshape(xhat, xshape) * t_scale);
+  }
+  t = c.emit(t + b.expand(per_channel(b, c.t(2), r), xshape));
   return {t.valid() ? like_input(b, t, c.x(0)) : t};
 }
 
@@ -499,7 +505,6 @@ Vs global_average_transpose(TransposeCtx& c) {
 }
 
 Vs maxpool_jvp(D& c) {
-  if (!c.t(0).valid()) return Vs(c.ys.size());
   auto& b = c.b;
   // The primal's argmax positions (flat over the whole input) select the tangent.
   // Row-major indices: the node's own unless it stores column-major ones (then recomputed).

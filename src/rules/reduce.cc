@@ -206,25 +206,22 @@ Vs reduce_transpose(TransposeCtx& c, bool mean) {
   return res;
 }
 
-Vs softmax_jvp(D& c) {
-  if (!c.t(0).valid()) return {V{}};
-  auto& b = c.b;
-  const int64_t axis = c.attr_i("axis", -1);
-  V yt = b.op1("Mul", {c.y(), c.t(0)});
-  b.set_witness(yt, c.y());
-  V s = b.op1("ReduceSum", {yt, b.i64s({axis})}, {Attr::i("keepdims", 1)});
-  return {b.op1("Mul", {c.y(), b.op1("Sub", {c.t(0), s})})};
+// The sum of `v` (shaped like y) along the op's `axis`, kept: a tangent, y its primal twin.
+V sum_along_axis(D& c, V v) {
+  c.b.set_witness(v, c.y());
+  return c.b.op1("ReduceSum", {v, c.b.i64s({c.attr_i("axis", -1)})}, {Attr::i("keepdims", 1)});
 }
 
+// dy = y * (t - sum(y * t))
+Vs softmax_jvp(D& c) {
+  const V s = sum_along_axis(c, c.emit(c.y() * c.t(0)));
+  return {c.emit(c.y() * (c.t(0) - s))};
+}
+
+// dy = t - sum(exp(y) * t)
 Vs log_softmax_jvp(D& c) {
-  if (!c.t(0).valid()) return {V{}};
-  auto& b = c.b;
-  const int64_t axis = c.attr_i("axis", -1);
-  V p = b.op1("Exp", {c.y()});
-  V pt = b.op1("Mul", {p, c.t(0)});
-  b.set_witness(pt, c.y());
-  V s = b.op1("ReduceSum", {pt, b.i64s({axis})}, {Attr::i("keepdims", 1)});
-  return {b.op1("Sub", {c.t(0), s})};
+  const V s = sum_along_axis(c, c.emit(exp(c.y()) * c.t(0)));
+  return {c.emit(c.t(0) - s)};
 }
 
 }  // namespace
@@ -239,41 +236,32 @@ void register_reduce(OpTable& table) {
     return reduce_transpose(c, false);
   });
   table.op("ReduceMean").jvp(linear_same_op).transpose([](TransposeCtx& c) { return reduce_transpose(c, true); });
-  table.op("ReduceSumSquare").jvp([](D& c) -> Vs {
-    if (!c.t(0).valid()) return {V{}};
-    return {reduce_sum_like(c, c.b.op1("Mul", {c.b.op1("Mul", {c.scalar(2.0), c.x(0)}), c.t(0)}))};
-  });
+  // (Each reduction has one differentiable input, so its tangent t(0) is never zero here.)
+  table.op("ReduceSumSquare").jvp([](D& c) -> Vs { return {reduce_sum_like(c, c.emit((2.0 * c.x(0)) * c.t(0)))}; });
   table.op("ReduceL2").jvp([](D& c) -> Vs {
-    if (!c.t(0).valid()) return {V{}};
-    V s = reduce_sum_like(c, c.b.op1("Mul", {c.x(0), c.t(0)}));
-    return {c.b.op1("Div", {s, c.y()})};
+    const V s = reduce_sum_like(c, c.emit(c.x(0) * c.t(0)));
+    return {c.emit(s / c.y())};
   });
   table.op("ReduceL1").jvp([](D& c) -> Vs {
-    if (!c.t(0).valid()) return {V{}};
-    return {reduce_sum_like(c, c.b.op1("Mul", {c.b.op1("Sign", {c.x(0)}), c.t(0)}))};
+    return {reduce_sum_like(c, c.emit(Expr::apply("Sign", {c.x(0)}) * c.t(0)))};
   });
   table.op("ReduceLogSumExp").jvp([](D& c) -> Vs {
-    if (!c.t(0).valid()) return {V{}};
-    V w = c.b.op1("Exp", {c.b.op1("Sub", {c.x(0), keep_dims(c, c.y())})});
-    return {reduce_sum_like(c, c.b.op1("Mul", {w, c.t(0)}))};
+    const V w = c.emit(exp(c.x(0) - keep_dims(c, c.y())));
+    return {reduce_sum_like(c, c.emit(w * c.t(0)))};
   });
-  table.op("ReduceLogSum").jvp([](D& c) -> Vs {
-    if (!c.t(0).valid()) return {V{}};
-    return {c.b.op1("Div", {reduce_sum_like(c, c.t(0)), c.b.op1("Exp", {c.y()})})};
-  });
+  table.op("ReduceLogSum").jvp([](D& c) -> Vs { return {c.emit(reduce_sum_like(c, c.t(0)) / exp(c.y()))}; });
   auto extremum = [](D& c) -> Vs {
-    if (!c.t(0).valid()) return {V{}};
     // Ties share the tangent evenly, as in JAX.
-    V mask = c.b.op1("Cast", {c.b.op1("Equal", {c.x(0), keep_dims(c, c.y())})}, {Attr::i("to", c.dtype(0))});
-    return {c.b.op1("Div", {reduce_sum_like(c, c.b.op1("Mul", {c.t(0), mask})), reduce_sum_like(c, mask)})};
+    const V at_extremum = c.emit(mask(equal(c.x(0), keep_dims(c, c.y()))));
+    const V share = reduce_sum_like(c, c.emit(c.t(0) * at_extremum));
+    return {c.emit(share / reduce_sum_like(c, at_extremum))};
   };
   table.op("ReduceMax").jvp(extremum);
   table.op("ReduceMin").jvp(extremum);
   table.op("ReduceProd").jvp([](D& c) -> Vs {
-    if (!c.t(0).valid()) return {V{}};
     // d prod = sum(prod / x * t); exact away from zeros of x.
-    V w = c.b.op1("Div", {keep_dims(c, c.y()), c.x(0)});
-    return {reduce_sum_like(c, c.b.op1("Mul", {w, c.t(0)}))};
+    const V w = c.emit(keep_dims(c, c.y()) / c.x(0));
+    return {reduce_sum_like(c, c.emit(w * c.t(0)))};
   });
   table.op("Softmax").jvp(softmax_jvp);
   table.op("LogSoftmax").jvp(log_softmax_jvp);
@@ -282,43 +270,41 @@ void register_reduce(OpTable& table) {
     return {out, V{}};
   });
   table.op("TopK").jvp([](D& c) -> Vs {
-    if (!c.t(0).valid()) return {V{}, V{}};
     return {c.b.op1("GatherElements", {c.t(0), c.y(1)}, {Attr::i("axis", c.attr_i("axis", -1))}), V{}};
   });
   // d cumprod = cumprod * cumsum(dx / x) with the same axis, exclusive and reverse (exact
   // away from zeros of x, like ReduceProd).
   table.op("CumProd").batch(cumsum_rule, 26).jvp([](D& c) -> Vs {
-    if (!c.t(0).valid()) return {V{}};
     auto& b = c.b;
-    V ratio = b.op1("Div", {c.t(0), c.x(0)});
+    const V ratio = c.emit(c.t(0) / c.x(0));
     b.set_witness(ratio, c.x(0));
     V sums = b.op1("CumSum", {ratio, c.x(1)},
                    {Attr::i("exclusive", c.attr_i("exclusive", 0)), Attr::i("reverse", c.attr_i("reverse", 0))});
     b.set_witness(sums, c.x(0));
-    return {b.op1("Mul", {c.y(), sums})};
+    return {c.emit(c.y() * sums)};
   });
   // y = x / n with n = ||x||_p along axis: dy = (dx - y dn) / n, dn = sum(s dx) with s = y
   // (p = 2) or sign(x) (p = 1).
   // (Every version: its axis attribute has meant the same since opset 1.)
   table.op("LpNormalization").batch(axis_attr_rule).jvp([](D& c) -> Vs {
-    if (!c.t(0).valid()) return {V{}};
     auto& b = c.b;
     const int64_t p = c.attr_i("p", 2);
     if (p != 1 && p != 2) c.unsupported("p=" + std::to_string(p) + " is not 1 or 2", "use p=1 or p=2");
     V axis = b.i64s({c.attr_i("axis", -1)});
     V n = b.op1(p == 2 ? "ReduceL2" : "ReduceL1", {c.x(0), axis}, {Attr::i("keepdims", 1)});
-    V s = p == 2 ? c.y() : b.op1("Sign", {c.x(0)});
-    V prod = b.op1("Mul", {s, c.t(0)});
+    const V s = p == 2 ? c.y() : b.op1("Sign", {c.x(0)});
+    const V prod = c.emit(s * c.t(0));
     b.set_witness(prod, c.x(0));
-    V dn = b.op1("ReduceSum", {prod, axis}, {Attr::i("keepdims", 1)});
-    V num = b.op1("Sub", {c.t(0), b.op1("Mul", {c.y(), dn})});
+    const V dn = b.op1("ReduceSum", {prod, axis}, {Attr::i("keepdims", 1)});
+    const V num = c.emit(c.t(0) - c.y() * dn);
     b.set_witness(num, c.x(0));
-    return {b.op1("Div", {num, n})};
+    return {c.emit(num / n)};
   });
   // DequantizeLinear is (x - zero_point) * scale: linear in the scale (x and zero_point are
   // integers), so its tangent is the op applied to the scale's tangent.
   table.op("DequantizeLinear")
       .jvp([](D& c) -> Vs {
+        // (x can carry a tangent only where its type is unknown; only the scale's counts.)
         if (!c.t(1).valid()) return {V{}};
         return {c.same_op({c.x(0), c.t(1), c.x(2)})};
       })
