@@ -144,6 +144,8 @@ case "$mode" in
     unpack_committed
     corpus=("$build/committed")
     if [ ! -f "$committed_corpus" ]; then seeds --no-node-tests; corpus=("$build/seeds"); fi
+    # A fixed seed, so a CI run's mutations can be replayed (-- -seed=N overrides it).
+    [ ${#extra[@]} -eq 0 ] && extra=(-seed=1)
     if [ "${seconds:-60}" -gt 0 ]; then fuzz "${seconds:-60}" "${corpus[@]}"; fi
     ;;
   merge)
