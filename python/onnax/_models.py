@@ -17,12 +17,22 @@ from __future__ import annotations
 import math
 import uuid
 from collections.abc import Callable, Mapping
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
 import numpy as np
 import onnx
 
-ModelT = TypeVar("ModelT")
+if TYPE_CHECKING:
+    import onnx_ir
+
+    # What every transform takes and gives back: a ModelProto for a ModelProto, an onnx_ir
+    # Model for an onnx_ir Model (a constrained type variable, so type checkers say which).
+    ModelT = TypeVar("ModelT", onnx.ModelProto, onnx_ir.Model)
+    # Either kind, where a function reads a model and returns something else.
+    Model: TypeAlias = onnx.ModelProto | onnx_ir.Model
+else:
+    ModelT = TypeVar("ModelT")
+    Model = Any
 T = TypeVar("T")
 
 _FLOAT_TYPES = frozenset(

@@ -8,6 +8,10 @@ import argparse
 import json
 import os
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import onnx
 
 USAGE = (
     "onnax signature MODEL.onnx [--state h,c | h=h_next,...] [--constants w] [-o SIG.json] "
@@ -111,7 +115,7 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def _parse(path: str, data: bytes) -> object:
+def _parse(path: str, data: bytes) -> onnx.ModelProto:
     import onnx
     from google.protobuf.message import DecodeError
 

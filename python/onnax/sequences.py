@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from onnax import _core
-from onnax._models import ModelT, inspect, transform
+from onnax._models import Model, ModelT, inspect, transform
 from onnax.transforms import _names
 
 Dim = int | str | None
@@ -166,14 +166,14 @@ def step(model: ModelT) -> ModelT:
     return transform(model, _core.step)
 
 
-def signature(model: Any, state: StateSpec = None, constants: Sequence[str] = ()) -> Signature:
+def signature(model: Model, state: StateSpec = None, constants: Sequence[str] = ()) -> Signature:
     """The flat signature of a step or sequence model. A model whose graph is one top-level
     Loop/Scan is read as a sequence model (its state is what the loop carries); otherwise as a
     step, with ``state`` and ``constants`` as ``scan`` takes them."""
     return signature_from_json(json.loads(signature_text(model, state, constants)))
 
 
-def signature_text(model: Any, state: StateSpec = None, constants: Sequence[str] = ()) -> str:
+def signature_text(model: Model, state: StateSpec = None, constants: Sequence[str] = ()) -> str:
     """``signature``'s JSON form, as ``onnax signature`` prints it."""
     names, next_state, consts = _roles(state, constants)
     return inspect(model, lambda data: _core.signature_json(data, names, next_state, consts))

@@ -13,16 +13,15 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
 
 import numpy as np
 import onnx
 from onnx import numpy_helper
 
 from onnax import _core
-from onnax._models import inspect, transform
+from onnax._models import Model, ModelT, inspect, transform
 
-ModelT = TypeVar("ModelT")
 Spec = str | Sequence[str]
 
 STATE_KEY = "onnax.train_state"
@@ -95,7 +94,7 @@ def add_loss(
     )
 
 
-def select_params(model: Any, include: Spec = "all", exclude: Spec = (), min_size: int = 0) -> list[str]:
+def select_params(model: Model, include: Spec = "all", exclude: Spec = (), min_size: int = 0) -> list[str]:
     """Names of the float32/float64 initializers of rank >= 1 that ``include`` selects and
     ``exclude`` does not, in the graph's order. Entries: ``"all"``, exact names, glob patterns
     (``"layers.*.weight"``) or ``"re:REGEX"``; ``min_size`` drops smaller tensors."""
@@ -183,7 +182,7 @@ def train_step(
     )
 
 
-def _proto(model: Any) -> onnx.ModelProto:
+def _proto(model: Model) -> onnx.ModelProto:
     if isinstance(model, onnx.ModelProto):
         return model
     import onnx_ir as ir
@@ -193,7 +192,7 @@ def _proto(model: Any) -> onnx.ModelProto:
     raise TypeError(f"expected an onnx.ModelProto or an onnx_ir.Model, got {type(model).__name__}")
 
 
-def _state_record(step: Any) -> list[dict[str, Any]]:
+def _state_record(step: Model) -> list[dict[str, Any]]:
     proto = step if isinstance(step, onnx.ModelProto) else None
     if proto is None:
         import onnx_ir as ir
@@ -214,18 +213,18 @@ def _state_record(step: Any) -> list[dict[str, Any]]:
     return record
 
 
-def feedback(step: Any) -> list[tuple[str, str | None]]:
+def feedback(step: Model) -> list[tuple[str, str | None]]:
     """Every input the next step reads from this one: ``(input, output)``, with ``None`` for
     inputs fed unchanged (parameters of an accumulation step)."""
     return [(str(e["input"]), None if e["output"] is None else str(e["output"])) for e in _state_record(step)]
 
 
-def parameters(step: Any) -> list[str]:
+def parameters(step: Model) -> list[str]:
     """The parameters a training step trains, in its input order."""
     return [str(e["input"]) for e in _state_record(step) if e["init"] == "param"]
 
 
-def stored_names(model: Any) -> set[str]:
+def stored_names(model: Model) -> set[str]:
     """Names of the main graph's initializers and Constant-node outputs: what ``apply_params``
     can write."""
     proto = _proto(model)
@@ -238,7 +237,7 @@ def _is_constant(n: onnx.NodeProto) -> bool:
     return n.op_type == "Constant" and n.domain in ("", "ai.onnx") and len(n.output) == 1
 
 
-def _stored_values(model: Any) -> dict[str, np.ndarray]:
+def _stored_values(model: Model) -> dict[str, np.ndarray]:
     """Initializers and Constant-node tensors of the main graph, by name."""
     proto = _proto(model)
     values = {t.name: numpy_helper.to_array(t) for t in proto.graph.initializer}
@@ -250,7 +249,7 @@ def _stored_values(model: Any) -> dict[str, np.ndarray]:
     return values
 
 
-def initial_state(model: Any, step: Any) -> dict[str, np.ndarray]:
+def initial_state(model: Model, step: Model) -> dict[str, np.ndarray]:
     """The first values of the step's carried inputs: the parameters as stored in ``model``
     (the loss model the step was made from), zeros for the optimizer state, accumulators and
     step count, and the learning rate the step was made with. Feed them, with the data, to the

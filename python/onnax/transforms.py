@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from onnax import _core
-from onnax._models import store_inputs, transform
+from onnax._models import ModelT, store_inputs, transform
 
-ModelT = TypeVar("ModelT")
+if TYPE_CHECKING:
+    import onnx
 AxisSpec = int | None
 
 
@@ -245,10 +246,10 @@ def register_rule(
     op: str | None = None,
     domain: str = "",
     *,
-    body: Any = None,
-    jvp: Any = None,
+    body: onnx.FunctionProto | None = None,
+    jvp: onnx.FunctionProto | None = None,
     node: str | None = None,
-    vjp: Any = None,
+    vjp: onnx.FunctionProto | None = None,
 ) -> None:
     """Gives onnax a rule it lacks, or replaces one, for every later transform in this process.
 

@@ -66,7 +66,7 @@ def whole(model: onnx.ModelProto, name: str) -> bytes:
     return _core.grad(data, ["W1", "W2", "b2"], "loss")  # type: ignore[no-any-return]
 
 
-def public(model: object, name: str) -> object:
+def public(model: onnx.ModelProto | onnx_ir.Model, name: str) -> object:
     if name == "vmap":
         return onnax.vmap(model)
     if name == "jvp":

@@ -498,7 +498,7 @@ def test_jacobians_and_hessians_of_a_loop_reading_an_inner_loops_stack_equal_jax
     w = numpy_helper.to_array(model.graph.initializer[0])
 
     def f(x: Any) -> Any:
-        h, extra = x, 0.0
+        h, extra = x, jnp.zeros(())
         for i in range(2):
             states, hi = [], h
             for _ in range(i + 1 if variant == "iteration" else 3):
