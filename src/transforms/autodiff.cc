@@ -5,10 +5,14 @@
 #include <onnax/onnax.h>
 #include <onnx/defs/schema.h>
 
+#include <algorithm>
 #include <deque>
+#include <memory>
 #include <set>
 #include <unordered_map>
 #include <unordered_set>
+#include <utility>
+#include <vector>
 
 #include "check/node_check.h"
 #include "diagnostics/error.h"
@@ -20,6 +24,7 @@
 #include "rules/op_table.h"
 #include "rules/surrogate_jvp.h"
 #include "rules/user_rules.h"
+#include "transforms/autodiff_selection.h"
 #include "transforms/bodies.h"
 #include "transforms/contrib_ops.h"
 #include "transforms/lower_opset.h"
@@ -31,133 +36,12 @@
 namespace onnax {
 namespace {
 
-enum class Mode { kJvp, kVjp, kGrad };
-
-const char* mode_name(Mode m) {
-  return m == Mode::kJvp ? "jvp" : m == Mode::kVjp ? "vjp" : "grad";
-}
-
-std::string quoted_names(const std::vector<std::string>& names) {
-  std::vector<std::string> q;
-  for (const auto& n : names) q.push_back("'" + n + "'");
-  return "[" + diag::join(q) + "]";
-}
-
-struct Resolved {
-  std::vector<std::string> inputs;
-  std::vector<std::string> outputs;
-};
-
-// The name of a derivative of `base`: base + suffix, or, when earlier transforms took that name,
-// the suffix once more per order (grad of grad of grad gives w_grad_grad_grad; jvp of jvp pairs
-// the tangent input w_tangent_tangent with the output loss_tangent_tangent); numbered only past
-// a few orders.
-std::string derived_name(NameScope& names, const std::string& base, std::string_view suffix) {
-  std::string name = base + std::string(suffix);
-  for (int order = 1; order < 6 && names.contains(name); ++order) name += suffix;
-  return names.fresh(name);
-}
-
-Resolved resolve(const Prepared& p, Mode mode, const Selection& sel) {
-  const std::string m = mode_name(mode);
-  const auto& g = *p.graph;
-  std::vector<std::string> runtime, float_runtime, float_inits, outputs, float_outputs;
-  for (const auto* vi : p.runtime_inputs) {
-    runtime.push_back(vi->name());
-    if (differentiable_dtype(p.fact(vi->name()).dtype)) float_runtime.push_back(vi->name());
-  }
-  for (const auto& t : g.initializer())
-    if (differentiable_dtype(t.data_type())) float_inits.push_back(t.name());
-  for (const auto& o : g.output()) {
-    outputs.push_back(o.name());
-    if (differentiable_dtype(p.fact(o.name()).dtype)) float_outputs.push_back(o.name());
-  }
-  Resolved r;
-  // The checks every selected name gets, inputs and outputs alike.
-  auto check_float_once = [&](const std::string& role, const std::string& name, std::set<std::string>& seen,
-                              const std::string& float_choices) {
-    const int32_t dt = p.fact(name).dtype;
-    if (!differentiable_dtype(dt))
-      diag::fail(Error::Kind::kSelection, m + ": " + role + " selects '" + name + "' of dtype " + diag::dtype_name(dt) +
-                                              "; derivatives are defined for float32/float64 only. Fix: select one "
-                                              "of " +
-                                              float_choices);
-    if (!seen.insert(name).second)
-      diag::fail(Error::Kind::kSelection,
-                 m + ": " + role + " selects '" + name + "' twice. Fix: select each name once");
-  };
-  if (sel.inputs) {
-    std::set<std::string> seen;
-    for (const auto& name : *sel.inputs) {
-      const bool is_runtime = std::find(runtime.begin(), runtime.end(), name) != runtime.end();
-      const bool is_init = p.initializer_names.count(name) != 0;
-      if (!is_runtime && !is_init)
-        diag::fail(Error::Kind::kSelection,
-                   m + ": inputs selects '" + name + "', which is neither a graph input nor an initializer; " +
-                       "available inputs: " + quoted_names(runtime) + ", initializers: " + quoted_names(float_inits) +
-                       ". Fix: select one of these names");
-      check_float_once(
-          "inputs", name, seen,
-          "the float inputs " + quoted_names(float_runtime) + " or initializers " + quoted_names(float_inits));
-      r.inputs.push_back(name);
-    }
-  } else {
-    r.inputs = float_runtime;
-  }
-  if (r.inputs.empty() && sel.inputs)
-    diag::fail(Error::Kind::kSelection, m + ": inputs=[] selects nothing to differentiate with respect to. Fix: " +
-                                            "select at least one of the float inputs " + quoted_names(float_runtime) +
-                                            " or initializers " + quoted_names(float_inits) +
-                                            ", or leave inputs unset for the float inputs");
-  if (r.inputs.empty())
-    diag::fail(Error::Kind::kSelection,
-               m + ": no input to differentiate with respect to: the model has no float32/float64 runtime inputs " +
-                   "(inputs: " + quoted_names(runtime) + "). Fix: " +
-                   (float_inits.empty() ? std::string("add a float32/float64 input")
-                                        : "select initializers explicitly, e.g. inputs=" + quoted_names(float_inits)));
-  if (sel.outputs) {
-    std::set<std::string> seen;
-    for (const auto& name : *sel.outputs) {
-      if (std::find(outputs.begin(), outputs.end(), name) == outputs.end())
-        diag::fail(Error::Kind::kSelection, m + ": outputs selects '" + name + "', which is not a graph output; " +
-                                                "available outputs: " + quoted_names(outputs) +
-                                                ". Fix: select one of these names");
-      check_float_once("outputs", name, seen, quoted_names(float_outputs));
-      r.outputs.push_back(name);
-    }
-  } else if (mode == Mode::kGrad) {
-    // The only rank-0 float output, when there is exactly one.
-    for (const auto& n : float_outputs)
-      if (p.fact(n).rank() == 0) r.outputs.push_back(n);
-    if (r.outputs.size() != 1)
-      diag::fail(Error::Kind::kSelection, "grad: no output was selected and the model has " +
-                                              std::to_string(r.outputs.size()) + " rank-0 float outputs " +
-                                              quoted_names(r.outputs) + " (outputs: " + quoted_names(outputs) +
-                                              "). Fix: pass output=<name of the scalar loss>");
-  } else {
-    std::vector<std::string> generated = provenance::derivative_outputs(*p.model);
-    if (mode == Mode::kJvp)
-      for (const auto& n : generated)
-        if (std::find(float_outputs.begin(), float_outputs.end(), n) != float_outputs.end()) r.outputs.push_back(n);
-    if (r.outputs.empty()) r.outputs = float_outputs;
-  }
-  if (r.outputs.empty() && sel.outputs)
-    diag::fail(Error::Kind::kSelection, m + ": outputs=[] selects nothing to differentiate. Fix: select at least " +
-                                            "one of the float outputs " + quoted_names(float_outputs) +
-                                            ", or leave outputs unset for all of them");
-  if (r.outputs.empty())
-    diag::fail(Error::Kind::kSelection, m + ": the model has no float32/float64 output to differentiate; outputs: " +
-                                            quoted_names(outputs) + ". Fix: add a float output");
-  if (mode == Mode::kGrad) {
-    const Facts f = p.fact(r.outputs[0]);
-    if (f.rank() != 0)
-      diag::fail(Error::Kind::kSelection,
-                 "grad: output '" + r.outputs[0] + "' has shape " + f.shape_string() +
-                     "; grad needs a rank-0 (scalar) loss. Fix: reduce it to a scalar (ReduceSum/ReduceMean) or use "
-                     "vjp with an explicit cotangent");
-  }
-  return r;
-}
+using autodiff::derived_name;
+using autodiff::Mode;
+using autodiff::mode_name;
+using autodiff::quoted_names;
+using autodiff::resolve;
+using autodiff::Resolved;
 
 // A failure while transposing a tape node, named by the source node whose derivative the tape
 // node belongs to when the message does not name it (a Loop an LSTM was expanded into, a
@@ -237,469 +121,570 @@ onnx::ValueInfoProto value_info_like(const std::string& name, const Facts& f) {
   return vi;
 }
 
-// Leaves the result in *p.model.
-void differentiate_graph(Prepared& p, Mode mode, const Selection& sel, bool for_reverse_mode) {
-  const std::string m = mode_name(mode);
-  const Resolved r = resolve(p, mode, sel);
+// One differentiation of a graph (jvp, vjp or grad), as named steps over shared state:
+// bind the source's values, cut its stop_gradient marks, make the seeds, sweep forward running
+// each node's JVP rule next to the node (reverse mode records the nodes linear in tangents on a
+// tape), then name the output tangents (jvp), or transpose the tape and name the input
+// cotangents (vjp, grad), and write the result into *p.model.
+class Differentiation {
+ public:
+  Differentiation(Prepared& p, Mode mode, const Selection& sel, bool for_reverse_mode)
+      : p_(p),
+        mode_(mode),
+        m_(mode_name(mode)),
+        r_(resolve(p, mode, sel)),
+        for_reverse_mode_(for_reverse_mode),
+        src_(p.graph),
+        out_graph_(make_proto<onnx::GraphProto>(p.model->GetArena())),
+        out_(*out_graph_),
+        b_(out_, p.value_names, p.node_names, p.opset),
+        source_values_(static_cast<size_t>(p.value_names.size())),
+        primal_(source_values_),
+        tangent_(source_values_),
+        origin_(source_values_, -1),
+        stopped_(source_values_, 0),
+        rules_(OpTable::instance()),
+        user_(user_rules()),
+        opsets_(model_opsets(p)) {}
 
-  const onnx::GraphProto* src = p.graph;
-  // On the model's arena when it has one, so moving the result into it is a swap.
-  const ProtoPtr<onnx::GraphProto> out_graph = make_proto<onnx::GraphProto>(p.model->GetArena());
-  onnx::GraphProto& out = *out_graph;
-  out.set_name(src->name());
-  out.set_doc_string(src->doc_string());
-  Builder b(out, p.value_names, p.node_names, p.opset);
-  b.enable_inference(model_opsets(p));
-  b.set_loop_inference([opsets = model_opsets(p)](const onnx::NodeProto& loop, const std::vector<const Facts*>& in,
-                                                  Dim trips,
-                                                  const std::function<const Facts*(std::string_view)>& outer) {
-    return loop_output_facts(loop, in, trips, opsets, outer);
-  });
-  // Reverse mode transposes a weight shared by many nodes (an unrolled recurrence) once, not
-  // once per use.
-  b.enable_reuse();
-
-  // Per source value (by id in p.value_names): its primal value, its tangent (invalid: zero)
-  // and the selected input it depends on (for diagnostics).
-  const size_t source_values = static_cast<size_t>(p.value_names.size());
-  std::vector<V> primal(source_values), tangent(source_values);
-  std::vector<int> origin(source_values, -1);
-  auto id_of = [&](std::string_view n) { return p.value_names.id(n); };
-  auto at = [](std::vector<V>& table, int id) -> V& { return table[static_cast<size_t>(id)]; };
-  auto facts = [&](const std::string& n) -> const Facts& { return p.fact(n); };
-  for (const auto& t : src->initializer()) {
-    at(primal, id_of(t.name())) = b.existing(t.name(), &facts(t.name()));
-    b.register_data(t.name(), &t);
-    b.remember_tensor(t.name(), t);
+  void run() {
+    start_result();
+    bind_sources();
+    mark_stop_gradients();
+    make_seeds();
+    if (mode_ != Mode::kJvp) b_.set_tape(&tape_);
+    needed_ = needed_values(p_, r_.outputs);
+    size_name_tables();
+    find_spikes();
+    forward_sweep();
+    if (mode_ == Mode::kJvp) {
+      name_tangents();
+    } else {
+      transpose_tape();
+      name_cotangents();
+    }
+    write_result();
   }
-  for (const auto& vi : src->input())
-    if (!at(primal, id_of(vi.name())).valid()) at(primal, id_of(vi.name())) = b.existing(vi.name(), &facts(vi.name()));
+
+ private:
+  int id_of(std::string_view n) const { return p_.value_names.id(n); }
+  V& primal(int id) { return primal_[static_cast<size_t>(id)]; }
+  V& tangent(int id) { return tangent_[static_cast<size_t>(id)]; }
+  const Facts& facts(const std::string& n) const { return p_.fact(n); }
+
+  // The result graph's builder: ONNX inference for emitted nodes, loop facts, reuse.
+  void start_result() {
+    out_.set_name(src_->name());
+    out_.set_doc_string(src_->doc_string());
+    b_.enable_inference(opsets_);
+    b_.set_loop_inference([opsets = opsets_](const onnx::NodeProto& loop, const std::vector<const Facts*>& in,
+                                             Dim trips, const std::function<const Facts*(std::string_view)>& outer) {
+      return loop_output_facts(loop, in, trips, opsets, outer);
+    });
+    // Reverse mode transposes a weight shared by many nodes (an unrolled recurrence) once, not
+    // once per use.
+    b_.enable_reuse();
+  }
+
+  // The source's initializers and inputs as primal values.
+  void bind_sources() {
+    for (const auto& t : src_->initializer()) {
+      primal(id_of(t.name())) = b_.existing(t.name(), &facts(t.name()));
+      b_.register_data(t.name(), &t);
+      b_.remember_tensor(t.name(), t);
+    }
+    for (const auto& vi : src_->input())
+      if (!primal(id_of(vi.name())).valid()) primal(id_of(vi.name())) = b_.existing(vi.name(), &facts(vi.name()));
+  }
 
   // Values marked by stop_gradient get no tangent: the nodes reading them see constants.
-  std::vector<char> stopped(source_values, 0);
-  for (const auto& name : provenance::names_at(*p.model, provenance::kStopGradientKey)) {
-    const int id = id_of(name);
-    if (id < 0)
-      diag::fail(Error::Kind::kInvalidModel, m + ": metadata_props['" + provenance::kStopGradientKey + "'] marks '" +
-                                                 name +
-                                                 "', which is not a value of the model. Fix: mark values of "
-                                                 "the model with onnax.stop_gradient");
-    if (std::find(r.inputs.begin(), r.inputs.end(), name) != r.inputs.end())
-      diag::fail(Error::Kind::kSelection, m + ": input '" + name +
-                                              "' is selected for differentiation but marked "
-                                              "by stop_gradient, so its derivative would be cut. Fix: select "
-                                              "other inputs, or differentiate the model before marking it");
-    stopped[static_cast<size_t>(id)] = 1;
+  void mark_stop_gradients() {
+    for (const auto& name : provenance::names_at(*p_.model, provenance::kStopGradientKey)) {
+      const int id = id_of(name);
+      if (id < 0)
+        diag::fail(Error::Kind::kInvalidModel, m_ + ": metadata_props['" + provenance::kStopGradientKey + "'] marks '" +
+                                                   name +
+                                                   "', which is not a value of the model. Fix: mark values of "
+                                                   "the model with onnax.stop_gradient");
+      if (std::find(r_.inputs.begin(), r_.inputs.end(), name) != r_.inputs.end())
+        diag::fail(Error::Kind::kSelection, m_ + ": input '" + name +
+                                                "' is selected for differentiation but marked "
+                                                "by stop_gradient, so its derivative would be cut. Fix: select "
+                                                "other inputs, or differentiate the model before marking it");
+      stopped_[static_cast<size_t>(id)] = 1;
+    }
   }
 
-  // Seeds: one tangent per selected input.
-  std::vector<onnx::ValueInfoProto> new_inputs;
-  Vs seeds;
-  for (const auto& name : r.inputs) {
-    const Facts f = facts(name);
-    const std::string tname = derived_name(p.value_names, name, "_tangent");
-    V t = b.existing(tname, f);
-    b.mark_tangent(t);
-    b.set_witness(t, at(primal, id_of(name)));
-    if (mode == Mode::kJvp) new_inputs.push_back(value_info_like(tname, f));
-    at(tangent, id_of(name)) = t;
-    origin[static_cast<size_t>(id_of(name))] = id_of(name);
-    seeds.push_back(t);
+  // One tangent per selected input (a new graph input in forward mode).
+  void make_seeds() {
+    for (const auto& name : r_.inputs) {
+      const Facts f = facts(name);
+      const std::string tname = derived_name(p_.value_names, name, "_tangent");
+      V t = b_.existing(tname, f);
+      b_.mark_tangent(t);
+      b_.set_witness(t, primal(id_of(name)));
+      if (mode_ == Mode::kJvp) new_inputs_.push_back(value_info_like(tname, f));
+      tangent(id_of(name)) = t;
+      origin_[static_cast<size_t>(id_of(name))] = id_of(name);
+      seeds_.push_back(t);
+    }
   }
 
-  std::deque<Builder::TapeNode> tape;
-  if (mode != Mode::kJvp) b.set_tape(&tape);
-  const std::vector<char> needed = needed_values(p, r.outputs);
-  {
+  // Sizes the name tables once for the values the sweep will make.
+  void size_name_tables() {
     std::vector<int> seed_ids;
-    for (const auto& name : r.inputs) seed_ids.push_back(id_of(name));
+    for (const auto& name : r_.inputs) seed_ids.push_back(id_of(name));
     // About three new values and nodes per differentiated node in reverse mode (tangent,
     // primal helper, cotangent), one or two in forward mode.
-    const size_t per_node = mode == Mode::kJvp ? 2 : 3;
-    const size_t expected = differentiated_nodes(p, seed_ids, needed) * per_node;
+    const size_t per_node = mode_ == Mode::kJvp ? 2 : 3;
+    const size_t expected = differentiated_nodes(p_, seed_ids, needed_) * per_node;
     // (Not the node scope: generated nodes take their outputs' names, see Builder::name_node.)
-    p.value_names.expect(static_cast<size_t>(p.value_names.size()) + expected);
+    p_.value_names.expect(static_cast<size_t>(p_.value_names.size()) + expected);
   }
-  const OpTable& rules = OpTable::instance();
-  // The user's rules (onnax/rules.h), one snapshot for the whole graph; their JVPs as rules,
-  // one per registered function (stable addresses: the schema cache below is keyed by rule).
-  const std::shared_ptr<const UserRules> user = user_rules();
-  std::unordered_map<const UserRule*, JvpRule> user_jvps;
-  const std::unordered_map<std::string, int> opsets = model_opsets(p);
-  SchemaCache schemas;
-  // Each rule is registered for one domain::op, and a model has one opset per domain: the
-  // schema is looked up once per rule (hashing a pointer), not once per node (hashing a name).
-  std::unordered_map<const JvpRule*, const onnx::OpSchema*> schema_of_rule;
-  // A private graph's nodes are taken out of it and handed to the result by pointer (the same
-  // objects, so rules and registered constants keep reading them); others are copied.
-  const int node_count = src->node_size();
+
   // Spikes marked for a surrogate derivative (with_surrogates): their comparisons' operands,
   // read before the nodes move out of the graph.
-  std::unordered_map<int, SpikeOperands> spikes;
-  {
+  void find_spikes() {
     std::unordered_map<std::string, const onnx::NodeProto*> producer;
-    for (int i = 0; i < node_count; ++i) {
-      const auto& n = src->node(i);
+    for (int i = 0; i < src_->node_size(); ++i) {
+      const auto& n = src_->node(i);
       if (n.metadata_props_size() == 0 || !surrogate_mark(n)) continue;
       if (producer.empty())
-        for (const auto& m2 : src->node())
+        for (const auto& m2 : src_->node())
           for (const auto& o : m2.output()) producer.emplace(o, &m2);
       auto operands = spike_operands(n, producer);
       if (!operands)
         diag::fail(Error::Kind::kInvalidModel,
-                   m + ": " + diag::node_location(n) +
+                   m_ + ": " + diag::node_location(n) +
                        " is marked for a surrogate derivative but is not a spike (a "
                        "Cast or Where of a comparison, or a Sign). Fix: mark spikes with onnax.with_surrogates");
-      spikes.emplace(i, std::move(*operands));
+      spikes_.emplace(i, std::move(*operands));
     }
   }
-  std::vector<NodePtr> owned = take_nodes(p);
 
-  for (int ni = 0; ni < node_count; ++ni) {
-    limits::poll();
-    // Nodes are scattered over the heap: start loading one a few nodes ahead.
-    constexpr int kAhead = 4;
-    if (ni + kAhead < node_count)
-      __builtin_prefetch(owned.empty() ? &src->node(ni + kAhead) : owned[static_cast<size_t>(ni + kAhead)].get());
-    const onnx::NodeProto& node = owned.empty() ? src->node(ni) : *owned[static_cast<size_t>(ni)];
-    const int32_t* input_ids = p.node_ids.inputs(ni);
-    const int32_t* output_ids = p.node_ids.outputs(ni, node.input_size());
+  // Every node in order: the node itself, then its JVP where it reads a tangent and feeds a
+  // selected output. A private graph's nodes are taken out of it and handed to the result by
+  // pointer (the same objects, so rules and registered constants keep reading them); others
+  // are copied.
+  void forward_sweep() {
+    const int node_count = src_->node_size();
+    owned_ = take_nodes(p_);
+    for (int ni = 0; ni < node_count; ++ni) {
+      limits::poll();
+      // Nodes are scattered over the heap: start loading one a few nodes ahead.
+      constexpr int kAhead = 4;
+      if (ni + kAhead < node_count)
+        __builtin_prefetch(owned_.empty() ? &src_->node(ni + kAhead) : owned_[static_cast<size_t>(ni + kAhead)].get());
+      differentiate_node(ni);
+    }
+  }
+
+  void differentiate_node(int ni) {
+    const onnx::NodeProto& node = owned_.empty() ? src_->node(ni) : *owned_[static_cast<size_t>(ni)];
+    const int32_t* input_ids = p_.node_ids.inputs(ni);
+    const int32_t* output_ids = p_.node_ids.outputs(ni, node.input_size());
     Vs ys;
     for (int k = 0; k < node.output_size(); ++k) {
       if (output_ids[k] < 0) {
         ys.push_back(V{});
         continue;
       }
-      V v = b.existing_id(output_ids[k], &p.facts.at(output_ids[k]));
-      at(primal, output_ids[k]) = v;
+      V v = b_.existing_id(output_ids[k], &p_.facts.at(output_ids[k]));
+      primal(output_ids[k]) = v;
       ys.push_back(v);
     }
     if (node.op_type() == "Constant" && node.domain().empty())
       for (const auto& a : node.attribute())
-        if (a.name() == "value" && a.has_t()) b.register_data(node.output(0), &a.t());
-    if (auto t = constant_tensor(node)) b.remember_tensor(node.output(0), *t);
+        if (a.name() == "value" && a.has_t()) b_.register_data(node.output(0), &a.t());
+    if (auto t = constant_tensor(node)) b_.remember_tensor(node.output(0), *t);
 
     bool active = false, useful = false;
     int from = -1;
     for (int k = 0; k < node.input_size(); ++k)
-      if (input_ids[k] >= 0 && at(tangent, input_ids[k]).valid()) {
+      if (input_ids[k] >= 0 && tangent(input_ids[k]).valid()) {
         active = true;
-        from = origin[static_cast<size_t>(input_ids[k])];
+        from = origin_[static_cast<size_t>(input_ids[k])];
       }
     const bool subgraphs = has_subgraphs(node);
     if (subgraphs)
       for (const auto& rd : outer_scope_reads(node)) {
         const int id = id_of(rd);
-        if (id >= 0 && at(tangent, id).valid()) {
+        if (id >= 0 && tangent(id).valid()) {
           active = true;
-          from = origin[static_cast<size_t>(id)];
+          from = origin_[static_cast<size_t>(id)];
         }
       }
     for (int k = 0; k < node.output_size(); ++k)
-      useful = useful || (output_ids[k] >= 0 && needed[static_cast<size_t>(output_ids[k])]);
+      useful = useful || (output_ids[k] >= 0 && needed_[static_cast<size_t>(output_ids[k])]);
     bool float_out = false;
     for (int k = 0; k < node.output_size(); ++k) {
-      const int32_t dt = output_ids[k] < 0 ? -1 : p.facts.at(output_ids[k]).dtype;
+      const int32_t dt = output_ids[k] < 0 ? -1 : p_.facts.at(output_ids[k]).dtype;
       float_out = float_out || dt == 0 || differentiable_dtype(dt);  // unknown dtype: could be float
     }
     // The primal node itself passes through unchanged. (A loop's, known as its outputs' producer,
     // can give its place to the loop reverse mode runs anyway: Builder::take_place_of.)
-    NodePtr adopted = owned.empty() ? NodePtr(new onnx::NodeProto(node)) : std::move(owned[static_cast<size_t>(ni)]);
+    NodePtr adopted = owned_.empty() ? NodePtr(new onnx::NodeProto(node)) : std::move(owned_[static_cast<size_t>(ni)]);
     if (subgraphs)
-      b.adopt_node(std::move(adopted), ys);
+      b_.adopt_node(std::move(adopted), ys);
     else
-      b.adopt_node(std::move(adopted));
-    const auto spike = spikes.empty() ? spikes.end() : spikes.find(ni);
-    if (spike != spikes.end()) {
-      // A spike's derivative comes from its comparison's operands, not its own inputs.
-      const SpikeOperands& s = spike->second;
-      Vs xs, ts;
-      active = false;
-      for (const std::string* name : {&s.a, &s.b, &s.v1, &s.v0}) {
-        const int id = name->empty() ? -1 : id_of(*name);
-        xs.push_back(id < 0 ? V{} : at(primal, id));
-        ts.push_back(id < 0 || ts.size() >= 2 ? V{} : at(tangent, id));
-        if (ts.back().valid()) {
-          active = true;
-          from = origin[static_cast<size_t>(id)];
-        }
-      }
-      if (!active || !useful || !float_out || stopped[static_cast<size_t>(output_ids[0])]) continue;
-      JvpCtx ctx{b, node, p.opset, xs, ys, ts, {}};
-      ctx.bodies = &body_transforms();
-      ctx.for_reverse_mode = for_reverse_mode;
-      b.set_origin(node.output(0), "_tangent");
-      const Vs touts = surrogate_jvp(ctx, s, *surrogate_mark(node));
-      if (touts[0].valid()) {
-        at(tangent, output_ids[0]) = touts[0];
-        origin[static_cast<size_t>(output_ids[0])] = from;
-        bind_tangent(b, touts[0], ys[0]);
-      }
-      continue;
+      b_.adopt_node(std::move(adopted));
+    const auto spike = spikes_.empty() ? spikes_.end() : spikes_.find(ni);
+    if (spike != spikes_.end()) {
+      if (useful && float_out) spike_jvp(node, spike->second, ys, output_ids[0]);
+      return;
     }
-    if (!active || !useful) continue;
-    if (!float_out) continue;  // integer/bool results carry no derivative
+    if (!active || !useful) return;
+    if (!float_out) return;  // integer/bool results carry no derivative
     bool all_stopped = true;
     for (int k = 0; k < node.output_size(); ++k)
-      all_stopped = all_stopped && (output_ids[k] < 0 || stopped[static_cast<size_t>(output_ids[k])]);
-    if (all_stopped) continue;
-    const bool default_domain = is_default_domain(node);
-    const UserRule* custom = user->for_node(node);
-    const JvpRule* rule = nullptr;
-    if (custom && custom->vjp && b.has_tape()) {
-      // (Reverse mode by the user's VJP: one tape node, which user_vjp_transpose expands.)
-      auto [it, added] = user_jvps.try_emplace(custom);
-      if (added) {
-        const int64_t index = custom - user->rules.data();
-        it->second = [index](JvpCtx& c) { return user_vjp_tape_node(c, index); };
-      }
-      rule = &it->second;
-    } else if (custom && custom->jvp) {
-      auto [it, added] = user_jvps.try_emplace(custom);
-      if (added) it->second = [f = &*custom->jvp](JvpCtx& c) { return function_jvp(c, *f); };
-      rule = &it->second;
-    } else {
-      if (rules.zero_for(node)) continue;
-      rule = rules.jvp_for(node);
-    }
-    // The node's domain and its opset, asked for only by diagnostics and a rule's first use (a
-    // string hash per node otherwise).
-    const std::string_view domain = default_domain ? std::string_view() : std::string_view(node.domain());
-    auto opset = [&] {
-      const auto it = opsets.find(std::string(domain));
-      return it == opsets.end() ? 0 : it->second;
-    };
-    auto label = [&] { return diag::op_at(node, opset()); };
-    if (!rule && custom && custom->vjp)
-      diag::fail(Error::Kind::kUnsupported,
-                 m + ": cannot differentiate " + label() +
-                     " in forward mode: its registered rule gives a VJP (used by reverse mode: vjp, grad, "
-                     "jacrev) but no JVP" +
-                     (for_reverse_mode ? " (the reverse mode of a Loop or Scan transposes its body's JVP)" : "") +
-                     ". Fix: register a jvp (or a body) for it too");
-    if (!rule) {
-      if (const std::string advice = unexpanded_contrib_op_advice(node); !advice.empty())
-        diag::fail(Error::Kind::kUnsupported, m + ": cannot differentiate " + label() + ": " + advice);
-      std::string why = node.op_type().rfind("Random", 0) == 0 || node.op_type() == "Bernoulli"
-                            ? "random operators have no derivative"
-                        : subgraphs ? "no derivative rule for this operator (with subgraphs) yet"
-                                    : "no derivative rule for this operator yet";
-      diag::fail(Error::Kind::kUnsupported,
-                 m + ": cannot differentiate " + label() + ": " + why + "; it lies on the path from input '" +
-                     std::string(p.value_names.name(from)) + "' to the selected outputs " + quoted_names(r.outputs) +
-                     ". Fix: select inputs/outputs that avoid it, compute it outside the differentiated model, "
-                     "or register its JVP or definition (onnax.register_rule; --rules FILE on the command line)");
-    }
-    // Rules read the inputs and attributes their schema guarantees.
-    auto [known_schema, first_use] = schema_of_rule.try_emplace(rule, nullptr);
-    if (first_use) known_schema->second = schemas.find(node.op_type(), std::string(domain), opset());
-    if (const onnx::OpSchema* schema = known_schema->second) {
-      const NodeInputFactsOf known(
-          [&](int i) { return i < node.input_size() ? p.facts.at(input_ids[i]).rank() : int64_t{-1}; },
-          [&](int i) {
-            return i < node.input_size() && input_ids[i] >= 0 ? b.known_i64(at(primal, input_ids[i])) : nullptr;
-          });
-      if (const std::string defect = node_defect(*schema, node, input_ids, known); !defect.empty())
-        diag::fail(Error::Kind::kInvalidModel, m + ": invalid model: " + label() + " " + defect);
-    }
-    JvpCtx ctx{b, node, p.opset, {}, ys, {}, {}};
+      all_stopped = all_stopped && (output_ids[k] < 0 || stopped_[static_cast<size_t>(output_ids[k])]);
+    if (all_stopped) return;
+    const JvpRule* rule = rule_for(node, input_ids, from);
+    if (!rule) return;  // (a zero rule: piecewise constant)
+    JvpCtx ctx{b_, node, p_.opset, {}, ys, {}, {}};
     ctx.bodies = &body_transforms();
-    ctx.for_reverse_mode = for_reverse_mode;
+    ctx.for_reverse_mode = for_reverse_mode_;
     for (int k = 0; k < node.input_size(); ++k) {
-      ctx.xs.push_back(input_ids[k] < 0 ? V{} : at(primal, input_ids[k]));
-      ctx.ts.push_back(input_ids[k] < 0 ? V{} : at(tangent, input_ids[k]));
+      ctx.xs.push_back(input_ids[k] < 0 ? V{} : primal(input_ids[k]));
+      ctx.ts.push_back(input_ids[k] < 0 ? V{} : tangent(input_ids[k]));
     }
     if (subgraphs) {
       std::set<std::string, std::less<>> seen;
       for (const auto& rd : outer_scope_reads(node)) {
         const int id = id_of(rd);
         if (id < 0 || !seen.insert(rd).second) continue;
-        ctx.captured.push_back(JvpCtx::Captured{rd, at(primal, id), at(tangent, id)});
+        ctx.captured.push_back(JvpCtx::Captured{rd, primal(id), tangent(id)});
       }
     }
-    b.set_origin(node.output(0), "_tangent");
+    b_.set_origin(node.output(0), "_tangent");
     Vs touts = (*rule)(ctx);
     for (int k = 0; k < node.output_size() && k < static_cast<int>(touts.size()); ++k) {
       const std::string& o = node.output(k);
-      const Facts& of = p.facts.at(output_ids[k]);  // (an empty name has id -1: unknown facts)
+      const Facts& of = p_.facts.at(output_ids[k]);  // (an empty name has id -1: unknown facts)
       const int32_t dt = o.empty() ? -1 : of.dtype;
       if (o.empty() || !touts[k].valid() || !(dt == 0 || differentiable_dtype(dt))) continue;
-      if (stopped[static_cast<size_t>(output_ids[k])]) continue;
-      at(tangent, output_ids[k]) = touts[k];
-      origin[static_cast<size_t>(output_ids[k])] = from;
-      bind_tangent(b, touts[k], ys[k]);
+      if (stopped_[static_cast<size_t>(output_ids[k])]) continue;
+      set_tangent(output_ids[k], touts[k], from, ys[k]);
     }
   }
 
-  std::vector<onnx::ValueInfoProto> new_outputs;
-  std::vector<std::string> derivative_names;
+  void set_tangent(int id, V t, int from, V y) {
+    tangent(id) = t;
+    origin_[static_cast<size_t>(id)] = from;
+    bind_tangent(b_, t, y);
+  }
+
+  // A spike's derivative comes from its comparison's operands, not its own inputs.
+  void spike_jvp(const onnx::NodeProto& node, const SpikeOperands& s, const Vs& ys, int output_id) {
+    Vs xs, ts;
+    bool active = false;
+    int from = -1;
+    for (const std::string* name : {&s.a, &s.b, &s.v1, &s.v0}) {
+      const int id = name->empty() ? -1 : id_of(*name);
+      xs.push_back(id < 0 ? V{} : primal(id));
+      ts.push_back(id < 0 || ts.size() >= 2 ? V{} : tangent(id));
+      if (ts.back().valid()) {
+        active = true;
+        from = origin_[static_cast<size_t>(id)];
+      }
+    }
+    if (!active || stopped_[static_cast<size_t>(output_id)]) return;
+    JvpCtx ctx{b_, node, p_.opset, xs, ys, ts, {}};
+    ctx.bodies = &body_transforms();
+    ctx.for_reverse_mode = for_reverse_mode_;
+    b_.set_origin(node.output(0), "_tangent");
+    const Vs touts = surrogate_jvp(ctx, s, *surrogate_mark(node));
+    if (touts[0].valid()) set_tangent(output_id, touts[0], from, ys[0]);
+  }
+
+  // The node's JVP rule: the user's (a JVP, or a VJP's tape node in reverse mode), else the op
+  // table's; nullptr for a piecewise-constant op. A node without one, or whose schema rules it
+  // out, is a diagnostic naming it and the seed it depends on (`from`).
+  const JvpRule* rule_for(const onnx::NodeProto& node, const int32_t* input_ids, int from) {
+    const bool default_domain = is_default_domain(node);
+    const UserRule* custom = user_->for_node(node);
+    const JvpRule* rule = nullptr;
+    if (custom && custom->vjp && b_.has_tape()) {
+      // (Reverse mode by the user's VJP: one tape node, which user_vjp_transpose expands.)
+      auto [it, added] = user_jvps_.try_emplace(custom);
+      if (added) {
+        const int64_t index = custom - user_->rules.data();
+        it->second = [index](JvpCtx& c) { return user_vjp_tape_node(c, index); };
+      }
+      rule = &it->second;
+    } else if (custom && custom->jvp) {
+      auto [it, added] = user_jvps_.try_emplace(custom);
+      if (added) it->second = [f = &*custom->jvp](JvpCtx& c) { return function_jvp(c, *f); };
+      rule = &it->second;
+    } else {
+      if (rules_.zero_for(node)) return nullptr;
+      rule = rules_.jvp_for(node);
+    }
+    // The node's domain and its opset, asked for only by diagnostics and a rule's first use (a
+    // string hash per node otherwise).
+    const std::string_view domain = default_domain ? std::string_view() : std::string_view(node.domain());
+    auto opset = [&] {
+      const auto it = opsets_.find(std::string(domain));
+      return it == opsets_.end() ? 0 : it->second;
+    };
+    auto label = [&] { return diag::op_at(node, opset()); };
+    if (!rule && custom && custom->vjp)
+      diag::fail(Error::Kind::kUnsupported,
+                 m_ + ": cannot differentiate " + label() +
+                     " in forward mode: its registered rule gives a VJP (used by reverse mode: vjp, grad, "
+                     "jacrev) but no JVP" +
+                     (for_reverse_mode_ ? " (the reverse mode of a Loop or Scan transposes its body's JVP)" : "") +
+                     ". Fix: register a jvp (or a body) for it too");
+    if (!rule) {
+      if (const std::string advice = unexpanded_contrib_op_advice(node); !advice.empty())
+        diag::fail(Error::Kind::kUnsupported, m_ + ": cannot differentiate " + label() + ": " + advice);
+      std::string why = node.op_type().rfind("Random", 0) == 0 || node.op_type() == "Bernoulli"
+                            ? "random operators have no derivative"
+                        : has_subgraphs(node) ? "no derivative rule for this operator (with subgraphs) yet"
+                                              : "no derivative rule for this operator yet";
+      diag::fail(Error::Kind::kUnsupported,
+                 m_ + ": cannot differentiate " + label() + ": " + why + "; it lies on the path from input '" +
+                     std::string(p_.value_names.name(from)) + "' to the selected outputs " + quoted_names(r_.outputs) +
+                     ". Fix: select inputs/outputs that avoid it, compute it outside the differentiated model, "
+                     "or register its JVP or definition (onnax.register_rule; --rules FILE on the command line)");
+    }
+    // Rules read the inputs and attributes their schema guarantees.
+    auto [known_schema, first_use] = schema_of_rule_.try_emplace(rule, nullptr);
+    if (first_use) known_schema->second = schemas_.find(node.op_type(), std::string(domain), opset());
+    if (const onnx::OpSchema* schema = known_schema->second) {
+      const NodeInputFactsOf known(
+          [&](int i) { return i < node.input_size() ? p_.facts.at(input_ids[i]).rank() : int64_t{-1}; },
+          [&](int i) {
+            return i < node.input_size() && input_ids[i] >= 0 ? b_.known_i64(primal(input_ids[i])) : nullptr;
+          });
+      if (const std::string defect = node_defect(*schema, node, input_ids, known); !defect.empty())
+        diag::fail(Error::Kind::kInvalidModel, m_ + ": invalid model: " + label() + " " + defect);
+    }
+    return rule;
+  }
+
   // Derivative outputs take their readable names: a value this transform computed is renamed
   // (in one pass at the end); a primal value, a graph input, or a value already renamed gets
   // an Identity instead.
-  // Fixed: the names of primal values (source values keep their names) and of new inputs.
-  std::set<std::string, std::less<>> fixed_names;
-  for (const auto& vi : new_inputs) fixed_names.insert(vi.name());
-  auto is_primal_name = [&](std::string_view n) {
+  void emit_named(V v, const std::string& name) {
+    const std::string_view n = b_.name(v);
     const int id = id_of(n);
-    return id >= 0 && static_cast<size_t>(id) < source_values && primal[static_cast<size_t>(id)].valid() &&
-           b.name(primal[static_cast<size_t>(id)]) == n;
-  };
-  std::set<int> renamed;
-  std::vector<std::pair<V, std::string>> renames;
-  auto emit_named = [&](V v, const std::string& name) {
-    if (!is_primal_name(b.name(v)) && !fixed_names.count(b.name(v)) && !renamed.count(v.id)) {
-      renamed.insert(v.id);
-      renames.emplace_back(v, name);
+    const bool primal_name = id >= 0 && static_cast<size_t>(id) < source_values_ &&
+                             primal_[static_cast<size_t>(id)].valid() && b_.name(primal_[static_cast<size_t>(id)]) == n;
+    if (!primal_name && !fixed_names_.count(n) && !renamed_.count(v.id)) {
+      renamed_.insert(v.id);
+      renames_.emplace_back(v, name);
       return;
     }
-    b.op_named("Identity", {v}, {}, name);
-  };
-  auto zeros_like = [&](const std::string& name) { return b.zeros_like(at(primal, id_of(name)), facts(name).dtype); };
+    b_.op_named("Identity", {v}, {}, name);
+  }
+  V zeros_like(const std::string& name) { return b_.zeros_like(primal(id_of(name)), facts(name).dtype); }
+  void add_derivative_output(V v, const std::string& name, const Facts& f) {
+    emit_named(v, name);
+    new_outputs_.push_back(value_info_like(name, f));
+    derivative_names_.push_back(name);
+  }
 
-  if (mode == Mode::kJvp) {
-    for (const auto& o : r.outputs) {
-      const std::string tname = derived_name(p.value_names, o, "_tangent");
-      b.set_origin(tname);
-      const V t = at(tangent, id_of(o));
-      emit_named(t.valid() ? t : zeros_like(o), tname);
-      new_outputs.push_back(value_info_like(tname, facts(o)));
-      derivative_names.push_back(tname);
+  // jvp: one `<output>_tangent` per selected output (zeros where it has none).
+  void name_tangents() {
+    for (const auto& vi : new_inputs_) fixed_names_.insert(vi.name());
+    for (const auto& o : r_.outputs) {
+      const std::string tname = derived_name(p_.value_names, o, "_tangent");
+      b_.set_origin(tname);
+      const V t = tangent(id_of(o));
+      add_derivative_output(t.valid() ? t : zeros_like(o), tname, facts(o));
     }
-  } else {
-    // Transpose the tape: cotangents flow from the selected outputs back to the seeds.
-    b.set_tape(nullptr);
-    b.forbid_tangent_inputs(true);
-    std::vector<V> ct;  // cotangent of each builder value, by id (invalid: zero)
-    auto ct_of = [&](V v) {
-      return v.valid() && static_cast<size_t>(v.id) < ct.size() ? ct[static_cast<size_t>(v.id)] : V{};
-    };
-    auto accumulate = [&](V t, V c) {
-      if (!t.valid() || !c.valid()) return;
-      const V sum = b.add(ct_of(t), c);  // add() of a zero (invalid) and c is c
-      // A cotangent has the shape of the value it is the cotangent of, whose facts may know dims
-      // that the cotangent's own computation lost (a crop by pads computed at run time): it takes
-      // those, so unbroadcasting it sees sizes of 1 it would otherwise have to sum over.
-      b.learn_dims(sum, b.facts(t));
-      if (static_cast<size_t>(t.id) >= ct.size()) ct.resize(static_cast<size_t>(b.value_count()));
-      ct[static_cast<size_t>(t.id)] = sum;
-    };
-    for (const auto& o : r.outputs) {
+  }
+
+  V ct_of(V v) const {
+    return v.valid() && static_cast<size_t>(v.id) < ct_.size() ? ct_[static_cast<size_t>(v.id)] : V{};
+  }
+  void accumulate(V t, V c) {
+    if (!t.valid() || !c.valid()) return;
+    const V sum = b_.add(ct_of(t), c);  // add() of a zero (invalid) and c is c
+    // A cotangent has the shape of the value it is the cotangent of, whose facts may know dims
+    // that the cotangent's own computation lost (a crop by pads computed at run time): it takes
+    // those, so unbroadcasting it sees sizes of 1 it would otherwise have to sum over.
+    b_.learn_dims(sum, b_.facts(t));
+    if (static_cast<size_t>(t.id) >= ct_.size()) ct_.resize(static_cast<size_t>(b_.value_count()));
+    ct_[static_cast<size_t>(t.id)] = sum;
+  }
+
+  // Cotangents flow from the selected outputs (grad: 1; vjp: `<output>_cotangent` inputs) back
+  // through the tape, node by node in reverse.
+  void transpose_tape() {
+    for (const auto& vi : new_inputs_) fixed_names_.insert(vi.name());
+    b_.set_tape(nullptr);
+    b_.forbid_tangent_inputs(true);
+    for (const auto& o : r_.outputs) {
       V seed;
-      if (mode == Mode::kGrad) {
-        seed = b.scalar(1.0, facts(o).dtype);
+      if (mode_ == Mode::kGrad) {
+        seed = b_.scalar(1.0, facts(o).dtype);
       } else {
-        const std::string cname = derived_name(p.value_names, o, "_cotangent");
-        seed = b.existing(cname, facts(o));
-        new_inputs.push_back(value_info_like(cname, facts(o)));
-        fixed_names.insert(cname);
+        const std::string cname = derived_name(p_.value_names, o, "_cotangent");
+        seed = b_.existing(cname, facts(o));
+        new_inputs_.push_back(value_info_like(cname, facts(o)));
+        fixed_names_.insert(cname);
       }
-      if (const V t = at(tangent, id_of(o)); t.valid()) accumulate(t, seed);
+      if (const V t = tangent(id_of(o)); t.valid()) accumulate(t, seed);
     }
-    for (size_t k = tape.size(); k-- > 0;) {
-      Builder::TapeNode& tn = tape[k];
-      Vs cts;
-      bool any = false;
-      for (V o : tn.outputs) {
-        const V c = ct_of(o);
-        cts.push_back(c);
-        any = any || c.valid();
-      }
-      if (!any) continue;
-      const bool by_user_vjp = tn.node->domain() == kUserVjpDomain;
-      const TransposeRule* rule = by_user_vjp ? nullptr : rules.transpose_for(tn.node->op_type());
-      if (!rule && !by_user_vjp)
-        diag::fail(Error::Kind::kUnsupported,
-                   m + ": cannot run ai.onnx::" + tn.node->op_type() + " (opset " + std::to_string(p.opset) +
-                       ") in reverse: its JVP is linear in the tangent but it has no transpose rule yet (while "
-                       "differentiating '" +
-                       tn.origin +
-                       "'). Fix: use jvp (forward mode) for this model, or select "
-                       "inputs/outputs whose path avoids " +
-                       tn.node->op_type());
-      TransposeCtx tctx{b, *tn.node, p.opset, tn.inputs, {}, cts, tn.outputs, tn.origin, &body_transforms()};
-      for (V in : tn.inputs) tctx.lin.push_back(b.tangent(in));
-      // Cotangent nodes are named after the source value whose tangent the tape node computed.
-      std::string_view base = tn.origin;
-      if (base.size() > 8 && base.substr(base.size() - 8) == "_tangent") base.remove_suffix(8);
-      b.set_origin(base, "_ct");
-      b.set_transposing(&tn);
-      Vs in_cts;
-      try {
-        in_cts = by_user_vjp
-                     ? user_vjp_transpose(tctx, *user->rules[static_cast<size_t>(tn.node->attribute(0).i())].vjp)
-                     : (*rule)(tctx);
-      } catch (const Error& e) {
-        rethrow_naming_source(e, m, out, tn.origin);
-      }
-      b.set_transposing(nullptr);
-      for (size_t i = 0; i < tn.inputs.size() && i < in_cts.size(); ++i)
-        if (tctx.lin[i]) accumulate(tn.inputs[i], in_cts[i]);
+    for (size_t k = tape_.size(); k-- > 0;) transpose_node(tape_[k]);
+  }
+
+  void transpose_node(Builder::TapeNode& tn) {
+    Vs cts;
+    bool any = false;
+    for (V o : tn.outputs) {
+      const V c = ct_of(o);
+      cts.push_back(c);
+      any = any || c.valid();
     }
-    for (size_t i = 0; i < r.inputs.size(); ++i) {
-      const std::string& name = r.inputs[i];
-      const std::string oname = derived_name(p.value_names, name, mode == Mode::kGrad ? "_grad" : "_cotangent");
-      b.set_origin(oname);
-      V c = ct_of(seeds[i]);
+    if (!any) return;
+    const bool by_user_vjp = tn.node->domain() == kUserVjpDomain;
+    const TransposeRule* rule = by_user_vjp ? nullptr : rules_.transpose_for(tn.node->op_type());
+    if (!rule && !by_user_vjp)
+      diag::fail(Error::Kind::kUnsupported,
+                 m_ + ": cannot run ai.onnx::" + tn.node->op_type() + " (opset " + std::to_string(p_.opset) +
+                     ") in reverse: its JVP is linear in the tangent but it has no transpose rule yet (while "
+                     "differentiating '" +
+                     tn.origin +
+                     "'). Fix: use jvp (forward mode) for this model, or select "
+                     "inputs/outputs whose path avoids " +
+                     tn.node->op_type());
+    TransposeCtx tctx{b_, *tn.node, p_.opset, tn.inputs, {}, cts, tn.outputs, tn.origin, &body_transforms()};
+    for (V in : tn.inputs) tctx.lin.push_back(b_.tangent(in));
+    // Cotangent nodes are named after the source value whose tangent the tape node computed.
+    std::string_view base = tn.origin;
+    if (base.size() > 8 && base.substr(base.size() - 8) == "_tangent") base.remove_suffix(8);
+    b_.set_origin(base, "_ct");
+    b_.set_transposing(&tn);
+    Vs in_cts;
+    try {
+      in_cts = by_user_vjp ? user_vjp_transpose(tctx, *user_->rules[static_cast<size_t>(tn.node->attribute(0).i())].vjp)
+                           : (*rule)(tctx);
+    } catch (const Error& e) {
+      rethrow_naming_source(e, m_, out_, tn.origin);
+    }
+    b_.set_transposing(nullptr);
+    for (size_t i = 0; i < tn.inputs.size() && i < in_cts.size(); ++i)
+      if (tctx.lin[i]) accumulate(tn.inputs[i], in_cts[i]);
+  }
+
+  // vjp, grad: one `<input>_cotangent` / `<input>_grad` per selected input (zeros where it has
+  // none).
+  void name_cotangents() {
+    for (size_t i = 0; i < r_.inputs.size(); ++i) {
+      const std::string& name = r_.inputs[i];
+      const std::string oname = derived_name(p_.value_names, name, mode_ == Mode::kGrad ? "_grad" : "_cotangent");
+      b_.set_origin(oname);
+      V c = ct_of(seeds_[i]);
       if (!c.valid()) c = zeros_like(name);
-      emit_named(c, oname);
-      new_outputs.push_back(value_info_like(oname, facts(name)));
-      derivative_names.push_back(oname);
+      add_derivative_output(c, oname, facts(name));
     }
   }
 
-  {
-    // Subgraphs the transform emitted may read the renamed values by name (a JVP loop's body
-    // reads a captured value's tangent from this graph).
-    std::unordered_map<std::string, std::string> renamed_reads;
-    for (const auto& [v, name] : renames) renamed_reads.emplace(std::string(b.name(v)), name);
-    b.rename_all(renames);
-    if (!renamed_reads.empty())
-      for (int k : b.subgraph_nodes()) rename_outer_reads(*out.mutable_node(k), renamed_reads);
-  }
-  {
-    // Nodes only tape nodes read (a Softmax's axis for its tangent's ReduceSum) are dead in the
-    // result; those a graph output or a subgraph names stay.
-    std::unordered_set<std::string> still_read;
-    for (const auto& o : src->output()) still_read.insert(o.name());
-    for (const auto& vi : new_outputs) still_read.insert(vi.name());
-    for (int k : b.subgraph_nodes())
-      for (auto& read : outer_scope_reads(out.node(k))) still_read.insert(std::move(read));
-    b.drop_dead_nodes([&](std::string_view n) { return still_read.count(std::string(n)) > 0; });
-  }
-  for (const auto& vi : src->input()) *out.add_input() = vi;
-  std::vector<std::string> seed_names;  // (recorded below: which input seeds which derivative)
-  for (auto& vi : new_inputs) {
-    seed_names.push_back(provenance::quote(vi.name()));
-    *out.add_input() = std::move(vi);
-  }
-  for (const auto& o : src->output()) {
-    onnx::ValueInfoProto vi = o;
-    const Facts f = facts(o.name());
-    if (f.dtype && (!o.has_type() || o.type().has_tensor_type())) write_type(f, vi.mutable_type());
-    *out.add_output() = vi;
-  }
-  for (auto& vi : new_outputs) *out.add_output() = std::move(vi);
-  take_initializers(p, out);
-  for (const auto& vi : src->value_info()) *out.add_value_info() = consistent_value_info(vi, facts(vi.name()));
-  for (V v : b.declared())
-    if (b.facts(v).dtype && !b.dropped(v)) *out.add_value_info() = value_info_like(std::string(b.name(v)), b.facts(v));
-  onnx::ModelProto& result = *p.model;
-  *result.mutable_graph() = std::move(out);
-  tidy(result);
-  return_to_source_opset(result, p.source_opset, m);
+  // The renames, dead tape-only nodes dropped, inputs, outputs, initializers and value_info,
+  // the model's own opset, and the provenance record.
+  void write_result() {
+    {
+      // Subgraphs the transform emitted may read the renamed values by name (a JVP loop's body
+      // reads a captured value's tangent from this graph).
+      std::unordered_map<std::string, std::string> renamed_reads;
+      for (const auto& [v, name] : renames_) renamed_reads.emplace(std::string(b_.name(v)), name);
+      b_.rename_all(renames_);
+      if (!renamed_reads.empty())
+        for (int k : b_.subgraph_nodes()) rename_outer_reads(*out_.mutable_node(k), renamed_reads);
+    }
+    {
+      // Nodes only tape nodes read (a Softmax's axis for its tangent's ReduceSum) are dead in the
+      // result; those a graph output or a subgraph names stay.
+      std::unordered_set<std::string> still_read;
+      for (const auto& o : src_->output()) still_read.insert(o.name());
+      for (const auto& vi : new_outputs_) still_read.insert(vi.name());
+      for (int k : b_.subgraph_nodes())
+        for (auto& read : outer_scope_reads(out_.node(k))) still_read.insert(std::move(read));
+      b_.drop_dead_nodes([&](std::string_view n) { return still_read.count(std::string(n)) > 0; });
+    }
+    for (const auto& vi : src_->input()) *out_.add_input() = vi;
+    std::vector<std::string> seed_names;  // (recorded below: which input seeds which derivative)
+    for (auto& vi : new_inputs_) {
+      seed_names.push_back(provenance::quote(vi.name()));
+      *out_.add_input() = std::move(vi);
+    }
+    for (const auto& o : src_->output()) {
+      onnx::ValueInfoProto vi = o;
+      const Facts f = facts(o.name());
+      if (f.dtype && (!o.has_type() || o.type().has_tensor_type())) write_type(f, vi.mutable_type());
+      *out_.add_output() = vi;
+    }
+    for (auto& vi : new_outputs_) *out_.add_output() = std::move(vi);
+    take_initializers(p_, out_);
+    for (const auto& vi : src_->value_info()) *out_.add_value_info() = consistent_value_info(vi, facts(vi.name()));
+    for (V v : b_.declared())
+      if (b_.facts(v).dtype && !b_.dropped(v))
+        *out_.add_value_info() = value_info_like(std::string(b_.name(v)), b_.facts(v));
+    onnx::ModelProto& result = *p_.model;
+    *result.mutable_graph() = std::move(out_);
+    tidy(result);
+    return_to_source_opset(result, p_.source_opset, m_);
 
-  // The generated names in order: the seeds (jvp: one tangent per selected input; vjp: one
-  // cotangent per selected output) and the derivatives (jvp: per selected output; vjp, grad:
-  // per selected input), so tools can map each to the source value it belongs to.
-  std::vector<std::string> qi, qo, qd;
-  for (const auto& n : r.inputs) qi.push_back(provenance::quote(n));
-  for (const auto& n : r.outputs) qo.push_back(provenance::quote(n));
-  for (const auto& n : derivative_names) qd.push_back(provenance::quote(n));
-  provenance::record_step(result, "{\"transform\": " + provenance::quote(m) + ", \"inputs\": " + provenance::list(qi) +
-                                      ", \"outputs\": " + provenance::list(qo) +
-                                      ", \"seeds\": " + provenance::list(seed_names) +
-                                      ", \"derivatives\": " + provenance::list(qd) + "}");
-  provenance::set_derivative_outputs(result, derivative_names);
+    // The generated names in order: the seeds (jvp: one tangent per selected input; vjp: one
+    // cotangent per selected output) and the derivatives (jvp: per selected output; vjp, grad:
+    // per selected input), so tools can map each to the source value it belongs to.
+    std::vector<std::string> qi, qo, qd;
+    for (const auto& n : r_.inputs) qi.push_back(provenance::quote(n));
+    for (const auto& n : r_.outputs) qo.push_back(provenance::quote(n));
+    for (const auto& n : derivative_names_) qd.push_back(provenance::quote(n));
+    provenance::record_step(
+        result, "{\"transform\": " + provenance::quote(m_) + ", \"inputs\": " + provenance::list(qi) +
+                    ", \"outputs\": " + provenance::list(qo) + ", \"seeds\": " + provenance::list(seed_names) +
+                    ", \"derivatives\": " + provenance::list(qd) + "}");
+    provenance::set_derivative_outputs(result, derivative_names_);
+  }
+
+  Prepared& p_;
+  const Mode mode_;
+  const std::string m_;
+  const Resolved r_;
+  const bool for_reverse_mode_;
+  const onnx::GraphProto* src_;
+  // On the model's arena when it has one, so moving the result into it is a swap.
+  const ProtoPtr<onnx::GraphProto> out_graph_;
+  onnx::GraphProto& out_;
+  Builder b_;
+  // Per source value (by id in p.value_names): its primal value, its tangent (invalid: zero),
+  // the selected input it depends on (for diagnostics) and whether stop_gradient cuts it.
+  const size_t source_values_;
+  std::vector<V> primal_, tangent_;
+  std::vector<int> origin_;
+  std::vector<char> stopped_;
+  std::vector<char> needed_;  // on a path to a selected output
+  Vs seeds_;
+  std::vector<onnx::ValueInfoProto> new_inputs_, new_outputs_;
+  std::deque<Builder::TapeNode> tape_;
+  std::vector<NodePtr> owned_;
+  std::unordered_map<int, SpikeOperands> spikes_;
+  const OpTable& rules_;
+  // The user's rules (onnax/rules.h), one snapshot for the whole graph; their JVPs as rules,
+  // one per registered function (stable addresses: the schema cache is keyed by rule).
+  const std::shared_ptr<const UserRules> user_;
+  std::unordered_map<const UserRule*, JvpRule> user_jvps_;
+  const std::unordered_map<std::string, int> opsets_;
+  SchemaCache schemas_;
+  // Each rule is registered for one domain::op, and a model has one opset per domain: the
+  // schema is looked up once per rule (hashing a pointer), not once per node (hashing a name).
+  std::unordered_map<const JvpRule*, const onnx::OpSchema*> schema_of_rule_;
+  std::vector<V> ct_;  // reverse mode: the cotangent of each builder value, by id (invalid: zero)
+  // Naming the derivatives: names that must not be renamed (new inputs), and the renames.
+  std::set<std::string, std::less<>> fixed_names_;
+  std::set<int> renamed_;
+  std::vector<std::pair<V, std::string>> renames_;
+  std::vector<std::string> derivative_names_;
+};
+
+// Leaves the result in *p.model.
+void differentiate_graph(Prepared& p, Mode mode, const Selection& sel, bool for_reverse_mode) {
+  Differentiation(p, mode, sel, for_reverse_mode).run();
 }
 
 // Errors name the transform the user called. Rules report under the mode that raised them:
