@@ -11,7 +11,7 @@ nodes). For vmap and grad (w.r.t. every weight) it times, side by side in one ru
 * the Python I/O floor: ``SerializeToString`` + ``ParseFromString`` of the source model;
 
 and the same for the model as an ``onnx_ir.Model``. (The byte-identity of the two paths' results
-is tested in tests/python/test_held_back_weights.py.)
+is tested in tests/python/model_io/test_held_back_weights.py.)
 
 Each figure is the median of ``--repeats`` runs after one warm-up run.
 

@@ -350,7 +350,8 @@ class Worker:
 
 
 def append_half_sum_of_squares(model: Any, output: str) -> Any:
-    """loss = 0.5 * sum(output ** 2) as the model's only output (tests/python/test_sequences.py)."""
+    """loss = 0.5 * sum(output ** 2) as the model's only output
+    (tests/python/control_flow/test_sequences.py)."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 

@@ -2,7 +2,7 @@
 
 For models built here (the graph network) or shipped without their framework (none of these
 has JAX or PyTorch code to run), the expected values come from the existing oracles of the
-test suite (``tests/python/ad_oracle.py``, ``tests/python/vmap_oracle.py``): the float32 model
+test suite (``tests/python/oracles/ad_oracle.py``, ``tests/python/oracles/vmap_oracle.py``): the float32 model
 is widened to float64 (``as_double``), the selected initializers are lifted to inputs, and
 
 * ``vmap``: the float64 model run once per example, stacked;
@@ -28,7 +28,7 @@ _TESTS = Path(__file__).resolve().parents[2] / "tests" / "python"
 if str(_TESTS) not in sys.path:
     sys.path.insert(0, str(_TESTS))
 
-import ad_oracle  # noqa: E402  (the shared oracle code lives with the tests)
+from oracles import ad_oracle  # noqa: E402  (the shared oracle code lives with the tests)
 
 EPS = 1e-6  # float64 central-difference step (relative to unit-scale inputs)
 EPS_OUTER = 1e-4  # step of the difference of differences (HVP)

@@ -4,7 +4,7 @@
 // ONNX runtime. Covered: com.microsoft's Gelu, FastGelu, BiasGelu, QuickGelu, FusedMatMul,
 // BiasAdd, SkipLayerNormalization and SkipSimplifiedLayerNormalization, and the
 // SimplifiedLayerNormalization (RMS normalization) ONNX Runtime registers in the default domain,
-// with ONNX Runtime's definitions (checked against its kernels in tests/python/test_contrib_ops.py).
+// with ONNX Runtime's definitions (checked against its kernels in tests/python/conformance_suite/test_contrib_ops.py).
 #pragma once
 
 #include <string>

@@ -64,7 +64,7 @@ def parse_chain(model: onnx.ModelProto) -> list[Step]:
             raise ValidationInputError(
                 f"{TRANSFORMS_KEY} step {i} is {item['transform']}, which validate does not replay yet. "
                 "Fix: compare the sequence model with a loop of the step model in ONNX Runtime (feed each "
-                "step's state outputs back), as tests/python/test_sequences.py does"
+                "step's state outputs back), as tests/python/control_flow/test_sequences.py does"
             )
         if isinstance(item, dict) and item.get("transform") in ("jacfwd", "jacrev", "hessian"):
             raise ValidationInputError(

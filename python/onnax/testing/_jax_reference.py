@@ -12,7 +12,7 @@ float64 (``widen``), Casts to a float type too.
 
 ``interpret`` checks nothing about the semantics itself: :mod:`onnax.testing._exact` compares
 the interpreted forward pass with ONNX Runtime's before it trusts the derivatives, and every op
-here is checked against ONNX Runtime by ``tests/python/test_onnx_jax.py``.
+here is checked against ONNX Runtime by ``tests/python/conformance_suite/test_onnx_jax.py``.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Exports the small models of ``tests/python/test_validate_exporters.py`` with real exporters
+"""Exports the small models of ``tests/python/validate/test_validate_exporters.py`` with real exporters
 and computes their references with the exporting framework in float64.
 
 Run with a Python that has the exporters (never the project's .venv, never requirements.txt):
@@ -20,7 +20,7 @@ direction ``v``, and TensorFlow's float64 answers (NumPy's, by hand, for the sci
 ``loss``, ``grad_x`` (d loss / d x), ``vmap_grad_x`` and ``vmap_loss`` (per stacked batch),
 ``jvp_loss`` (the loss's tangent along v, by forward mode), ``hvp_x`` (the Hessian w.r.t. x
 times v). ``generate_jax.py`` exports the JAX-side models of the same corpus
-(``tests/python/test_exporter_corpus.py``).
+(``tests/python/conformance_suite/test_exporter_corpus.py``).
 """
 
 from __future__ import annotations

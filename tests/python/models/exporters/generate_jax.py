@@ -1,5 +1,6 @@
-"""Exports the JAX-side models of the exporter corpus (``tests/python/test_exporter_corpus.py``)
-and computes their references with JAX in float64.
+"""Exports the JAX-side models of the exporter corpus
+(``tests/python/conformance_suite/test_exporter_corpus.py``) and computes their references with JAX
+in float64.
 
 Run with a Python that has Keras 3, JAX, Flax and jax2onnx (never the project's .venv, which has
 no Keras; never requirements.txt):

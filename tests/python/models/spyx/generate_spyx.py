@@ -1,5 +1,5 @@
 """Exports small spyx spiking networks to ONNX with spyx's own exporter and computes spyx/JAX
-references for them (``tests/python/test_spyx_exports.py`` reads what this writes).
+references for them (``tests/python/conformance_suite/test_spyx_exports.py`` reads what this writes).
 
 Run with a Python that has spyx 1.0.0 and the conversion stack, never the project's .venv
 (which has no spyx/flax) and never requirements.txt:
