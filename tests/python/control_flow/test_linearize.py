@@ -15,7 +15,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
-from test_nested_control_flow_reverse import jax_loss, nested
+from oracles.nested_loops import jax_loss, nested
 
 onnax = pytest.importorskip("onnax")
 D = TensorProto.DOUBLE

@@ -17,33 +17,12 @@ from typing import Any
 import numpy as np
 import onnax
 import onnx
-import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
+from oracles.spyx_models import SPYX, append_half_sum_of_squares, run, session, spyx, zero_state
 
-SPYX = Path(__file__).resolve().parents[1] / "models" / "spyx"
 NETS = ["lif", "alif", "rlif"]
 RNG = np.random.default_rng(11)
-
-
-def session(model: onnx.ModelProto) -> ort.InferenceSession:
-    options = ort.SessionOptions()
-    options.log_severity_level = 3  # spyx's exports carry unused constants ORT warns about
-    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-
-
-def run(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-    return [np.asarray(v) for v in session(model).run(None, feeds)]
-
-
-def spyx(name: str) -> tuple[onnx.ModelProto, onnx.ModelProto, Any, dict[str, Any]]:
-    ref = np.load(SPYX / f"{name}_ref.npz")
-    sig = json.loads((SPYX / f"{name}_signature.json").read_text())
-    return onnx.load(SPYX / f"{name}_step.onnx"), onnx.load(SPYX / f"{name}_seq.onnx"), ref, sig
-
-
-def zero_state(ref: Any) -> dict[str, np.ndarray]:
-    return {"state_0": np.zeros_like(ref["state_0"]), "state_1": np.zeros_like(ref["state_1"])}
 
 
 # --- spyx: scan(step export) equals the sequence export and spyx; step(sequence) the step ---
@@ -121,24 +100,6 @@ def test_signature_matches_spyx(name: str) -> None:
         zeros = ours.seed_state()
         assert [z.shape for z in zeros] == [tuple(s) for s in theirs["state_shapes"]]
         assert all(not z.any() for z in zeros)
-
-
-def append_half_sum_of_squares(model: onnx.ModelProto, output: str) -> onnx.ModelProto:
-    """loss = 0.5 * sum(output ** 2), spyx's test loss, as the model's only output."""
-    m = onnx.ModelProto()
-    m.CopyFrom(model)
-    g = m.graph
-    g.node.extend(
-        [
-            helper.make_node("Mul", [output, output], ["sq"]),
-            helper.make_node("ReduceSum", ["sq"], ["sq_sum"], keepdims=0),
-            helper.make_node("Mul", ["sq_sum", "half"], ["loss"]),
-        ]
-    )
-    g.initializer.append(numpy_helper.from_array(np.array(0.5, np.float32), "half"))
-    del g.output[:]
-    g.output.append(helper.make_tensor_value_info("loss", TensorProto.FLOAT, []))
-    return m
 
 
 @pytest.mark.parametrize("name", NETS)

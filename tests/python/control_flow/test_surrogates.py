@@ -16,7 +16,7 @@ import onnax
 import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
-from test_sequences import append_half_sum_of_squares, run, spyx, zero_state
+from oracles.spyx_models import append_half_sum_of_squares, run, spyx, zero_state
 
 SPYX = Path(__file__).resolve().parents[1] / "models" / "spyx"
 SURROGATES = {

@@ -132,3 +132,24 @@ def wrong_declared_shape(model: onnx.ModelProto, output: str) -> onnx.ModelProto
 def save(model: onnx.ModelProto, path: Path) -> Path:
     path.write_bytes(model.SerializeToString())
     return path
+
+
+def inferred_model(
+    nodes: list[onnx.NodeProto],
+    inputs: list[onnx.ValueInfoProto],
+    outputs: list[str],
+    inits: dict[str, np.ndarray],
+) -> onnx.ModelProto:
+    """A model of `nodes` whose outputs carry the types ONNX's shape inference gives them."""
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        inputs,
+        [helper.make_value_info(o, onnx.TypeProto()) for o in outputs],
+        initializer=[numpy_helper.from_array(v, name=k) for k, v in inits.items()],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
+    inferred = onnx.shape_inference.infer_shapes(model)
+    del model.graph.output[:]
+    model.graph.output.extend(inferred.graph.output)
+    return model

@@ -15,7 +15,8 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
+from oracles.validate_models import inferred_model
 
 testing = pytest.importorskip("onnax.testing")
 pytest.importorskip("onnxruntime")
@@ -24,29 +25,9 @@ F = TensorProto.FLOAT
 I64 = TensorProto.INT64
 
 
-def _model(
-    nodes: list[onnx.NodeProto],
-    inputs: list[onnx.ValueInfoProto],
-    outputs: list[str],
-    inits: dict[str, np.ndarray],
-) -> onnx.ModelProto:
-    graph = helper.make_graph(
-        nodes,
-        "g",
-        inputs,
-        [helper.make_value_info(o, onnx.TypeProto()) for o in outputs],
-        initializer=[numpy_helper.from_array(v, name=k) for k, v in inits.items()],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
-    inferred = onnx.shape_inference.infer_shapes(model)
-    del model.graph.output[:]
-    model.graph.output.extend(inferred.graph.output)
-    return model
-
-
 def reshape_by_five() -> onnx.ModelProto:
     """loss = sum(tanh(reshape(x * w, [5, -1]))): runs only when x has a multiple of 5 rows."""
-    return _model(
+    return inferred_model(
         [
             helper.make_node("Mul", ["x", "w"], ["xw"]),
             helper.make_node("Reshape", ["xw", "shape"], ["r"]),
@@ -80,7 +61,7 @@ def test_runtime_refusing_a_source_op_is_named() -> None:
     source as refused, where it used to call the generated model onnax's bug."""
     from onnax import vmap
 
-    source = _model(
+    source = inferred_model(
         [helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[1, 1, 1, 2])],
         [helper.make_tensor_value_info("x", F, [1, 1, 2, 2, 2, 4])],
         ["y"],
@@ -103,7 +84,7 @@ def test_cotangent_takes_the_shape_the_source_computes() -> None:
     the output's real shape [2, 3] instead of [3, 3] (an ONNX Runtime broadcast error)."""
     from onnax import vjp
 
-    source = _model(
+    source = inferred_model(
         [helper.make_node("MatMul", ["x", "w"], ["y"])],
         [helper.make_tensor_value_info("x", F, [2, 4])],
         ["y"],
@@ -121,7 +102,7 @@ def test_cotangent_takes_the_shape_the_source_computes() -> None:
 
 def gather_loss() -> onnx.ModelProto:
     """loss = sum(table[idx] ^ 2) for a [4, 3] table: indices beyond [-4, 3] fail in ORT."""
-    return _model(
+    return inferred_model(
         [
             helper.make_node("Gather", ["table", "idx"], ["rows"]),
             helper.make_node("Mul", ["rows", "rows"], ["sq"]),
@@ -135,7 +116,7 @@ def gather_loss() -> onnx.ModelProto:
 
 def cross_entropy_loss() -> onnx.ModelProto:
     """SoftmaxCrossEntropyLoss(x @ W, labels) with 5 classes, labels cast from int32."""
-    return _model(
+    return inferred_model(
         [
             helper.make_node("MatMul", ["x", "W"], ["scores"]),
             helper.make_node("Cast", ["labels32"], ["labels"], to=I64),
@@ -185,7 +166,7 @@ def test_index_inputs_are_drawn_in_range() -> None:
 def lstm_loss() -> onnx.ModelProto:
     hidden = 3
     rng = np.random.default_rng(0)
-    return _model(
+    return inferred_model(
         [
             helper.make_node("LSTM", ["x", "W", "R"], ["y"], hidden_size=hidden),
             helper.make_node("ReduceSum", ["y"], ["loss"], keepdims=0),
@@ -265,7 +246,7 @@ def test_coordinate_on_a_relu_kink_is_skipped_and_counted(exact: bool) -> None:
     from onnax import grad
     from oracles.validate_models import flip_sign
 
-    source = _model(
+    source = inferred_model(
         [
             helper.make_node("Mul", ["x", "w"], ["xw"]),
             helper.make_node("Relu", ["xw"], ["r"]),

@@ -19,7 +19,7 @@ import onnx
 import pytest
 from onnax import testing
 from onnx import TensorProto, helper
-from test_validate_blame import _model
+from oracles.validate_models import inferred_model
 
 F = TensorProto.FLOAT
 W0 = np.asarray([[0.3, -0.5], [0.8, 0.1], [-0.2, 0.7]], np.float32)
@@ -27,7 +27,7 @@ W0 = np.asarray([[0.3, -0.5], [0.8, 0.1], [-0.2, 0.7]], np.float32)
 
 def tanh_loss() -> onnx.ModelProto:
     """loss = sum(tanh(x @ W)), x [3], W [3, 2] an initializer."""
-    return _model(
+    return inferred_model(
         [
             helper.make_node("MatMul", ["x", "W"], ["xw"]),
             helper.make_node("Tanh", ["xw"], ["t"]),
@@ -128,7 +128,7 @@ def test_vmap_of_a_conv_runs_the_source_on_onnx_runtime() -> None:
     rng = np.random.default_rng(0)
     w = rng.standard_normal((4, 3, 1, 1)).astype(np.float32)
     b = rng.standard_normal(4).astype(np.float32)
-    source = _model(
+    source = inferred_model(
         [helper.make_node("Conv", ["x", "w", "b"], ["y"])],
         [helper.make_tensor_value_info("x", F, [1, 3, 5, 5])],
         ["y"],
@@ -169,7 +169,7 @@ def test_ill_conditioned_float32_source_is_held_to_an_independent_float32_comput
     w = (20 * rng.standard_normal((64, 2))).astype(np.float64)
     w[-1] = (np.asarray([0.5, -0.4]) - x[:-1].astype(np.float64) @ w[:-1]) / float(x[-1])
     w32 = w.astype(np.float32)
-    source = _model(
+    source = inferred_model(
         [
             helper.make_node("MatMul", ["x", "W"], ["c"]),
             helper.make_node("Tanh", ["c"], ["t"]),
