@@ -81,11 +81,10 @@ namespace {
 
 using D = JvpCtx;
 
-// t * f'(x) for a unary op, f' given as an expression (nothing is emitted for a zero tangent:
-// f' may emit named intermediate values, as Gelu's does).
+// t * f'(x) for a unary op, f' given as an expression. (The op has one input, so a rule that
+// runs has its tangent: see JvpCtx.)
 JvpRule unary(std::function<Expr(D&)> derivative) {
-  return expr_jvp(
-      [derivative = std::move(derivative)](D& c) { return c.t(0).valid() ? c.t(0) * derivative(c) : Expr(); });
+  return expr_jvp([derivative = std::move(derivative)](D& c) { return c.t(0) * derivative(c); });
 }
 
 Vs max_min_jvp(D& c) {
